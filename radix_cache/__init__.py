@@ -1,0 +1,1 @@
+"""radix_cache package."""
