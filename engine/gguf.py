@@ -1,0 +1,147 @@
+"""Read a llama.cpp GGUF file: hyper-parameters, dequantised weights and the tokenizer.
+
+Weights come back under the canonical names `engine.model` expects, as float32 tensors in
+torch's [out_features, in_features] order (GGUF lists dims innermost-first, i.e. the reverse of
+the numpy shape `gguf.quants.dequantize` returns). Q/K rows stay as GGUF stores them (permuted
+for the interleaved-pair rotary layout), so the config says `rope_layout="interleaved"`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from gguf import GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+from engine.model_config import ModelConfig
+from engine.tokenizer import TokenizerSpec
+
+CONTROL_TOKEN = 3  # llama.cpp token type
+USER_DEFINED_TOKEN = 4
+
+_LAYER_NAMES = {
+    "attn_norm": "attn_norm",
+    "attn_q": "q",
+    "attn_k": "k",
+    "attn_v": "v",
+    "attn_output": "o",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "gate",
+    "ffn_up": "up",
+    "ffn_down": "down",
+}
+_GLOBAL_NAMES = {"token_embd": "embed", "output_norm": "norm", "output": "lm_head"}
+
+
+class GGUFContents(NamedTuple):
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: TokenizerSpec
+
+
+def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    """A metadata value as a Python object (str, number or list), or `default` when absent."""
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    if field.types and field.types[0] == GGUFValueType.ARRAY and not field.data:
+        return []
+    return field.contents()
+
+
+def _require(reader: GGUFReader, key: str) -> Any:
+    value = field_value(reader, key)
+    if value is None:
+        raise ValueError(f"GGUF metadata key {key!r} is missing")
+    return value
+
+
+def read_config(reader: GGUFReader, name: str) -> ModelConfig:
+    """ModelConfig from the `<arch>.*` metadata keys (Llama-family architectures)."""
+    arch = _require(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"unsupported GGUF architecture {arch!r} (only 'llama')")
+    hidden = int(_require(reader, "llama.embedding_length"))
+    heads = int(_require(reader, "llama.attention.head_count"))
+    tensor_names = {t.name for t in reader.tensors}
+    vocab = field_value(reader, "llama.vocab_size")
+    if vocab is None:
+        vocab = len(_require(reader, "tokenizer.ggml.tokens"))
+    return ModelConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(_require(reader, "llama.feed_forward_length")),
+        num_layers=int(_require(reader, "llama.block_count")),
+        num_heads=heads,
+        num_kv_heads=int(field_value(reader, "llama.attention.head_count_kv", heads)),
+        head_dim=int(field_value(reader, "llama.rope.dimension_count", hidden // heads)),
+        rope_theta=float(field_value(reader, "llama.rope.freq_base", 10000.0)),
+        rms_eps=float(_require(reader, "llama.attention.layer_norm_rms_epsilon")),
+        max_position=int(_require(reader, "llama.context_length")),
+        tie_embeddings="output.weight" not in tensor_names,
+        rope_layout="interleaved",
+        name=name,
+    )
+
+
+def canonical_name(gguf_name: str) -> str | None:
+    """Canonical weight name for a GGUF tensor name (None for tensors the model does not use)."""
+    stem = gguf_name.removesuffix(".weight")
+    if stem in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[stem]
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def iter_weights(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
+    """(canonical name, float32 tensor [out, in] or [n]) for every tensor the model uses."""
+    for tensor in reader.tensors:
+        name = canonical_name(tensor.name)
+        if name is None:
+            continue
+        array = dequantize(tensor.data, tensor.tensor_type)
+        expected = tuple(int(d) for d in reversed(tensor.shape))
+        array = np.ascontiguousarray(array.reshape(expected), dtype=np.float32)
+        yield name, torch.from_numpy(array)
+
+
+def read_tokenizer(reader: GGUFReader, name: str) -> TokenizerSpec:
+    """TokenizerSpec from `tokenizer.ggml.*` (byte-level BPE vocabularies only)."""
+    model = _require(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(f"unsupported GGUF tokenizer model {model!r} (only byte-level 'gpt2')")
+    tokens = list(_require(reader, "tokenizer.ggml.tokens"))
+    types = list(field_value(reader, "tokenizer.ggml.token_type", []))
+    special = frozenset(
+        i for i, t in enumerate(types) if t in (CONTROL_TOKEN, USER_DEFINED_TOKEN)
+    )
+    return TokenizerSpec(
+        tokens=tokens,
+        special=special,
+        merges=list(_require(reader, "tokenizer.ggml.merges")),
+        pre_tokenizer=str(field_value(reader, "tokenizer.ggml.pre", "gpt2")),
+        chat_template=field_value(reader, "tokenizer.chat_template"),
+        bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=field_value(reader, "tokenizer.ggml.eos_token_id"),
+        name=name,
+    )
+
+
+def read_gguf(path: str | Path) -> GGUFContents:
+    """Config, dequantised float32 weights and tokenizer spec of a GGUF file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    reader = GGUFReader(str(path))
+    name = str(field_value(reader, "general.name", path.stem))
+    return GGUFContents(
+        config=read_config(reader, name),
+        weights=dict(iter_weights(reader)),
+        tokenizer=read_tokenizer(reader, name),
+    )

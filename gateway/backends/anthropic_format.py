@@ -1,0 +1,174 @@
+"""Anthropic Messages bodies for the Anthropic upstream: conversion and cache breakpoints.
+
+`to_anthropic_body` re-expresses a neutral (OpenAI-shaped) `ChatRequest` as a Messages body.
+`place_cache_breakpoints` adds `cache_control` markers at the stable boundary: the end of the
+history before the last user turn (prompt_lint's rewriter moves dynamic spans into that turn),
+then the end of the system prompt, then the last tool. The client's own markers are kept and
+the total never exceeds Anthropic's limit of 4.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from gateway.types import ChatRequest
+
+MAX_BREAKPOINTS = 4
+DEFAULT_MAX_TOKENS = 1024
+EPHEMERAL = {"type": "ephemeral"}
+_NO_CACHE_CONTROL = {"thinking", "redacted_thinking"}
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def _image_block(part: dict[str, Any]) -> dict[str, Any] | None:
+    url = str((part.get("image_url") or {}).get("url", ""))
+    if url.startswith("data:") and ";base64," in url:
+        media, data = url[5:].split(";base64,", 1)
+        return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
+    if url:
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    return None
+
+
+def _user_content(content: Any) -> str | list[dict[str, Any]]:
+    if not isinstance(content, list):
+        return _text_of(content)
+    blocks: list[dict[str, Any]] = []
+    for part in content:
+        if part.get("type") == "text":
+            blocks.append({"type": "text", "text": str(part.get("text", ""))})
+        elif part.get("type") == "image_url" and (image := _image_block(part)):
+            blocks.append(image)
+    return blocks
+
+
+def _assistant_content(message: dict[str, Any]) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    text = _text_of(message.get("content"))
+    if text:
+        blocks.append({"type": "text", "text": text})
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            args = {"arguments": fn.get("arguments")}
+        blocks.append({"type": "tool_use", "id": call.get("id", ""), "name": fn.get("name", ""),
+                       "input": args if isinstance(args, dict) else {"value": args}})
+    return blocks
+
+
+def _convert_messages(messages: tuple[dict[str, Any], ...]) -> tuple[list[str], list[dict]]:
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role in ("system", "developer"):
+            system.append(_text_of(m.get("content")))
+        elif role == "tool":
+            block = {"type": "tool_result", "tool_use_id": str(m.get("tool_call_id", "")),
+                     "content": _text_of(m.get("content"))}
+            last = out[-1] if out else None
+            if last and last["role"] == "user" and isinstance(last["content"], list) and all(
+                    b.get("type") == "tool_result" for b in last["content"]):
+                last["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        elif role == "assistant":
+            out.append({"role": "assistant", "content": _assistant_content(m)})
+        else:
+            out.append({"role": "user", "content": _user_content(m.get("content"))})
+    return system, out
+
+
+def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
+    """A Messages API body for a request that arrived in OpenAI format."""
+    if req.prompt is not None:
+        system, messages = [], [{"role": "user", "content": req.prompt}]
+    else:
+        system, messages = _convert_messages(req.messages)
+    o = req.options
+    body: dict[str, Any] = {"model": req.model, "messages": messages,
+                            "max_tokens": o.max_tokens or DEFAULT_MAX_TOKENS}
+    if system:
+        body["system"] = "\n\n".join(system)
+    if req.tools:
+        body["tools"] = [{
+            "name": t["function"]["name"],
+            "description": t["function"].get("description", ""),
+            "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}},
+        } for t in req.tools]
+    extra = {"temperature": o.temperature, "top_p": o.top_p,
+             "stop_sequences": list(o.stop) or None}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return body
+
+
+def _blocks(container: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The block list at container[key], turning a plain string into one text block."""
+    value = container.get(key)
+    if isinstance(value, str):
+        container[key] = [{"type": "text", "text": value}] if value else []
+    elif not isinstance(value, list):
+        container[key] = []
+    return container[key]  # type: ignore[no-any-return]
+
+
+def count_breakpoints(body: dict[str, Any]) -> int:
+    """Number of `cache_control` markers already in tools, system and messages."""
+    def count(items: Any) -> int:
+        if not isinstance(items, list):
+            return 0
+        return sum(1 for b in items if isinstance(b, dict) and "cache_control" in b)
+    total = count(body.get("tools")) + count(body.get("system"))
+    return total + sum(count(m.get("content")) for m in body.get("messages") or ())
+
+
+def _markable(block: dict[str, Any] | None) -> bool:
+    if block is None or "cache_control" in block or block.get("type") in _NO_CACHE_CONTROL:
+        return False
+    return not (block.get("type") == "text" and not block.get("text"))
+
+
+def _history_end(body: dict[str, Any]) -> dict[str, Any] | None:
+    messages = body.get("messages") or []
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users or users[-1] == 0:
+        return None
+    blocks = _blocks(messages[users[-1] - 1], "content")
+    return blocks[-1] if blocks else None
+
+
+def _system_end(body: dict[str, Any]) -> dict[str, Any] | None:
+    if not body.get("system"):
+        return None
+    blocks = _blocks(body, "system")
+    return blocks[-1] if blocks else None
+
+
+def _tools_end(body: dict[str, Any]) -> dict[str, Any] | None:
+    tools = body.get("tools")
+    return tools[-1] if isinstance(tools, list) and tools else None
+
+
+def place_cache_breakpoints(body: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `body` with `cache_control` at the stable boundary (at most 4 in total)."""
+    out = copy.deepcopy(body)
+    budget = MAX_BREAKPOINTS - count_breakpoints(out)
+    for find in (_history_end, _system_end, _tools_end):
+        if budget <= 0:
+            break
+        block = find(out)
+        if _markable(block):
+            block["cache_control"] = dict(EPHEMERAL)  # type: ignore[index]
+            budget -= 1
+    return out

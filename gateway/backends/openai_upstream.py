@@ -1,0 +1,254 @@
+"""OpenAI-compatible upstream (OpenAI, vLLM, SGLang, llama.cpp server, DeepSeek, ...).
+
+The client's body (after lint rewrite) is forwarded as-is when the client spoke OpenAI; an
+Anthropic-format client is re-expressed from the neutral `ChatRequest`. Streaming requests are
+streamed from the upstream and passed on delta by delta. The upstream's own cache report is read
+back into `Usage.reported_cached_tokens`: `usage.prompt_tokens_details.cached_tokens` (OpenAI,
+vLLM, SGLang) or `usage.prompt_cache_hit_tokens` (DeepSeek).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
+
+import httpx
+
+from gateway.backends.upstream_http import (
+    UpstreamOptions,
+    iter_sse,
+    loads_event,
+    make_client,
+    status_error,
+    stream_error_event,
+    transport_error,
+)
+from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
+
+_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
+           "function_call": "tool_calls", "content_filter": "stop"}
+
+
+class OpenAIUsage(NamedTuple):
+    """Token counts as an OpenAI-compatible upstream reports them."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    reported_cached_tokens: int | None
+
+
+def read_usage(usage: Any) -> OpenAIUsage:
+    """Parse a `usage` object; the cached count is None when the upstream does not report one."""
+    if not isinstance(usage, dict):
+        return OpenAIUsage(0, 0, None)
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None:
+        cached = usage.get("prompt_cache_hit_tokens")  # DeepSeek
+    return OpenAIUsage(
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        int(cached) if isinstance(cached, int | float) else None,
+    )
+
+
+def derive_prompt_cache_key(namespace: str, family: str) -> str:
+    """A stable `prompt_cache_key` for one tenant's prompt family (no prompt text in it)."""
+    digest = hashlib.sha256(f"{namespace}\x00{family}".encode()).hexdigest()
+    return f"pg-{digest[:24]}"
+
+
+def _wants_cache_key(options: UpstreamOptions) -> bool:
+    if options.derive_prompt_cache_key is not None:
+        return options.derive_prompt_cache_key
+    return httpx.URL(options.url).host.endswith("openai.com")
+
+
+def _sampling_fields(req: ChatRequest) -> dict[str, Any]:
+    o = req.options
+    fields: dict[str, Any] = {
+        "max_tokens": o.max_tokens, "temperature": o.temperature, "top_p": o.top_p,
+        "seed": o.seed, "stop": list(o.stop) or None,
+        "presence_penalty": o.presence_penalty or None,
+        "frequency_penalty": o.frequency_penalty or None,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) for the upstream: `/chat/completions` or `/completions`."""
+    path = "/completions" if req.prompt is not None else "/chat/completions"
+    if req.provider == "openai":
+        body = dict(req.body)
+        body["model"] = req.model
+    elif req.prompt is not None:
+        body = {"model": req.model, "prompt": req.prompt, **_sampling_fields(req)}
+    else:
+        body = {"model": req.model, "messages": list(req.messages), **_sampling_fields(req)}
+        if req.tools:
+            body["tools"] = list(req.tools)
+    body["stream"] = req.stream
+    if req.stream:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    else:
+        body.pop("stream_options", None)
+    wants_key = req.prompt is None and req.family and _wants_cache_key(options)
+    if wants_key and "prompt_cache_key" not in body:
+        body["prompt_cache_key"] = derive_prompt_cache_key(req.namespace, str(req.family))
+    return path, body
+
+
+def _tool_call(raw: dict[str, Any]) -> dict[str, Any]:
+    fn = raw.get("function") or {}
+    return {"id": str(raw.get("id") or ""), "type": "function",
+            "function": {"name": str(fn.get("name") or ""),
+                         "arguments": str(fn.get("arguments") or "")}}
+
+
+class _StreamState:
+    """Accumulates one streamed answer: text, tool-call fragments, finish reason, usage."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.tools: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.usage = OpenAIUsage(0, 0, None)
+        self.deltas = 0
+        self.done = False
+
+    def add_tool_delta(self, delta: dict[str, Any]) -> None:
+        slot = self.tools.setdefault(int(delta.get("index", 0)), {
+            "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        slot["id"] = delta.get("id") or slot["id"]
+        fn = delta.get("function") or {}
+        slot["function"]["name"] += fn.get("name") or ""
+        slot["function"]["arguments"] += fn.get("arguments") or ""
+
+    def take_chunk(self, chunk: dict[str, Any]) -> str:
+        """Fold one chunk in; return its new text."""
+        if chunk.get("usage"):
+            self.usage = read_usage(chunk["usage"])
+        choices = chunk.get("choices") or []
+        if not choices:
+            return ""
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finish = str(choice["finish_reason"])
+        delta = choice.get("delta")
+        if delta is None:  # /completions stream
+            return str(choice.get("text") or "")
+        for call in delta.get("tool_calls") or ():
+            self.add_tool_delta(call)
+        return str(delta.get("content") or "")
+
+
+class OpenAIUpstream:
+    """One OpenAI-compatible replica, implementing the `Backend` protocol."""
+
+    name = "openai"
+
+    def __init__(
+        self, options: UpstreamOptions, *, transport: httpx.AsyncBaseTransport | None = None,
+        models: tuple[str, ...] = (),
+    ) -> None:
+        self.options = options
+        self.replica = options.replica
+        self._models = list(models)
+        self._client = make_client(options, transport)
+        self._base = options.url.rstrip("/")
+
+    def models(self) -> list[str]:
+        return list(self._models)
+
+    def kv_pages(self) -> tuple[int, int] | None:
+        return None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if self.options.api_key:
+            headers["authorization"] = f"Bearer {self.options.api_key}"
+        return headers
+
+    async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        path, body = build_body(req, self.options)
+        request = self._client.build_request(
+            "POST", self._base + path, content=json.dumps(body).encode(), headers=self._headers())
+        start = time.perf_counter()
+        started = False
+        try:
+            response = await self._client.send(request, stream=True)
+            try:
+                if response.status_code >= 400:
+                    raise status_error(response.status_code, await response.aread(), self.replica)
+                if req.stream:
+                    async for item in self._read_stream(response, start):
+                        started = True
+                        yield item
+                else:
+                    yield self._read_whole(json.loads(await response.aread()), start)
+            finally:
+                await response.aclose()
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.replica, started=started) from None
+        except ValueError as exc:  # a 2xx with a body that is not JSON
+            raise BackendError(502, f"upstream {self.replica} sent malformed JSON",
+                               kind="upstream_error") from exc
+
+    async def _read_stream(
+        self, response: httpx.Response, start: float
+    ) -> AsyncIterator[TextDelta | Final]:
+        state = _StreamState()
+        first: float | None = None
+        async for event in iter_sse(response):
+            if event.data.strip() == "[DONE]":
+                state.done = True
+                break
+            chunk = loads_event(event.data, self.replica)
+            if event.event == "error" or "error" in chunk:
+                raise stream_error_event(chunk, self.replica)
+            text = state.take_chunk(chunk)
+            if text:
+                first = first or time.perf_counter()
+                state.deltas += 1
+                state.text.append(text)
+                yield TextDelta(text)
+        if not state.done and state.finish is None:
+            raise BackendError(502, f"upstream {self.replica} stream was cut mid-way",
+                               kind="upstream_stream_cut")
+        yield self._final(state, start, first)
+
+    def _final(self, state: _StreamState, start: float, first: float | None) -> Final:
+        end = time.perf_counter()
+        completion = state.usage.completion_tokens or state.deltas
+        ttft = (first or end) - start
+        tpot = (end - first) / (completion - 1) if first and completion > 1 else None
+        tools = tuple(state.tools[i] for i in sorted(state.tools))
+        finish = _FINISH.get(state.finish or "stop", "stop")
+        return Final("".join(state.text), tools, finish, Usage(
+            prompt_tokens=state.usage.prompt_tokens, completion_tokens=completion,
+            cached_tokens=state.usage.reported_cached_tokens or 0,
+            reported_cached_tokens=state.usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
+        ), replica=self.replica)
+
+    def _read_whole(self, payload: Any, start: float) -> Final:
+        if not isinstance(payload, dict) or not payload.get("choices"):
+            raise BackendError(502, f"upstream {self.replica} sent no choices",
+                               kind="upstream_error")
+        choice = payload["choices"][0]
+        state = _StreamState()
+        state.usage = read_usage(payload.get("usage"))
+        state.finish = choice.get("finish_reason")
+        message = choice.get("message")
+        if message is None:  # /completions
+            state.text.append(str(choice.get("text") or ""))
+        else:
+            state.text.append(str(message.get("content") or ""))
+            for i, call in enumerate(message.get("tool_calls") or ()):
+                state.tools[i] = _tool_call(call)
+        return self._final(state, start, None)

@@ -1,0 +1,169 @@
+"""HTTP plumbing shared by the upstream backends: client settings, SSE parsing, fault mapping.
+
+Every failure talking to an upstream becomes a `BackendError` whose `kind` says what went wrong
+(`upstream_timeout`, `upstream_unavailable`, `upstream_error`, `upstream_stream_cut`, or the
+upstream's own 4xx passed through). `is_replica_fault` tells the pool which of them should take
+a replica out of routing. Upstream API keys travel only in request headers and never appear in
+an error message or a log line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import httpx
+
+from gateway.types import BackendError
+
+REPLICA_FAULT_KINDS = frozenset(
+    {"upstream_timeout", "upstream_unavailable", "upstream_error", "upstream_stream_cut"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamOptions:
+    """One upstream replica: where it is, how to authenticate, how long to wait.
+
+    `url` is the API base (`http://host:port/v1` for OpenAI-compatible servers,
+    `https://api.anthropic.com` for Anthropic). `derive_prompt_cache_key` None means
+    "only for api.openai.com" (other servers may reject the unknown field).
+    """
+
+    url: str
+    api_key: str | None = None
+    timeout_s: float = 60.0
+    name: str | None = None
+    max_connections: int = 256
+    derive_prompt_cache_key: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"upstream url must start with http:// or https://, got {self.url!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.max_connections <= 0:
+            raise ValueError(f"max_connections must be positive, got {self.max_connections}")
+
+    @property
+    def replica(self) -> str:
+        """The replica's display name: given, else host:port of the URL."""
+        if self.name:
+            return self.name
+        url = httpx.URL(self.url)
+        return f"{url.host}:{url.port}" if url.port else url.host
+
+    def __repr__(self) -> str:  # never show the key
+        return f"UpstreamOptions(url={self.url!r}, replica={self.replica!r})"
+
+
+def make_client(
+    options: UpstreamOptions, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """A pooled client for one replica (keep-alive, bounded connections, per-phase timeouts)."""
+    t = options.timeout_s
+    timeout = httpx.Timeout(connect=min(t, 10.0), read=t, write=t, pool=t)
+    limits = httpx.Limits(
+        max_connections=options.max_connections,
+        max_keepalive_connections=min(options.max_connections, 64),
+    )
+    return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+
+
+class SSEEvent(NamedTuple):
+    """One server-sent event: its `event:` name ("" when absent) and joined `data:` lines."""
+
+    event: str
+    data: str
+
+
+async def iter_sse(response: httpx.Response) -> AsyncIterator[SSEEvent]:
+    """Parse a text/event-stream body into events (comments and ids ignored)."""
+    event, data = "", []
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                yield SSEEvent(event, "\n".join(data))
+            event, data = "", []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+    if data:
+        yield SSEEvent(event, "\n".join(data))
+
+
+def transport_error(exc: httpx.HTTPError, replica: str, *, started: bool) -> BackendError:
+    """Map an httpx exception to a client-facing error (no URL secrets, no headers)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return BackendError(504, f"upstream {replica} timed out", kind="upstream_timeout")
+    if started:
+        return BackendError(
+            502, f"upstream {replica} stream was cut mid-way ({type(exc).__name__})",
+            kind="upstream_stream_cut",
+        )
+    if isinstance(exc, httpx.ConnectError | httpx.NetworkError):
+        return BackendError(
+            502, f"upstream {replica} is unreachable ({type(exc).__name__})",
+            kind="upstream_unavailable",
+        )
+    return BackendError(502, f"upstream {replica} failed ({type(exc).__name__})",
+                        kind="upstream_error")
+
+
+def _upstream_message(payload: Any) -> str:
+    if isinstance(payload, dict):
+        err = payload.get("error", payload)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+    return ""
+
+
+def status_error(status: int, body: bytes, replica: str) -> BackendError:
+    """Map a non-2xx upstream answer to the error the client should see."""
+    try:
+        message = _upstream_message(json.loads(body)) if body else ""
+    except ValueError:
+        message = ""
+    detail = f": {message[:500]}" if message else ""
+    if status >= 500:
+        return BackendError(502, f"upstream {replica} answered {status}{detail}",
+                            kind="upstream_error")
+    if status in (401, 403):
+        return BackendError(
+            502, f"upstream {replica} rejected the gateway's credentials ({status})",
+            kind="upstream_auth",
+        )
+    if status == 429:
+        return BackendError(429, f"upstream {replica} is rate limiting{detail}",
+                            kind="rate_limit_error")
+    return BackendError(status, f"upstream {replica} refused the request{detail}",
+                        kind="invalid_request_error")
+
+
+def is_replica_fault(err: BackendError) -> bool:
+    """True for errors that say the replica is unhealthy (not the request's fault)."""
+    return err.kind in REPLICA_FAULT_KINDS
+
+
+def loads_event(data: str, replica: str) -> dict[str, Any]:
+    """Decode one SSE data payload, as a stream-cut error when it is not a JSON object."""
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        raise BackendError(502, f"upstream {replica} sent a malformed stream event",
+                           kind="upstream_stream_cut")
+    return payload
+
+
+def stream_error_event(payload: dict[str, Any], replica: str) -> BackendError:
+    """An error the upstream itself reported inside its stream."""
+    message = _upstream_message(payload) or "error event"
+    return BackendError(502, f"upstream {replica} stream error: {message[:500]}",
+                        kind="upstream_error")

@@ -1,0 +1,58 @@
+"""Client-facing errors, rendered in the client's own format.
+
+OpenAI: `{"error": {"message", "type", "param", "code"}}`.
+Anthropic: `{"type": "error", "error": {"type", "message"}}` (the field is named in the message).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.types import BackendError, Provider
+
+OPENAI_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+ANTHROPIC_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+class GatewayError(BackendError):
+    """A request the gateway refuses or fails; `param` names the offending field."""
+
+
+def invalid(message: str, param: str | None = None, *, status: int = 400) -> GatewayError:
+    """A 4xx for a bad field."""
+    return GatewayError(status, message, kind="invalid_request_error", param=param)
+
+
+def error_type(status: int, provider: Provider) -> str:
+    """The provider's error type for an HTTP status."""
+    table = ANTHROPIC_TYPES if provider == "anthropic" else OPENAI_TYPES
+    return table.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(err: BackendError, provider: Provider) -> dict[str, Any]:
+    """The JSON error body in the client's format."""
+    kind = error_type(err.status, provider)
+    if provider == "anthropic":
+        message = err.message
+        if err.param and err.param not in message:
+            message = f"{err.param}: {message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    code = err.kind if err.kind not in {kind, "api_error"} else None
+    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": code}}

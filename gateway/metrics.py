@@ -1,0 +1,180 @@
+"""A small Prometheus text-format registry: Counter, Gauge, Histogram with labels.
+
+The app keeps one `Registry` on `app.state.metrics`; any module may register its own series
+(`registry.counter(name, help, labels=(...))` returns the existing series on a repeated call with
+the same shape). `GET /metrics` serves `registry.render()` (text format 0.0.4).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+LabelValues = tuple[str, ...]
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _format_labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
+    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _format_number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+@dataclass
+class _Series:
+    name: str
+    help: str
+    label_names: tuple[str, ...]
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _key(self, labels: dict[str, str]) -> LabelValues:
+        if set(labels) != set(self.label_names):
+            raise ValueError(
+                f"metric {self.name} takes labels {self.label_names}, got {tuple(labels)}"
+            )
+        return tuple(str(labels[n]) for n in self.label_names)
+
+
+@dataclass
+class Counter(_Series):
+    """A monotonically increasing value per label set."""
+
+    kind: str = "counter"
+    values: dict[LabelValues, float] = field(default_factory=dict)
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        if amount < 0:
+            raise ValueError(f"counter {self.name} cannot decrease (inc {amount})")
+        key = self._key(labels)
+        with self.lock:
+            self.values[key] = self.values.get(key, 0.0) + amount
+
+    def get(self, **labels: str) -> float:
+        return self.values.get(self._key(labels), 0.0)
+
+    def lines(self) -> list[str]:
+        with self.lock:
+            items = sorted(self.values.items())
+        return [f"{self.name}{_format_labels(self.label_names, k)} {_format_number(v)}"
+                for k, v in items]
+
+
+@dataclass
+class Gauge(_Series):
+    """A value that goes up and down; or read from a callback at scrape time."""
+
+    kind: str = "gauge"
+    values: dict[LabelValues, float] = field(default_factory=dict)
+    callback: Callable[[], dict[LabelValues, float]] | None = None
+
+    def set(self, value: float, **labels: str) -> None:
+        key = self._key(labels)
+        with self.lock:
+            self.values[key] = float(value)
+
+    def set_function(self, callback: Callable[[], dict[LabelValues, float]]) -> None:
+        """Read the values at scrape time: callback() -> {label values tuple: value}."""
+        self.callback = callback
+
+    def lines(self) -> list[str]:
+        with self.lock:
+            items = dict(self.values)
+        if self.callback is not None:
+            items.update(self.callback())
+        return [f"{self.name}{_format_labels(self.label_names, k)} {_format_number(v)}"
+                for k, v in sorted(items.items())]
+
+
+@dataclass
+class Histogram(_Series):
+    """Cumulative buckets, sum and count per label set."""
+
+    kind: str = "histogram"
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    counts: dict[LabelValues, list[int]] = field(default_factory=dict)
+    sums: dict[LabelValues, float] = field(default_factory=dict)
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = self._key(labels)
+        with self.lock:
+            counts = self.counts.setdefault(key, [0] * (len(self.buckets) + 1))
+            for i, bound in enumerate(self.buckets):
+                if value <= bound:
+                    counts[i] += 1
+            counts[-1] += 1
+            self.sums[key] = self.sums.get(key, 0.0) + value
+
+    def count(self, **labels: str) -> int:
+        counts = self.counts.get(self._key(labels))
+        return counts[-1] if counts else 0
+
+    def lines(self) -> list[str]:
+        with self.lock:
+            items = sorted((k, list(c), self.sums[k]) for k, c in self.counts.items())
+        out: list[str] = []
+        for key, counts, total in items:
+            for bound, n in zip((*self.buckets, math.inf), counts, strict=True):
+                le = f'le="{_format_number(bound)}"'
+                out.append(f"{self.name}_bucket{_format_labels(self.label_names, key, le)} {n}")
+            labels = _format_labels(self.label_names, key)
+            out.append(f"{self.name}_sum{labels} {_format_number(total)}")
+            out.append(f"{self.name}_count{labels} {counts[-1]}")
+        return out
+
+
+class Registry:
+    """Named series, rendered in registration order."""
+
+    def __init__(self) -> None:
+        self._series: dict[str, Counter | Gauge | Histogram] = {}
+        self._lock = threading.Lock()
+
+    def counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
+        return self._get(Counter(name, help, tuple(labels)))  # type: ignore[return-value]
+
+    def gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
+        return self._get(Gauge(name, help, tuple(labels)))  # type: ignore[return-value]
+
+    def histogram(
+        self, name: str, help: str, labels: Sequence[str] = (),
+        buckets: Sequence[float] = LATENCY_BUCKETS,
+    ) -> Histogram:
+        series = Histogram(name, help, tuple(labels), buckets=tuple(sorted(buckets)))
+        return self._get(series)  # type: ignore[return-value]
+
+    def _get(self, series: Counter | Gauge | Histogram) -> Counter | Gauge | Histogram:
+        with self._lock:
+            existing = self._series.get(series.name)
+            if existing is None:
+                self._series[series.name] = series
+                return series
+        if type(existing) is not type(series) or existing.label_names != series.label_names:
+            raise ValueError(f"metric {series.name} already registered with another shape")
+        return existing
+
+    def render(self) -> str:
+        """The whole registry in Prometheus text format."""
+        with self._lock:
+            series = list(self._series.values())
+        out: list[str] = []
+        for s in series:
+            out.append(f"# HELP {s.name} {s.help}")
+            out.append(f"# TYPE {s.name} {s.kind}")
+            out.extend(s.lines())
+        return "\n".join(out) + "\n"

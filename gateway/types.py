@@ -1,0 +1,119 @@
+"""Provider-neutral types shared by every gateway module and backend.
+
+A route parses the client's body (OpenAI or Anthropic format) into a `ChatRequest`;
+a `Backend` turns it into a stream of `TextDelta`s followed by exactly one `Final`;
+the route renders that stream back in the client's own format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+Provider = Literal["openai", "anthropic"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Sampling parameters, already validated by the parser."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One validated request, whichever route it came in on."""
+
+    request_id: str
+    provider: Provider  # the client's API format (which route it came in on)
+    model: str
+    messages: tuple[dict[str, Any], ...]  # OpenAI-shaped (role, content, tool_calls, tool_call_id)
+    tools: tuple[dict[str, Any], ...]  # OpenAI function-tool shaped {"type":"function",...}
+    options: SamplingOptions
+    stream: bool
+    tenant: str
+    namespace: str  # cache namespace = tenant (+ "/" + cache_salt when given)
+    body: dict[str, Any]  # the client body after lint rewrite, in the client's provider format
+    prompt: str | None = None  # set for /v1/completions (raw text prompt, no chat template)
+    lint_ids: tuple[str, ...] = ()
+    family: str | None = None  # prompt family from prompt_lint's TemplateLearner
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token accounting of one request; times in seconds."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    predicted_cached_tokens: int | None = None  # shadow-cache prediction (upstreams)
+    reported_cached_tokens: int | None = None  # what the upstream itself reported
+    ttft: float | None = None
+    tpot: float | None = None
+    prefill_saved_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of generated text (tool-call markup already removed).
+
+    `usage` is optional: a backend that knows the prompt and cached token counts when the first
+    text arrives (after prefill) sets it on its first delta, so a streaming response can carry the
+    x-prefixgate-* headers and Anthropic's message_start usage; later deltas leave it None.
+    """
+
+    text: str
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """The last item of every backend stream."""
+
+    text: str  # full generated text (tool-call markup removed)
+    tool_calls: tuple[dict[str, Any], ...]  # OpenAI shape {"id","type":"function","function":{..}}
+    finish_reason: str  # OpenAI vocabulary: stop | length | tool_calls
+    usage: Usage
+    replica: str | None = None
+
+
+class BackendError(Exception):
+    """A backend failure with the HTTP status and error kind the client should see."""
+
+    def __init__(
+        self, status: int, message: str, *, kind: str = "api_error", param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+
+
+class Backend(Protocol):
+    """Where requests are served: the embedded engine or an upstream provider."""
+
+    name: str  # "embedded" | "openai" | "anthropic"
+
+    def models(self) -> list[str]:
+        """Model ids this backend serves (GET /v1/models)."""
+        ...
+
+    def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        """Text deltas, then exactly one Final. Raises BackendError on failure."""
+        ...
+
+    def kv_pages(self) -> tuple[int, int] | None:
+        """(used, total) KV pages for metrics; None for upstreams."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release resources (engine thread, HTTP clients)."""
+        ...

@@ -1,0 +1,146 @@
+"""Typed field readers for request bodies: each names the offending field in its error."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import invalid
+
+
+@dataclass(frozen=True, slots=True)
+class ParseContext:
+    """What a parser needs beyond the body: who is asking and what is served."""
+
+    request_id: str
+    tenant: str
+    models: tuple[str, ...]  # served model ids; "*" accepts any
+    default_max_tokens: int = 256
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 naming the body."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid(f"request body is not valid JSON: {exc}", "body") from None
+    if not isinstance(data, dict):
+        raise invalid("request body must be a JSON object", "body")
+    return data
+
+
+def namespace_for(tenant: str, salt: str | None) -> str:
+    """Cache namespace: the tenant, plus "/" + salt when the client sent a cache_salt."""
+    return tenant if not salt else f"{tenant}/{salt}"
+
+
+def check_model(body: dict[str, Any], ctx: ParseContext) -> str:
+    model = req_str(body, "model")
+    if "*" not in ctx.models and model not in ctx.models:
+        served = ", ".join(ctx.models)
+        raise invalid(f"model {model!r} does not exist; served: {served}", "model", status=404)
+    return model
+
+
+def req_str(body: dict[str, Any], name: str, path: str | None = None) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise invalid(f"'{path or name}' must be a non-empty string", path or name)
+    return value
+
+
+def opt_str(body: dict[str, Any], name: str, path: str | None = None) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"'{path or name}' must be a string", path or name)
+    return value
+
+
+def opt_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"'{name}' must be a boolean", name)
+    return value
+
+
+def opt_number(
+    body: dict[str, Any], name: str, low: float, high: float, *, low_open: bool = False
+) -> float | None:
+    """A number in [low, high] (or (low, high] with low_open); None when absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise invalid(f"'{name}' must be a number", name)
+    if value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise invalid(f"'{name}' must be in {bracket}{low}, {high}], got {value}", name)
+    return float(value)
+
+
+def opt_int(body: dict[str, Any], name: str, low: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"'{name}' must be an integer", name)
+    if low is not None and value < low:
+        raise invalid(f"'{name}' must be >= {low}, got {value}", name)
+    return value
+
+
+def opt_dict(body: dict[str, Any], name: str, path: str | None = None) -> dict[str, Any] | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid(f"'{path or name}' must be an object", path or name)
+    return value
+
+
+def req_list(body: dict[str, Any], name: str, *, non_empty: bool = True) -> list[Any]:
+    value = body.get(name)
+    if not isinstance(value, list) or (non_empty and not value):
+        what = "a non-empty array" if non_empty else "an array"
+        raise invalid(f"'{name}' must be {what}", name)
+    return value
+
+
+def opt_list(body: dict[str, Any], name: str) -> list[Any]:
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid(f"'{name}' must be an array", name)
+    return value
+
+
+def stop_strings(value: Any, name: str, limit: int) -> tuple[str, ...]:
+    """`stop`: a string or a list of up to `limit` non-empty strings."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or len(items) > limit:
+        raise invalid(f"'{name}' must be a string or an array of at most {limit} strings", name)
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            raise invalid(f"'{name}[{i}]' must be a non-empty string", f"{name}[{i}]")
+    return tuple(items)
+
+
+def check_tool_schema(fn: dict[str, Any], path: str, schema_key: str) -> None:
+    """A function tool: a name and an optional JSON-schema object."""
+    name = fn.get("name")
+    if not isinstance(name, str) or not name or len(name) > 128:
+        raise invalid(f"'{path}.name' must be a non-empty string", f"{path}.name")
+    if fn.get("description") is not None and not isinstance(fn["description"], str):
+        raise invalid(f"'{path}.description' must be a string", f"{path}.description")
+    schema = fn.get(schema_key)
+    if schema is not None and not isinstance(schema, dict):
+        raise invalid(f"'{path}.{schema_key}' must be an object", f"{path}.{schema_key}")

@@ -1,0 +1,188 @@
+"""Pattern detectors: values that change per request, found by their shape.
+
+Each detector is a compiled regex plus an optional validator; a match
+becomes a `Span(kind, start, end, value, label)`. Patterns never cross a
+line, so detection runs per line through a bounded cache (system prompts
+repeat almost all their lines from request to request). Stable look-alikes
+(version numbers such as 1.2.3 or v2026.11, code, plain prose) are rejected
+by anchoring: dates need a valid month and day, hex needs both digits and
+letters, epochs must fall in 2017..2033, high-entropy tokens need mixed
+character classes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import NamedTuple
+
+
+class Span(NamedTuple):
+    """A detected value: kind (rule kind), character span, raw text, detector label."""
+
+    kind: str
+    start: int
+    end: int
+    value: str
+    label: str
+
+
+_MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|"
+           "December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec")
+_DAYS = "Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday|Mon|Tue|Wed|Thu|Fri|Sat|Sun"
+_ISO_TIME = r"(?:[T ][0-2]\d:[0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:Z|[+-][0-2]\d:?[0-5]\d)?)?"
+_CLOCK = r"[0-2]?\d:[0-5]\d(?::[0-5]\d)?(?:\s?[AaPp]\.?[Mm]\.?)?(?:\s?(?:UTC|GMT|Z|[A-Z]{3,4}T))?"
+_ID_LABELS = ("session|user|request|req|trace|span|conversation|convo|thread|run|correlation|"
+              "account|customer|tenant|org|device|client|chat|message|msg|order|job|visitor|"
+              "transaction|tx|call|invocation|execution")
+
+Validator = Callable[[re.Match[str]], bool]
+
+
+class Detector(NamedTuple):
+    """A named pattern; `group` selects the value inside the match."""
+
+    label: str
+    kind: str
+    pattern: re.Pattern[str]
+    group: int = 0
+    valid: Validator | None = None
+
+
+def _valid_iso(m: re.Match[str]) -> bool:
+    month, day = int(m.group(2)), int(m.group(3))
+    return 1 <= month <= 12 and 1 <= day <= 31
+
+
+def _valid_dmy(m: re.Match[str]) -> bool:
+    a, b = int(m.group(1)), int(m.group(2))
+    return (1 <= a <= 31 and 1 <= b <= 12) or (1 <= a <= 12 and 1 <= b <= 31)
+
+
+def _valid_clock(m: re.Match[str]) -> bool:
+    text = m.group(0)
+    hours = int(text.split(":", 1)[0])
+    if hours > 23:
+        return False
+    has_suffix = len(text) > 5 and not text[2:].startswith(":") or text.count(":") == 2
+    return len(text.split(":", 1)[0]) == 2 or has_suffix
+
+
+def _valid_hex(m: re.Match[str]) -> bool:
+    text = m.group(0)
+    return any(c.isdigit() for c in text) and any(c.isalpha() for c in text)
+
+
+def entropy(text: str) -> float:
+    """Shannon entropy in bits per character."""
+    n = len(text)
+    return -sum(c / n * math.log2(c / n) for c in Counter(text).values())
+
+
+def _valid_random(m: re.Match[str]) -> bool:
+    text = m.group(0)
+    digits = sum(c.isdigit() for c in text)
+    upper = sum(c.isupper() for c in text)
+    lower = sum(c.islower() for c in text)
+    classes = (digits >= 2) + (upper >= 2) + (lower >= 2)
+    return classes >= 3 or (classes == 2 and digits >= 4) and entropy(text) >= 3.5
+
+
+def _valid_labelled(m: re.Match[str]) -> bool:
+    value = m.group(1)
+    return any(c.isdigit() for c in value) or len(value) >= 8
+
+
+def _d(label: str, kind: str, pattern: str, group: int = 0,
+       valid: Validator | None = None, flags: int = 0) -> Detector:
+    return Detector(label, kind, re.compile(pattern, flags), group, valid)
+
+
+DETECTORS: tuple[Detector, ...] = (
+    _d("JWT", "identifier", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    _d("API key", "identifier",
+       r"\b(?:sk-ant-|sk-proj-|sk-|pk_live_|sk_live_|pk_test_|sk_test_|rk_|ghp_|gho_|ghs_|"
+       r"xox[abps]-|AIza|AKIA)[A-Za-z0-9_-]{16,}"),
+    _d("UUID", "identifier",
+       r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
+    _d("email", "identifier", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
+    _d("RFC 2822 date", "timestamp",
+       rf"\b(?:(?:{_DAYS}),\s)?\d{{1,2}}\s(?:{_MONTHS})\s\d{{4}}\s\d{{2}}:\d{{2}}(?::\d{{2}})?"
+       r"(?:\s(?:[+-]\d{4}|GMT|UTC|[A-Z]{3}))?"),
+    _d("ISO 8601 timestamp", "timestamp", rf"\b(\d{{4}})-(\d{{2}})-(\d{{2}}){_ISO_TIME}(?![\d.])",
+       valid=_valid_iso),
+    _d("date and time", "timestamp",
+       rf"\b(\d{{1,2}})[/.](\d{{1,2}})[/.]\d{{4}}(?:,?\s{_CLOCK})?\b", valid=_valid_dmy),
+    _d("written date", "timestamp",
+       rf"\b(?:(?:{_DAYS}),?\s)?(?:(?:{_MONTHS})\.?\s\d{{1,2}}(?:st|nd|rd|th)?,?\s\d{{4}}|"
+       rf"\d{{1,2}}(?:st|nd|rd|th)?\s(?:of\s)?(?:{_MONTHS}),?\s\d{{4}})(?:,?\s(?:at\s)?{_CLOCK})?"),
+    _d("weekday and time", "timestamp", rf"\b(?:{_DAYS}),?\s(?:at\s)?{_CLOCK}"),
+    _d("Unix epoch (ms)", "timestamp", r"(?<![\d.])1[5-9]\d{11}(?![\d.])"),
+    _d("Unix epoch", "timestamp", r"(?<![\d.\w])1[5-9]\d{8}(?![\d.])"),
+    _d("clock time", "timestamp", rf"(?<![\d:.])\b{_CLOCK}(?![\d:])", valid=_valid_clock),
+    _d("labelled id", "identifier",
+       rf"\b(?:{_ID_LABELS})[ _-]?(?:id|key|token|uuid|number|no)\b[\"']?[ \t]*[:=#][ \t]*[\"']?"
+       r"([A-Za-z0-9][A-Za-z0-9._:@+/-]{3,})", group=1, valid=_valid_labelled, flags=re.I),
+    _d("nonce", "nonce",
+       r"\b(?:nonce|salt|seed|cache[_ -]?buster|counter|request[_ ]?(?:count|seq)|"
+       r"turn[_ ]?(?:number|count)|retry[_ ]?count|attempt[_ ]?(?:number|no))\b[\"']?[ \t]*"
+       r"[:=#][ \t]*[\"']?([A-Za-z0-9+/_=-]+)", group=1, flags=re.I),
+    _d("request counter", "nonce", r"\b(?:[Rr]equest|[Tt]urn|[Cc]all|[Rr]un)\s#(\d+)\b", group=1),
+    _d("hex digest", "identifier", r"\b[0-9a-fA-F]{16,128}\b", valid=_valid_hex),
+    _d("high-entropy token", "nonce", r"(?<![\w/.-])[A-Za-z0-9+/_-]{20,}={0,2}(?![\w/.-])",
+       valid=_valid_random),
+)
+
+
+def _detect_line(line: str) -> list[Span]:
+    taken: list[tuple[int, int]] = []
+    spans: list[Span] = []
+    for det in DETECTORS:
+        for m in det.pattern.finditer(line):
+            if det.valid is not None and not det.valid(m):
+                continue
+            start, end = m.span(det.group)
+            if any(start < e and s < end for s, e in taken):
+                continue
+            taken.append((start, end))
+            spans.append(Span(det.kind, start, end, line[start:end], det.label))
+    spans.sort(key=lambda s: s.start)
+    return spans
+
+
+class PatternScanner:
+    """Runs DETECTORS over texts line by line, with a bounded line cache."""
+
+    def __init__(self, max_lines: int = 65536) -> None:
+        self._cache: OrderedDict[str, list[Span]] = OrderedDict()
+        self._max = max_lines
+
+    def line_spans(self, line: str) -> list[Span]:
+        """Spans in one line (cached)."""
+        spans = self._cache.get(line)
+        if spans is None:
+            spans = _detect_line(line)
+            self._cache[line] = spans
+            if len(self._cache) > self._max:
+                self._cache.popitem(last=False)
+        return spans
+
+    def scan(self, text: str) -> list[Span]:
+        """All spans in `text`, offsets relative to `text`."""
+        out: list[Span] = []
+        pos = 0
+        for line in text.split("\n"):
+            for s in self.line_spans(line):
+                out.append(s._replace(start=s.start + pos, end=s.end + pos))
+            pos += len(line) + 1
+        return out
+
+
+_SCANNER = PatternScanner()
+
+
+def detect(text: str) -> list[Span]:
+    """Spans of dynamic-looking values in `text` (process-wide line cache)."""
+    return _SCANNER.scan(text)

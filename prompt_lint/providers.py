@@ -1,0 +1,172 @@
+"""Request formats: provider detection, validation, and the segment layout.
+
+A request is flattened into `Segment`s in the order a provider caches it:
+tool definitions first, then the system prompt, then the messages. Both
+OpenAI (tools are rendered ahead of the conversation) and Anthropic (cache
+prefix order tools -> system -> messages) read a request in this order, and
+the token layout used for counting and for replay is the concatenation of the
+segments' tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, NamedTuple
+
+Provider = Literal["openai", "anthropic"]
+PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+class RequestError(ValueError):
+    """The body is not a request prompt_lint understands."""
+
+
+class Segment(NamedTuple):
+    """One piece of the token layout.
+
+    `path`: where the text lives in the body; `text`: what is tokenized;
+    `scan`: whether it is template material (system prompt, tool text) that
+    pattern detectors and template learning look at; `message`: the message
+    index, or -1 for tools and the Anthropic system prompt.
+    """
+
+    path: str
+    text: str
+    scan: bool
+    message: int
+
+
+def detect_provider(body: dict[str, Any]) -> Provider:
+    """Guess the request format: Anthropic Messages or OpenAI Chat Completions.
+
+    Anthropic bodies have a top-level `system`, `max_tokens` with typed content
+    blocks, or `input_schema` tools; OpenAI bodies have system/developer/tool
+    roles or `function` tools. Ambiguous bodies are OpenAI.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(f"request must be a JSON object, got {type(body).__name__}")
+    if "system" in body:
+        return "anthropic"
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools and isinstance(tools[0], dict):
+        if "input_schema" in tools[0]:
+            return "anthropic"
+        if "function" in tools[0]:
+            return "openai"
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") in {"system", "developer", "tool"}:
+            return "openai"
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") in {"tool_use", "tool_result"} for b in content
+        ):
+            return "anthropic"
+    return "openai"
+
+
+def validate(body: Any, provider: Provider) -> None:
+    """Raise RequestError naming the first problem in `body`."""
+    if not isinstance(body, dict):
+        raise RequestError(f"request must be a JSON object, got {type(body).__name__}")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list")
+    for i, message in enumerate(messages):
+        _validate_message(message, i, provider)
+    tools = body.get("tools", [])
+    if not isinstance(tools, list):
+        raise RequestError("'tools' must be a list")
+    for i, tool in enumerate(tools):
+        if tool_name(tool, provider) is None:
+            raise RequestError(f"tools[{i}] has no name")
+    system = body.get("system")
+    if provider == "anthropic" and system is not None and not isinstance(system, str | list):
+        raise RequestError("'system' must be a string or a list of text blocks")
+
+
+def _validate_message(message: Any, i: int, provider: Provider) -> None:
+    if not isinstance(message, dict):
+        raise RequestError(f"messages[{i}] must be an object")
+    role = message.get("role")
+    allowed = {"user", "assistant"} if provider == "anthropic" else {
+        "system", "developer", "user", "assistant", "tool", "function"}
+    if role not in allowed:
+        raise RequestError(f"messages[{i}].role {role!r} is not valid for {provider}")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise RequestError(f"messages[{i}].content must be a string or a list")
+    if content is None and provider == "anthropic":
+        raise RequestError(f"messages[{i}].content is missing")
+
+
+def tool_name(tool: Any, provider: Provider) -> str | None:
+    """The tool's name, or None when the definition has none."""
+    if not isinstance(tool, dict):
+        return None
+    name = tool.get("name")
+    function = tool.get("function")
+    if name is None and isinstance(function, dict):
+        name = function.get("name")
+    return name if isinstance(name, str) else None
+
+
+def tool_description_path(tool: dict[str, Any], i: int) -> tuple[str, str] | None:
+    """(path, text) of the tool's description string, if it has one."""
+    function = tool.get("function")
+    if isinstance(function, dict) and isinstance(function.get("description"), str):
+        return f"tools[{i}].function.description", function["description"]
+    if isinstance(tool.get("description"), str):
+        return f"tools[{i}].description", tool["description"]
+    return None
+
+
+def compact_json(value: Any) -> str:
+    """JSON as the layout tokenizes it: compact, key order as given."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def segments(body: dict[str, Any], provider: Provider) -> list[Segment]:
+    """The request's token layout: tools, system prompt, then messages."""
+    out = [Segment(f"tools[{i}]", compact_json(t), False, -1)
+           for i, t in enumerate(body.get("tools") or [])]
+    system = body.get("system")
+    if provider == "anthropic" and system is not None:
+        out += _content_segments("system", system, True, -1)
+    for i, message in enumerate(body["messages"]):
+        role = message.get("role", "")
+        out.append(Segment(f"messages[{i}]", f"<|{role}|>\n", False, i))
+        scan = role in _SYSTEM_ROLES
+        out += _content_segments(f"messages[{i}].content", message.get("content"), scan, i)
+        if message.get("tool_calls"):
+            out.append(Segment(f"messages[{i}].tool_calls",
+                               compact_json(message["tool_calls"]), False, i))
+    return out
+
+
+def _content_segments(path: str, content: Any, scan: bool, message: int) -> list[Segment]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [Segment(path, content, scan, message)]
+    out = []
+    for j, block in enumerate(content):
+        if isinstance(block, dict) and isinstance(block.get("text"), str):
+            out.append(Segment(f"{path}[{j}].text", block["text"], scan, message))
+        else:
+            out.append(Segment(f"{path}[{j}]", compact_json(block), False, message))
+    return out
+
+
+def scan_targets(body: dict[str, Any], layout: list[Segment]) -> list[Segment]:
+    """Template strings to scan: tool descriptions, then system-prompt text.
+
+    `layout` is `segments(body, provider)`; tool descriptions carry the
+    index of their tool segment in `message` so token offsets can be found.
+    """
+    out = []
+    for i, tool in enumerate(body.get("tools") or []):
+        found = tool_description_path(tool, i)
+        if found is not None:
+            out.append(Segment(found[0], found[1], True, -1))
+    return out + [s for s in layout if s.scan]

