@@ -58,6 +58,8 @@ class EngineConfig:
         if self.dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {self.dtype!r}")
         _positive("page_size", self.page_size)
+        if self.page_size < 8 or self.page_size & (self.page_size - 1):
+            raise ValueError(f"page_size must be a power of two >= 8, got {self.page_size}")
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.num_pages is not None:

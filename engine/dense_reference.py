@@ -2,6 +2,7 @@
 
 This is the test reference for the engine's paged path: the same math written the textbook way
 (float32 RMSNorm, rotary from sin/cos tables, GQA by repeating K/V heads, causal SDPA).
+Quantised projections are used through their dequantised float32 weights.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _layer(layer: DecoderLayer, x: Tensor, positions: Tensor, config: ModelConfi
     c = config
     length = x.shape[0]
     h = _rms_norm(x, layer.attn_norm, c.rms_eps)
-    q, k, v = F.linear(h, layer.qkv).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+    q, k, v = F.linear(h, layer.qkv.dequantized()).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
     q = _rope(q.reshape(length, c.num_heads, c.head_dim), positions, c)
     k = _rope(k.reshape(length, c.num_kv_heads, c.head_dim), positions, c)
     v = v.reshape(length, c.num_kv_heads, c.head_dim)
@@ -50,10 +51,10 @@ def _layer(layer: DecoderLayer, x: Tensor, positions: Tensor, config: ModelConfi
     attn = F.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
     )  # [Hq, L, D]
-    x = x + F.linear(attn.transpose(0, 1).reshape(length, c.q_size), layer.o)
+    x = x + F.linear(attn.transpose(0, 1).reshape(length, c.q_size), layer.o.dequantized())
     h = _rms_norm(x, layer.ffn_norm, c.rms_eps)
-    gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, layer.down)
+    gate, up = F.linear(h, layer.gate_up.dequantized()).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, layer.down.dequantized())
 
 
 @torch.inference_mode()
@@ -67,7 +68,7 @@ def dense_logits(model: LlamaModel, token_ids: list[int] | Tensor) -> Tensor:
     x = F.embedding(ids, model.embed)  # [L, hidden]
     for layer in model.layers:
         x = _layer(layer, x, positions, c)
-    return F.linear(_rms_norm(x, model.norm, c.rms_eps), model.lm_head).float()
+    return F.linear(_rms_norm(x, model.norm, c.rms_eps), model.lm_head.dequantized()).float()
 
 
 def greedy_generate(

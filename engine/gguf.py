@@ -107,7 +107,7 @@ def iter_weights(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         array = dequantize(tensor.data, tensor.tensor_type)
         expected = tuple(int(d) for d in reversed(tensor.shape))
-        array = np.ascontiguousarray(array.reshape(expected), dtype=np.float32)
+        array = np.array(array.reshape(expected), dtype=np.float32, order="C")  # owned, writable
         yield name, torch.from_numpy(array)
 
 

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 import kernels
 from engine.attention_metadata import AttentionMetadata
+from engine.linear import QUANTIZATIONS, DenseLinear, Quantization, quantize_linear
 from engine.model_config import ModelConfig
 
 # Canonical weight names (what engine.gguf and engine.hf_folder produce), per layer i:
@@ -18,15 +19,17 @@ from engine.model_config import ModelConfig
 # plus embed [vocab, hidden], norm [hidden] and, when embeddings are not tied, lm_head.
 # Linear weights are [out_features, in_features] like torch.nn.Linear.
 
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
-def _empty(*shape: int, dtype: torch.dtype) -> nn.Parameter:
-    return nn.Parameter(torch.zeros(*shape, dtype=dtype), requires_grad=False)
+
+def _vector(size: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(size, dtype=dtype), requires_grad=False)
 
 
 class DecoderLayer(nn.Module):
     """One pre-norm block: GQA attention with rotary over the paged cache, then a SwiGLU MLP.
 
-    Q/K/V and gate/up are fused into one weight each so every projection is one matmul.
+    Q/K/V and gate/up are fused into one projection each so every projection is one matmul.
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
@@ -34,12 +37,12 @@ class DecoderLayer(nn.Module):
         c = config
         self.config = c
         self.scale = c.head_dim**-0.5
-        self.attn_norm = _empty(c.hidden_size, dtype=dtype)
-        self.qkv = _empty(c.q_size + 2 * c.kv_size, c.hidden_size, dtype=dtype)
-        self.o = _empty(c.hidden_size, c.q_size, dtype=dtype)
-        self.ffn_norm = _empty(c.hidden_size, dtype=dtype)
-        self.gate_up = _empty(2 * c.intermediate_size, c.hidden_size, dtype=dtype)
-        self.down = _empty(c.hidden_size, c.intermediate_size, dtype=dtype)
+        self.attn_norm = _vector(c.hidden_size, dtype)
+        self.qkv: nn.Module = DenseLinear(c.q_size + 2 * c.kv_size, c.hidden_size, dtype)
+        self.o: nn.Module = DenseLinear(c.hidden_size, c.q_size, dtype)
+        self.ffn_norm = _vector(c.hidden_size, dtype)
+        self.gate_up: nn.Module = DenseLinear(2 * c.intermediate_size, c.hidden_size, dtype)
+        self.down: nn.Module = DenseLinear(c.hidden_size, c.intermediate_size, dtype)
 
     def forward(
         self,
@@ -51,8 +54,7 @@ class DecoderLayer(nn.Module):
         v_cache: Tensor,  # [P, page, Hkv, D]
         cos_sin: Tensor,  # [max_pos, D]
     ) -> tuple[Tensor, Tensor]:
-        c = self.config
-        eps = c.rms_eps
+        eps = self.config.rms_eps
         if residual is None:
             residual = hidden
             x = kernels.rms_norm(hidden, self.attn_norm, eps)
@@ -60,8 +62,7 @@ class DecoderLayer(nn.Module):
             x, residual = kernels.rms_norm(hidden, self.attn_norm, eps, residual)
         attn = self._attention(x, positions, meta, k_cache, v_cache, cos_sin)
         x, residual = kernels.rms_norm(attn, self.ffn_norm, eps, residual)
-        gate_up = F.linear(x, self.gate_up)  # [T, 2F]
-        return F.linear(kernels.silu_and_mul(gate_up), self.down), residual
+        return self.down(kernels.silu_and_mul(self.gate_up(x))), residual
 
     def _attention(
         self,
@@ -74,8 +75,7 @@ class DecoderLayer(nn.Module):
     ) -> Tensor:
         c = self.config
         t = x.shape[0]
-        qkv = F.linear(x, self.qkv)  # [T, q + 2 kv]
-        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q, k, v = self.qkv(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = q.view(t, c.num_heads, c.head_dim)  # [T, Hq, D]
         k = k.view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
         v = v.view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
@@ -89,7 +89,7 @@ class DecoderLayer(nn.Module):
             out = kernels.paged_prefill_attention(
                 q, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens, self.scale
             )
-        return F.linear(out.reshape(t, c.q_size), self.o)  # [T, hidden]
+        return self.o(out.reshape(t, c.q_size))  # [T, hidden]
 
 
 class LlamaModel(nn.Module):
@@ -97,7 +97,7 @@ class LlamaModel(nn.Module):
 
     `forward` runs one engine step over T new tokens of B sequences (ragged, described by `meta`),
     writing their K/V into the per-layer paged caches and returning the final hidden states.
-    Weights start as zeros; fill them with `load_weights`.
+    Weights start as zeros; fill them with `load_weights`, then optionally `quantize`.
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
@@ -106,18 +106,19 @@ class LlamaModel(nn.Module):
             raise ValueError(f"LlamaModel dtype must be a floating dtype, got {dtype}")
         self.config = config
         self.dtype = dtype
-        self.embed = _empty(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_layers))
-        self.norm = _empty(config.hidden_size, dtype=dtype)
-        self.lm_head = (
-            self.embed
-            if config.tie_embeddings
-            else _empty(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.quantization: Quantization = "none"
+        self.embed = nn.Parameter(
+            torch.zeros(config.vocab_size, config.hidden_size, dtype=dtype), requires_grad=False
         )
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_layers))
+        self.norm = _vector(config.hidden_size, dtype)
+        self.lm_head: nn.Module = DenseLinear(config.vocab_size, config.hidden_size, dtype)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed
         cos_sin = kernels.rotary_cache(
             config.max_position, config.head_dim, config.rope_theta, torch.float32
         )
-        self.register_buffer("cos_sin", cos_sin.to(dtype), persistent=False)
+        self.register_buffer("cos_sin", cos_sin, persistent=False)
 
     def forward(
         self,
@@ -143,24 +144,52 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """[N, hidden] -> [N, vocab] float32."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def quantize(self, quantization: Quantization) -> None:
+        """Swap every projection and the LM head to `quantization` ("int8" or "fp16").
+
+        Only float32 models can be quantised; the embedding table stays float32 (a decode step
+        reads one row of it). Irreversible: load again for the float32 reference.
+        """
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")
+        if quantization == "none":
+            return
+        if self.quantization != "none" or self.dtype != torch.float32:
+            raise ValueError("quantize needs an unquantised float32 model")
+        for layer in self.layers:
+            for name in PROJECTIONS:
+                setattr(layer, name, quantize_linear(getattr(layer, name).weight, quantization))
+        self.lm_head = quantize_linear(self.lm_head.weight, quantization)
+        self.quantization = quantization
+
+    def streamed_weight_bytes(self) -> int:
+        """Weight bytes one decode step reads: projections, norms and LM head (not the table)."""
+        total = self.lm_head.weight_bytes() + self.norm.numel() * self.norm.element_size()
+        for layer in self.layers:
+            total += sum(getattr(layer, name).weight_bytes() for name in PROJECTIONS)
+            total += 2 * layer.attn_norm.numel() * layer.attn_norm.element_size()
+        return total
 
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, Tensor]) -> None:
         """Copy canonical-named weights (see the module comment) into the fused parameters."""
-        c = self.config
+        if self.quantization != "none":
+            raise ValueError("load_weights must run before quantize")
         self._copy(self.embed, weights, "embed")
         self._copy(self.norm, weights, "norm")
-        if not c.tie_embeddings:
-            self._copy(self.lm_head, weights, "lm_head")
+        if not self.config.tie_embeddings:
+            self._copy(self.lm_head.weight, weights, "lm_head")
         for i, layer in enumerate(self.layers):
             p = f"layers.{i}."
             self._copy(layer.attn_norm, weights, p + "attn_norm")
             self._copy(layer.ffn_norm, weights, p + "ffn_norm")
-            self._copy(layer.o, weights, p + "o")
-            self._copy(layer.down, weights, p + "down")
-            self._copy_fused(layer.qkv, weights, [p + "q", p + "k", p + "v"])
-            self._copy_fused(layer.gate_up, weights, [p + "gate", p + "up"])
+            self._copy(layer.o.weight, weights, p + "o")
+            self._copy(layer.down.weight, weights, p + "down")
+            self._copy_fused(layer.qkv.weight, weights, [p + "q", p + "k", p + "v"])
+            self._copy_fused(layer.gate_up.weight, weights, [p + "gate", p + "up"])
 
     @staticmethod
     def _copy(param: Tensor, weights: Mapping[str, Tensor], name: str) -> None:
@@ -168,8 +197,9 @@ class LlamaModel(nn.Module):
             raise KeyError(f"weight {name!r} missing from the checkpoint")
         src = weights[name]
         if tuple(src.shape) != tuple(param.shape):
-            raise ValueError(f"weight {name!r} has shape {tuple(src.shape)}, "
-                             f"expected {tuple(param.shape)}")
+            raise ValueError(
+                f"weight {name!r} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
+            )
         param.copy_(src)
 
     @classmethod

@@ -61,10 +61,13 @@ class StreamDelta:
 class EngineStats:
     """A snapshot of the engine's KV pool, prefix cache and queues.
 
-    pages_free + pages_used + pages_cached == pages_total, where pages_used are held by running
-    requests and pages_cached by the radix cache only (evictable unless a request locks them).
+    pages_free + pages_used + pages_cached == pages_total: pages_used are private to running
+    requests, pages_cached belong to the radix cache (evictable unless a running request
+    locks them).
     prefix_cache_queries: requests matched against the cache; prefix_cache_hit_tokens: prompt
     tokens reused; prefix_cache_query_tokens: prompt tokens looked up.
+    prefill_tokens_computed: tokens run through the model outside decode (prompt chunks,
+    recomputation after preemption).
     prefill_tokens_per_second: EWMA of measured prefill throughput (None before any prefill).
     """
 
@@ -79,4 +82,5 @@ class EngineStats:
     running: int
     waiting: int
     preemptions: int
+    prefill_tokens_computed: int
     prefill_tokens_per_second: float | None

@@ -81,7 +81,8 @@ class Sampler:
         tokens = logits.argmax(dim=-1)  # [N]
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if random_rows:
-            tokens[random_rows] = self._sample_rows(logits[random_rows], [rows[i] for i in random_rows])
+            chosen = [rows[i] for i in random_rows]
+            tokens[random_rows] = self._sample_rows(logits[random_rows], chosen)
         return tokens.tolist()
 
     @staticmethod

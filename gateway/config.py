@@ -1,4 +1,4 @@
-"""GatewayConfig: the gateway's one frozen config, and the one typed place for PREFIXGATE_* env vars.
+"""GatewayConfig, the gateway's frozen config, and the one typed place for PREFIXGATE_* env vars.
 
 Precedence: defaults < `PREFIXGATE_*` environment variables < command-line flags.
 A bad value fails loudly with the variable or flag named.
@@ -81,7 +81,9 @@ class GatewayConfig:
         if self.engine_num_pages is not None and self.engine_num_pages <= 0:
             raise ValueError(f"engine_num_pages must be positive, got {self.engine_num_pages}")
         if self.engine_max_num_seqs is not None and self.engine_max_num_seqs <= 0:
-            raise ValueError(f"engine_max_num_seqs must be positive, got {self.engine_max_num_seqs}")
+            raise ValueError(
+                f"engine_max_num_seqs must be positive, got {self.engine_max_num_seqs}"
+            )
         if not self.db_url or "://" not in self.db_url:
             raise ValueError(f"db_url must be an SQLAlchemy URL, got {self.db_url!r}")
         for key, tenant in self.api_keys.items():
@@ -156,7 +158,7 @@ def parse_api_keys(text: str) -> dict[str, str]:
 
 
 def load_keys_file(path: str | Path) -> dict[str, str]:
-    """A keys file: a JSON object {key: tenant}, or lines `KEY TENANT` / `KEY=TENANT` (# comments)."""
+    """A keys file: JSON {key: tenant}, or lines `KEY TENANT` / `KEY=TENANT` (# comments)."""
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("{"):
         data = json.loads(text)

@@ -178,3 +178,45 @@ class Registry:
             out.append(f"# TYPE {s.name} {s.kind}")
             out.extend(s.lines())
         return "\n".join(out) + "\n"
+
+
+TOKEN_BUCKETS: tuple[float, ...] = (16, 64, 256, 1024, 4096, 16384, 65536)
+
+
+class GatewayMetrics:
+    """The gateway's own series on a Registry (names follow vLLM's where they exist)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.requests = registry.counter(
+            "prefixgate_requests_total", "Requests by route, HTTP status and backend.",
+            ("route", "status", "backend"))
+        self.cache_queries = registry.counter(
+            "prefixgate_prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache (tokens).", ("backend",))
+        self.cache_hits = registry.counter(
+            "prefixgate_prefix_cache_hits_total",
+            "Prompt tokens served from the prefix cache (tokens).", ("backend",))
+        self.completion_tokens = registry.counter(
+            "prefixgate_completion_tokens_total", "Generated tokens.", ("backend",))
+        self.prefill_saved = registry.counter(
+            "prefixgate_prefill_saved_seconds_total",
+            "Prefill time saved by prefix-cache hits (seconds).", ("backend",))
+        self.lint_findings = registry.counter(
+            "prefixgate_lint_findings_total", "Requests with a lint finding, by rule.", ("rule",))
+        self.latency = registry.histogram(
+            "prefixgate_request_duration_seconds", "End-to-end request latency.", ("route",))
+        self.ttft = registry.histogram(
+            "prefixgate_time_to_first_token_seconds", "Time to first token.", ("backend",))
+        self.tpot = registry.histogram(
+            "prefixgate_time_per_output_token_seconds", "Time per output token after the first.",
+            ("backend",), buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64))
+        self.prompt_tokens = registry.histogram(
+            "prefixgate_prompt_tokens", "Prompt length in tokens.", ("backend",),
+            buckets=TOKEN_BUCKETS)
+        self.in_flight = registry.gauge(
+            "prefixgate_requests_in_flight", "Requests being served now.")
+        self.kv_pages_used = registry.gauge(
+            "prefixgate_kv_pages_used", "KV-cache pages in use (running requests + cache).")
+        self.kv_pages_total = registry.gauge(
+            "prefixgate_kv_pages_total", "KV-cache pages in the pool.")

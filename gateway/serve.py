@@ -1,25 +1,84 @@
-"""`prefixgate serve`: placeholder until the gateway app lands."""
+"""`prefixgate serve`: run the gateway under uvicorn.
+
+Flags override PREFIXGATE_* environment variables (see gateway.config.ENV_VARS), which override
+the defaults. With no --upstream the embedded engine serves SmolLM2-135M-Instruct and records go
+to an SQLite file (./prefixgate.db unless --db says otherwise).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from gateway.config import (
+    LINT_MODES,
+    GatewayConfig,
+    UpstreamSpec,
+    load_keys_file,
+    parse_api_key,
+)
 
 
-async def _healthz(request: Request) -> JSONResponse:
-    return JSONResponse({"status": "ok"})
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prefixgate serve", description=__doc__.split("\n")[0])
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--db", dest="db_url", help="SQLAlchemy URL (default sqlite:///prefixgate.db)")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY[=TENANT]",
+                   help="accepted API key, optionally mapped to a tenant (repeatable)")
+    p.add_argument("--keys-file", help="file of 'KEY TENANT' lines or a JSON {key: tenant}")
+    p.add_argument("--admin-key", help="key for /metrics, /api/stats and /dashboard")
+    p.add_argument("--lint-mode", choices=LINT_MODES, help="default lint mode (report)")
+    p.add_argument("--store-prompts", action="store_true", default=None,
+                   help="store prompt text in the stats database")
+    p.add_argument("--upstream", action="append", default=[], metavar="KIND=URL",
+                   help="proxy to an upstream (openai=URL or anthropic=URL; repeatable)")
+    p.add_argument("--model", dest="model_path", help="GGUF file or HF folder (embedded engine)")
+    p.add_argument("--model-name", help="model id clients send (smollm2-135m-instruct)")
+    p.add_argument("--model-alias", action="append", default=[],
+                   help="another model id accepted for the embedded model (repeatable)")
+    p.add_argument("--num-pages", dest="engine_num_pages", type=int, help="KV pages to allocate")
+    p.add_argument("--device", dest="engine_device", help="engine device (cpu, cuda)")
+    p.add_argument("--log-level", default="info", help="uvicorn log level")
+    return p
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> (
+    GatewayConfig
+):
+    """Defaults < PREFIXGATE_* env < flags."""
+    base = GatewayConfig.from_env(environ)
+    keys = dict(base.api_keys)
+    if args.keys_file:
+        keys.update(load_keys_file(args.keys_file))
+    keys.update(parse_api_key(item) for item in args.api_key)
+    overrides: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("host", "port", "db_url", "admin_key", "lint_mode", "store_prompts",
+                     "model_path", "model_name", "engine_num_pages", "engine_device")
+    }
+    overrides["api_keys"] = keys
+    if args.upstream:
+        overrides["upstreams"] = tuple(UpstreamSpec.parse(u) for u in args.upstream)
+    if args.model_alias:
+        overrides["model_aliases"] = tuple(args.model_alias)
+    return base.with_overrides(**overrides)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="prefixgate serve")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args(argv)
-    app = Starlette(routes=[Route("/healthz", _healthz)])
-    uvicorn.run(app, host=args.host, port=args.port)
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except (ValueError, OSError) as exc:
+        print(f"prefixgate serve: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
+    app = create_app(config)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
     return 0

@@ -63,11 +63,11 @@ def _valid_dmy(m: re.Match[str]) -> bool:
 
 def _valid_clock(m: re.Match[str]) -> bool:
     text = m.group(0)
-    hours = int(text.split(":", 1)[0])
-    if hours > 23:
+    hours, rest = text.split(":", 1)
+    if int(hours) > 23:
         return False
-    has_suffix = len(text) > 5 and not text[2:].startswith(":") or text.count(":") == 2
-    return len(text.split(":", 1)[0]) == 2 or has_suffix
+    has_suffix = len(rest) > 2  # seconds, AM/PM or a zone after the minutes
+    return len(hours) == 2 or has_suffix
 
 
 def _valid_hex(m: re.Match[str]) -> bool:
@@ -87,7 +87,7 @@ def _valid_random(m: re.Match[str]) -> bool:
     upper = sum(c.isupper() for c in text)
     lower = sum(c.islower() for c in text)
     classes = (digits >= 2) + (upper >= 2) + (lower >= 2)
-    return classes >= 3 or (classes == 2 and digits >= 4) and entropy(text) >= 3.5
+    return (classes >= 3 or (classes == 2 and digits >= 4)) and entropy(text) >= 3.5
 
 
 def _valid_labelled(m: re.Match[str]) -> bool:
@@ -107,7 +107,8 @@ DETECTORS: tuple[Detector, ...] = (
        r"xox[abps]-|AIza|AKIA)[A-Za-z0-9_-]{16,}"),
     _d("UUID", "identifier",
        r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
-    _d("email", "identifier", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
+    _d("email", "identifier",
+       r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
     _d("RFC 2822 date", "timestamp",
        rf"\b(?:(?:{_DAYS}),\s)?\d{{1,2}}\s(?:{_MONTHS})\s\d{{4}}\s\d{{2}}:\d{{2}}(?::\d{{2}})?"
        r"(?:\s(?:[+-]\d{4}|GMT|UTC|[A-Z]{3}))?"),
@@ -157,6 +158,7 @@ class PatternScanner:
 
     def __init__(self, max_lines: int = 65536) -> None:
         self._cache: OrderedDict[str, list[Span]] = OrderedDict()
+        self._texts: OrderedDict[str, list[Span]] = OrderedDict()
         self._max = max_lines
 
     def line_spans(self, line: str) -> list[Span]:
@@ -170,7 +172,16 @@ class PatternScanner:
         return spans
 
     def scan(self, text: str) -> list[Span]:
-        """All spans in `text`, offsets relative to `text`."""
+        """All spans in `text`, offsets relative to `text` (whole texts cached too)."""
+        found = self._texts.get(text)
+        if found is None:
+            found = self._scan(text)
+            self._texts[text] = found
+            if len(self._texts) > self._max // 16:
+                self._texts.popitem(last=False)
+        return found
+
+    def _scan(self, text: str) -> list[Span]:
         out: list[Span] = []
         pos = 0
         for line in text.split("\n"):

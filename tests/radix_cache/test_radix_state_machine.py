@@ -172,7 +172,7 @@ class RadixMachine(RuleBasedStateMachine):
 
 
 RadixMachine.TestCase.settings = settings(
-    max_examples=120,
+    max_examples=150,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

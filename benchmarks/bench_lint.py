@@ -1,0 +1,190 @@
+"""Benchmark prompt_lint: requests/s and MB/s on a generated agent log.
+
+Generates a JSONL log of agent sessions (OpenAI and Anthropic, ~4k tokens per
+request by default: a long system prompt with a timestamp and ids, tools,
+growing history), then measures side by side in one run:
+
+- `tiktoken only`: parse each line and tokenize its full layout with plain
+  tiktoken (no cache), the floor any tokenizing linter pays without reuse;
+- `lint (online)`: parse + `lint_request` with one learner, one request at a
+  time, as the gateway runs it (tokenization included, chunk caches warm
+  up inside the run);
+- `lint CLI (two-pass)`: `prefixgate lint --format json` end to end
+  (read, validate, learn, lint, render);
+- `fix CLI`: `prefixgate fix` end to end.
+
+Usage: python benchmarks/bench_lint.py [--requests 10000] [--tokens 4000] [--quick]
+Writes benchmarks/results/bench_lint.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prompt_lint import TemplateLearner, lint_request  # noqa: E402
+from prompt_lint.cli import fix_main, lint_main  # noqa: E402
+from prompt_lint.providers import detect_provider, segments  # noqa: E402
+from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding  # noqa: E402
+
+WORDS = ("agent tool cache prefix request session deploy review ticket runbook policy user "
+         "answer search file test commit branch build service health metric alert backup "
+         "restore network token budget latency error retry queue worker schedule").split()
+
+
+class Row(NamedTuple):
+    """One measured variant."""
+
+    name: str
+    seconds: float
+    requests: int
+    megabytes: float
+    tokens: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": round(self.seconds, 4), "requests": self.requests,
+                "requests_per_s": round(self.requests / self.seconds, 1),
+                "mb_per_s": round(self.megabytes / self.seconds, 2),
+                "tokens_per_s": round(self.tokens / self.seconds)}
+
+
+def _system(rng: random.Random, family: int, lines: int) -> list[str]:
+    return [f"Rule {family}.{k}: " + " ".join(rng.choice(WORDS) for _ in range(14)) + "."
+            for k in range(lines)]
+
+
+def _tools(rng: random.Random, provider: str) -> list[dict[str, Any]]:
+    out = []
+    for name in rng.sample(["search", "read_file", "write_file", "run_tests", "open_ticket",
+                            "list_dir", "http_get", "query_db"], 6):
+        desc = " ".join(rng.choice(WORDS) for _ in range(40))
+        schema = {"type": "object", "properties": {
+            "query": {"type": "string", "description": " ".join(rng.sample(WORDS, 10))},
+            "limit": {"type": "integer"}}, "required": ["query"]}
+        out.append({"name": name, "description": desc, "input_schema": schema}
+                   if provider == "anthropic" else
+                   {"type": "function", "function": {"name": name, "description": desc,
+                                                     "parameters": schema}})
+    return out
+
+
+def generate_log(path: Path, requests: int, tokens: int, seed: int = 0) -> None:
+    """Write `requests` agent requests of about `tokens` tokens to `path` (JSONL)."""
+    rng = random.Random(seed)
+    families = []
+    for f in range(16):
+        provider = "openai" if f % 2 == 0 else "anthropic"
+        families.append((provider, _system(rng, f, max(4, int(tokens * 0.55) // 19)),
+                         _tools(rng, provider)))
+    t0 = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
+    written = 0
+    with path.open("w") as out, tqdm(total=requests, desc="generate log", leave=False) as bar:
+        while written < requests:
+            provider, system, tools = families[rng.randrange(len(families))]
+            user_id = f"u_{rng.randint(10000, 99999)}"
+            history: list[dict[str, Any]] = []
+            for turn in range(min(10, requests - written)):
+                now = t0 + timedelta(seconds=written * 7)
+                head = [f"Current time: {now.isoformat()}", f"user_id: {user_id}"]
+                text = "\n".join(head + system)
+                history.append({"role": "user", "content": " ".join(
+                    rng.choice(WORDS) for _ in range(int(tokens * 0.03)))})
+                body = _body(provider, text, tools, history)
+                out.write(json.dumps(body) + "\n")
+                history.append({"role": "assistant", "content": f"Done with step {turn}: " +
+                                " ".join(rng.choice(WORDS) for _ in range(int(tokens * 0.02)))})
+                written += 1
+                bar.update(1)
+
+
+def _body(provider: str, system: str, tools: list[dict[str, Any]],
+          history: list[dict[str, Any]]) -> dict[str, Any]:
+    if provider == "anthropic":
+        return {"model": "claude-sonnet-4-5", "max_tokens": 512, "system": system,
+                "tools": tools, "messages": history}
+    return {"model": "gpt-4o", "tools": tools,
+            "messages": [{"role": "system", "content": system}] + history}
+
+
+def bench_tiktoken(lines: list[str]) -> tuple[float, int]:
+    encoding = get_encoding(DEFAULT_ENCODING)
+    start, total = time.perf_counter(), 0
+    for line in tqdm(lines, desc="tiktoken only", leave=False):
+        body = json.loads(line)
+        text = "".join(s.text for s in segments(body, detect_provider(body)))
+        total += len(encoding.encode_ordinary(text))
+    return time.perf_counter() - start, total
+
+
+def bench_online(lines: list[str]) -> tuple[float, int, int]:
+    learner = TemplateLearner()
+    start, total, findings = time.perf_counter(), 0, 0
+    for line in tqdm(lines, desc="lint (online)", leave=False):
+        report = lint_request(json.loads(line), learner=learner)
+        total += report.prompt_tokens
+        findings += len(report.findings)
+    return time.perf_counter() - start, total, findings
+
+
+def bench_cli(func: Any, argv: list[str]) -> float:
+    start = time.perf_counter()
+    code = func(argv)
+    if code not in (0, 1):
+        raise RuntimeError(f"{argv[0]} exited {code}")
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--tokens", type=int, default=4000, help="approximate tokens per request")
+    parser.add_argument("--quick", action="store_true", help="1,000 requests")
+    parser.add_argument("--out", default="benchmarks/results/bench_lint.json")
+    args = parser.parse_args(argv)
+    n = 1000 if args.quick else args.requests
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "log.jsonl"
+        generate_log(log, n, args.tokens)
+        lines = log.read_text().splitlines()
+        mb = log.stat().st_size / 1e6
+        base, tokens = bench_tiktoken(lines)
+        online, linted_tokens, findings = bench_online(lines)
+        cli = bench_cli(lint_main, [str(log), "--format", "json", "-o", os.devnull])
+        fix = bench_cli(fix_main, [str(log), "-o", str(Path(tmp) / "fixed.jsonl")])
+    rows = [Row("tiktoken only (no cache)", base, n, mb, tokens),
+            Row("lint (online, gateway path)", online, n, mb, linted_tokens),
+            Row("prefixgate lint (two-pass, json)", cli, n, mb, linted_tokens),
+            Row("prefixgate fix", fix, n, mb, linted_tokens)]
+    _print(rows, n, tokens / n, mb, findings)
+    result = {"requests": n, "mean_tokens": round(tokens / n), "log_mb": round(mb, 2),
+              "findings_online": findings, "rows": [r.as_dict() for r in rows],
+              "target_requests_per_s": 2000}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+def _print(rows: list[Row], n: int, mean_tokens: float, mb: float, findings: int) -> None:
+    print(f"\nprompt_lint on {n} requests, mean {mean_tokens:.0f} tokens, {mb:.1f} MB "
+          f"({findings} findings online)")
+    print(f"{'variant':<34} {'seconds':>8} {'req/s':>9} {'MB/s':>7} {'Mtok/s':>7}")
+    for r in rows:
+        print(f"{r.name:<34} {r.seconds:8.2f} {r.requests / r.seconds:9.0f} "
+              f"{r.megabytes / r.seconds:7.1f} {r.tokens / r.seconds / 1e6:7.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""`BlockManager`: owns the KV page pool and the radix prefix cache.
+
+Every page is always in exactly one of three places: the free list, the radix cache (possibly
+locked by running sequences), or a running sequence's private pages. `check()` verifies it.
+
+Life of a sequence's pages:
+- admit: `match` the tokens (all but the last, so at least one token is recomputed and its
+  logits exist) against the cache, lock the match and use its pages as the sequence's first
+  pages; `allocate` grows the page list as tokens are scheduled, evicting least recently used
+  unlocked cache pages when the free list runs short.
+- release (finish, abort, preemption): the full pages whose KV is computed are inserted into
+  the cache (pages the cache already held under another id go back to the free list), the rest
+  are freed, and the match is unlocked.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine.sequence import Sequence
+from radix_cache import RadixCache
+
+
+@dataclass(slots=True)
+class PrefixCacheCounters:
+    """Prefix-cache lookups of admitted requests."""
+
+    queries: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+
+
+class BlockManager:
+    """Allocates KV pages to sequences and shares full pages through a `RadixCache`."""
+
+    def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool) -> None:
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.cache: RadixCache | None = RadixCache(page_size) if enable_prefix_caching else None
+        self._free: deque[int] = deque(range(num_pages))
+        self._cache_pages: set[int] = set()
+        self.counters = PrefixCacheCounters()
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached_pages(self) -> int:
+        """Pages owned by the radix cache (some may be locked by running sequences)."""
+        return len(self._cache_pages)
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    # ------------------------------------------------------------------ admission
+    def match(self, seq: Sequence) -> None:
+        """Give a fresh (page-less) sequence the cached pages of its longest cached prefix."""
+        assert not seq.pages and seq.num_computed_tokens == 0, "match of a sequence with pages"
+        if self.cache is None:
+            return
+        result = self.cache.match(seq.token_ids[:-1], namespace=seq.namespace)
+        self.cache.lock(result.handle)
+        seq.pages = list(result.pages)
+        seq.num_cached_pages = len(result.pages)
+        seq.cache_handle = result.handle
+        seq.num_computed_tokens = result.length
+
+    def count_admission(self, seq: Sequence) -> None:
+        """Record the admitted sequence's lookup (prompt tokens asked, tokens reused)."""
+        self.counters.queries += 1
+        self.counters.query_tokens += seq.num_tokens
+        self.counters.hit_tokens += seq.num_computed_tokens
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Ensure `seq` has pages for its first `num_tokens` tokens; False if the pool is short.
+
+        Evicts unlocked cache pages (least recently used first) before giving up.
+        """
+        needed = self.pages_for(num_tokens) - len(seq.pages)
+        if needed <= 0:
+            return True
+        if needed > len(self._free):
+            self._evict(needed - len(self._free))
+            if needed > len(self._free):
+                return False
+        seq.pages.extend(self._free.popleft() for _ in range(needed))
+        return True
+
+    # ------------------------------------------------------------------ release
+    def release(self, seq: Sequence, *, keep_computed: bool = True) -> None:
+        """Take back all of `seq`'s pages; computed full pages go to the cache if enabled.
+
+        keep_computed=False (after a failed step, whose KV may be garbage) frees the private
+        pages without caching them.
+        """
+        private = seq.pages[seq.num_cached_pages :]
+        if self.cache is not None and keep_computed:
+            private = self._insert(seq)
+        self._free.extend(private)
+        if self.cache is not None:
+            self.cache.unlock(seq.cache_handle)  # type: ignore[arg-type]
+        seq.pages = []
+        seq.num_cached_pages = 0
+        seq.cache_handle = None
+        seq.num_computed_tokens = 0
+
+    def _insert(self, seq: Sequence) -> list[int]:
+        """Insert the computed full pages; return the pages the cache did not take."""
+        assert self.cache is not None
+        n_full = min(seq.num_computed_tokens // self.page_size, len(seq.pages))
+        if n_full == 0:
+            return seq.pages[seq.num_cached_pages :]
+        tokens = seq.token_ids[: n_full * self.page_size]
+        result = self.cache.insert(tokens, seq.pages[:n_full], namespace=seq.namespace)
+        duplicates = set(result.duplicate_pages)
+        taken = [p for p in seq.pages[seq.num_cached_pages : n_full] if p not in duplicates]
+        self._cache_pages.update(taken)
+        return [p for p in seq.pages[seq.num_cached_pages :] if p not in self._cache_pages]
+
+    def _evict(self, num_pages: int) -> None:
+        if self.cache is None:
+            return
+        freed = self.cache.evict(num_pages)
+        self._cache_pages.difference_update(freed)
+        self._free.extend(freed)
+
+    # ------------------------------------------------------------------ accounting
+    def check(self, live: Iterable[Sequence]) -> None:
+        """Raise AssertionError unless every page is free, cached, or private to one sequence."""
+        free = list(self._free)
+        assert len(set(free)) == len(free), "a page is on the free list twice"
+        owners: dict[int, str] = {p: "free" for p in free}
+        for p in self._cache_pages:
+            assert p not in owners, f"page {p} is both {owners[p]} and cached"
+            owners[p] = "cache"
+        for seq in live:
+            for p in seq.pages[: seq.num_cached_pages]:
+                assert owners.get(p) == "cache", f"{seq.request_id} locks page {p} not cached"
+            for p in seq.pages[seq.num_cached_pages :]:
+                assert p not in owners, f"page {p} of {seq.request_id} is also {owners[p]}"
+                owners[p] = seq.request_id
+        assert len(owners) == self.num_pages, (
+            f"{self.num_pages - len(owners)} pages are lost (neither free, cached nor in use)"
+        )
+        if self.cache is not None:
+            self.cache.check()
+            assert self.cache.stats.total_pages == len(self._cache_pages), (
+                f"cache holds {self.cache.stats.total_pages} pages, manager thinks "
+                f"{len(self._cache_pages)}"
+            )

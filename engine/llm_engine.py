@@ -1,0 +1,315 @@
+"""`Engine`: the synchronous engine. `step()` = schedule, run, sample, collect.
+
+Not thread-safe: one thread drives it (`AsyncEngine` runs it in its own background thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import DEFAULT_MEMORY_BUDGET, EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.loader import LoadedModel, load_model
+from engine.model_runner import ModelRunner
+from engine.outputs import EngineStats, RequestOutput, RequestUpdate
+from engine.plan import pages_for_budget, shape_from_config
+from engine.sampler import Sampler, SamplingRow
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq, Scheduler
+from engine.sequence import Sequence, SequenceStatus
+
+log = logging.getLogger(__name__)
+
+Prompt = str | Seq[int]
+
+
+class RateMeter:
+    """Exponentially weighted moving average of a measured rate (e.g. prefill tokens/s)."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def update(self, amount: float, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        rate = amount / seconds
+        self.value = rate if self.value is None else self.value + self.alpha * (rate - self.value)
+
+
+class Engine:
+    """Paged-KV, continuously batching engine with radix prefix caching.
+
+    `Engine(EngineConfig())` loads the default model (SmolLM2-135M-Instruct from the wheel);
+    pass `model=` to share an already loaded `LoadedModel` (then `config.model` and
+    `config.dtype` are not used to load anything).
+    """
+
+    def __init__(self, config: EngineConfig | None = None, *, model: LoadedModel | None = None):
+        self.config = config = config or EngineConfig()
+        self.loaded = model or load_model(config.model, config.torch_dtype)
+        self.loaded.model.to(config.device)
+        self.tokenizer = self.loaded.tokenizer
+        self.num_pages = config.num_pages or self._pages_from_budget()
+        model_len = self.loaded.config.max_position
+        self.max_model_len = min(config.max_model_len or model_len, model_len)
+        self.max_seq_len = min(self.max_model_len, self.num_pages * config.page_size)
+        self.block_manager = BlockManager(
+            self.num_pages, config.page_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(self.loaded, self.num_pages, config.page_size, config.device)
+        self.sampler = Sampler()
+        self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
+        self._seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self.prefill_rate = RateMeter()
+        self.prefill_tokens_computed = 0
+
+    def _pages_from_budget(self) -> int:
+        c = self.config
+        weights = self.loaded.weight_bytes
+        dtype_bytes = next(self.loaded.model.parameters()).element_size()
+        return pages_for_budget(
+            c.memory_budget_bytes or DEFAULT_MEMORY_BUDGET, shape_from_config(self.loaded.config),
+            weights, dtype_bytes, c.page_size, c.max_num_batched_tokens, c.max_num_seqs,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        namespace: str = "",
+        request_id: str | None = None,
+    ) -> str:
+        """Queue one request; returns its id. `prompt` is text or token ids.
+
+        namespace: the tenant's prefix-cache namespace; requests share cached KV only within
+        one namespace. Raises ValueError for an empty prompt, a bad token id, or a prompt that
+        can never fit (>= max_model_len or the whole page pool).
+        """
+        seq = self.make_sequence(prompt, params, namespace, request_id)
+        self.enqueue(seq)
+        return seq.request_id
+
+    def make_sequence(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        namespace: str = "",
+        request_id: str | None = None,
+    ) -> Sequence:
+        """Validate a request and build its `Sequence` without queueing it (no engine state
+        changes, so another thread may call it)."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
+        ids = self._prompt_ids(prompt)
+        limit = self.max_seq_len - 1
+        if len(ids) > limit:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; at most {limit} fit (max_model_len="
+                f"{self.max_model_len}, KV pool={self.num_pages * self.config.page_size} tokens)"
+            )
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        stops = frozenset(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops |= self.tokenizer.stop_token_ids
+        generator = self._generator
+        if params.seed is not None:
+            generator = torch.Generator(device=self.config.device).manual_seed(params.seed)
+        detok = IncrementalDetokenizer(
+            self.tokenizer.token_bytes, params.stop, params.include_stop_str_in_output
+        )
+        return Sequence(rid, ids, params, namespace, generator, self.max_seq_len, stops, detok)
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.loaded.config.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids outside the vocabulary: {bad[:5]}")
+        if not ids:
+            raise ValueError("prompt must not be empty (it encodes to no tokens)")
+        return ids
+
+    def enqueue(self, seq: Sequence) -> None:
+        """Queue a sequence built by `make_sequence`."""
+        if seq.request_id in self._seqs:
+            raise ValueError(f"request id {seq.request_id!r} is already running")
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its pages; its computed full pages stay in the cache.
+        Returns its output (finish_reason "abort"), or None if it is unknown or finished."""
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, "abort")
+        return seq.to_output()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[RequestUpdate]:
+        """Run one scheduling step; returns an update for every request that got a token
+        (or finished, with its `RequestOutput`)."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests pending")
+            return []
+        start = time.perf_counter()
+        try:
+            inputs = self.runner.prepare(out.scheduled)
+            logits = self.runner.run(inputs)
+            sampled = [out.scheduled[i].seq for i in inputs.sampling]
+            tokens = self.sampler(logits, [self._row(s) for s in sampled]) if sampled else []
+        except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
+            log.exception("engine step failed")
+            return self._fail(out.scheduled, exc)
+        now = time.perf_counter()
+        self._account(out.scheduled, now - start)
+        return self._postprocess(out.scheduled, sampled, tokens, now)
+
+    def _row(self, seq: Sequence) -> SamplingRow:
+        return SamplingRow(seq.params, seq.output_token_ids, seq.generator)
+
+    def _account(self, batch: list[ScheduledSeq], seconds: float) -> None:
+        prefill = 0
+        for seq, n in batch:
+            is_decode = n == 1 and seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
+            if not is_decode:
+                prefill += n
+                seq.prefill_time += seconds
+            seq.num_computed_tokens += n
+        total = sum(n for _, n in batch)
+        self.prefill_tokens_computed += prefill
+        if prefill >= 8 and 2 * prefill >= total:
+            self.prefill_rate.update(total, seconds)
+
+    def _postprocess(
+        self, batch: list[ScheduledSeq], sampled: list[Sequence], tokens: list[int], now: float
+    ) -> list[RequestUpdate]:
+        updates = []
+        for seq, token in zip(sampled, tokens, strict=True):
+            seq.append_token(token, now)
+            reason = seq.stop_reason()
+            if reason is not None:
+                self._finish(seq, reason)
+            output = seq.to_output() if seq.is_finished else None
+            text = seq.detokenizer.delta(final=seq.is_finished)
+            updates.append(RequestUpdate(seq.request_id, [token], text, seq.is_finished, output))
+        return updates
+
+    def _finish(self, seq: Sequence, reason: Any, *, keep_computed: bool = True) -> None:
+        seq.finish_reason = reason
+        seq.detokenizer.flush()
+        self.scheduler.remove(seq)
+        self.block_manager.release(seq, keep_computed=keep_computed)
+        seq.status = SequenceStatus.FINISHED
+        del self._seqs[seq.request_id]
+
+    def _fail(self, batch: list[ScheduledSeq], exc: Exception) -> list[RequestUpdate]:
+        updates = []
+        for seq, _ in batch:
+            seq.error = f"{type(exc).__name__}: {exc}"
+            self._finish(seq, "error", keep_computed=False)
+            text = seq.detokenizer.delta(final=True)
+            updates.append(RequestUpdate(seq.request_id, [], text, True, seq.to_output()))
+        return updates
+
+    # ------------------------------------------------------------------ batch API
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        namespace: str = "",
+    ) -> list[RequestOutput]:
+        """Run prompts (text or token-id lists) to completion with continuous batching;
+        outputs in prompt order. `params` is one SamplingParams for all or one per prompt.
+        Raises RuntimeError if a step fails."""
+        batch = self._as_prompt_list(prompts)
+        per = list(params) if isinstance(params, list | tuple) else [params] * len(batch)
+        if len(per) != len(batch):
+            raise ValueError(f"{len(per)} SamplingParams for {len(batch)} prompts")
+        seqs = [self.make_sequence(p, sp, namespace) for p, sp in zip(batch, per, strict=True)]
+        for seq in seqs:
+            self.enqueue(seq)
+        results: dict[str, RequestOutput] = {}
+        while len(results) < len(seqs) and self.has_unfinished():
+            for update in self.step():
+                if update.output is not None:
+                    results[update.request_id] = update.output
+        errors = [o.error for o in results.values() if o.finish_reason == "error"]
+        if errors:
+            raise RuntimeError(f"generation failed: {errors[0]}")
+        return [results[s.request_id] for s in seqs]
+
+    @staticmethod
+    def _as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
+        if isinstance(prompts, str):
+            return [prompts]
+        items = list(prompts)
+        if items and all(isinstance(t, int) for t in items):
+            return [items]  # one prompt of token ids
+        return items
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        params: SamplingParams | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        namespace: str = "",
+    ) -> RequestOutput:
+        """One conversation (OpenAI-style messages, optional tools) through the chat template."""
+        ids = self.tokenizer.apply_chat_template(messages, tools, add_generation_prompt=True)
+        return self.generate([ids], params, namespace)[0]
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def prefill_tokens_per_second(self) -> float | None:
+        """Measured prefill throughput (EWMA over prefill-dominated steps); None before any.
+        Prefill time saved by the cache ~= cached_tokens / this rate."""
+        return self.prefill_rate.value
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        counters = bm.counters
+        return EngineStats(
+            page_size=self.config.page_size,
+            pages_total=self.num_pages,
+            pages_used=self.num_pages - bm.num_free_pages - bm.num_cached_pages,
+            pages_free=bm.num_free_pages,
+            pages_cached=bm.num_cached_pages,
+            prefix_cache_queries=counters.queries,
+            prefix_cache_query_tokens=counters.query_tokens,
+            prefix_cache_hit_tokens=counters.hit_tokens,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            preemptions=self.scheduler.num_preemptions,
+            prefill_tokens_computed=self.prefill_tokens_computed,
+            prefill_tokens_per_second=self.prefill_rate.value,
+        )
+
+    def check(self) -> None:
+        """Raise AssertionError unless every KV page is free, cached, or held by a live request."""
+        self.block_manager.check(self.scheduler.running)
+        for seq in self.scheduler.waiting:
+            assert not seq.pages, f"waiting request {seq.request_id} holds pages"

@@ -1,0 +1,179 @@
+"""create_app: the Starlette gateway (OpenAI + Anthropic routes, /healthz, /metrics, stats).
+
+app.state carries: config, backend, store (RecordStore), metrics (Registry), gateway_metrics,
+gateway (the shared pipeline state) and learners (per-tenant TemplateLearners).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway import parse_anthropic, parse_openai, render_anthropic, render_openai
+from gateway.auth import is_admin, tenant_for
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, error_body
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
+from gateway.pipeline import Gateway, RouteSpec, handle, prefixgate_headers
+from gateway.stats import RecordStore
+from gateway.types import Backend, ChatRequest, Usage
+
+log = logging.getLogger("prefixgate.gateway")
+
+
+def _chat_stream(req: ChatRequest, early: Usage | None) -> tuple[Any, bytes]:
+    chunks = render_openai.ChatChunks(req, parse_openai.include_usage(req.body))
+    return chunks, chunks.start()
+
+
+def _completion_stream(req: ChatRequest, early: Usage | None) -> tuple[Any, bytes]:
+    chunks = render_openai.CompletionChunks(req, parse_openai.include_usage(req.body))
+    return chunks, chunks.start()
+
+
+def _messages_stream(req: ChatRequest, early: Usage | None) -> tuple[Any, bytes]:
+    events = render_anthropic.MessageEvents(req)
+    return events, events.start(early)
+
+
+CHAT = RouteSpec("chat.completions", "openai", parse_openai.parse_chat,
+                 render_openai.chat_response, _chat_stream)
+COMPLETIONS = RouteSpec("completions", "openai", parse_openai.parse_completion,
+                        render_openai.text_completion, _completion_stream)
+MESSAGES = RouteSpec("messages", "anthropic", parse_anthropic.parse_messages,
+                     lambda req, final, _created: render_anthropic.message_response(req, final),
+                     _messages_stream)
+
+
+def _gateway(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+async def chat_completions(request: Request) -> Response:
+    return await handle(_gateway(request), request, CHAT)
+
+
+async def completions(request: Request) -> Response:
+    return await handle(_gateway(request), request, COMPLETIONS)
+
+
+async def messages(request: Request) -> Response:
+    return await handle(_gateway(request), request, MESSAGES)
+
+
+async def list_models(request: Request) -> Response:
+    gw = _gateway(request)
+    try:
+        tenant_for(request, gw.config)
+    except GatewayError as err:
+        return JSONResponse(error_body(err, "openai"), status_code=err.status)
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "prefixgate"}
+            for m in gw.backend.models() if m != "*"]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def healthz(request: Request) -> Response:
+    gw = _gateway(request)
+    pages = gw.backend.kv_pages()
+    body: dict[str, Any] = {"status": "ok", "backend": gw.backend.name}
+    if pages is not None:
+        body["kv_pages_used"], body["kv_pages_total"] = pages
+    return JSONResponse(body)
+
+
+async def metrics(request: Request) -> Response:
+    gw = _gateway(request)
+    if gw.config.admin_key is not None and not is_admin(request, gw.config):
+        err = GatewayError(401, "admin key required for /metrics", kind="authentication_error")
+        return JSONResponse(error_body(err, "openai"), status_code=401)
+    _refresh_kv_gauges(gw)
+    registry: Registry = request.app.state.metrics
+    return PlainTextResponse(registry.render(), media_type=CONTENT_TYPE)
+
+
+def _refresh_kv_gauges(gw: Gateway) -> None:
+    pages = gw.backend.kv_pages()
+    if pages is not None:
+        gw.metrics.kv_pages_used.set(pages[0])
+        gw.metrics.kv_pages_total.set(pages[1])
+
+
+def _default_backend(config: GatewayConfig, registry: Registry) -> Backend:
+    if config.upstreams:
+        from gateway.backends.pool import build_upstream_backend
+
+        backend: Backend = build_upstream_backend(config, registry)
+        return backend
+    from gateway.backends.embedded import EmbeddedBackend
+
+    return EmbeddedBackend(config)
+
+
+def _extra_routes(state_getter: Any) -> list[BaseRoute]:
+    """U's routes: /api/stats and /dashboard (absent modules contribute nothing)."""
+    routes: list[BaseRoute] = []
+    try:
+        from gateway import api_stats
+
+        routes += api_stats.routes(state_getter)
+    except ImportError:
+        log.debug("gateway.api_stats not available")
+    try:
+        from gateway import dashboard
+
+        routes += dashboard.routes()
+    except ImportError:
+        log.debug("gateway.dashboard not available")
+    return routes
+
+
+def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlette:
+    """The gateway app. With `backend` None the app builds (and on shutdown closes) its own:
+    the embedded engine, or the upstream pool when `config.upstreams` is set. A backend passed
+    in belongs to the caller, who closes it."""
+    registry = Registry()
+    owns_backend = backend is None
+    if backend is None:
+        backend = _default_backend(config, registry)
+    store = RecordStore(config.db_url, batch_size=config.stats_batch_size,
+                        flush_interval_s=config.stats_flush_interval_s)
+    gw = Gateway(config=config, backend=backend, store=store, metrics=GatewayMetrics(registry))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if owns_backend:
+                await backend.aclose()
+            store.close()
+
+    routes: list[BaseRoute] = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.router.routes.extend(_extra_routes(lambda: app.state))
+    app.state.config = config
+    app.state.backend = backend
+    app.state.store = store
+    app.state.metrics = registry
+    app.state.gateway_metrics = gw.metrics
+    app.state.gateway = gw
+    app.state.learners = gw.lint.learners
+    return app
+
+
+__all__ = ["create_app", "prefixgate_headers"]

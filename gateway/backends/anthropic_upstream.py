@@ -1,0 +1,227 @@
+"""Anthropic upstream (the Messages API), implementing the `Backend` protocol.
+
+An Anthropic-format client's body is forwarded with `cache_control` breakpoints added at the
+stable boundary; an OpenAI-format client is converted first. Streams are passed on delta by
+delta. The upstream's cache report is `usage.cache_read_input_tokens`; Anthropic's
+`input_tokens` excludes cached and cache-written tokens, so the prompt size is their sum.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
+
+import httpx
+
+from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthropic_body
+from gateway.backends.upstream_http import (
+    UpstreamOptions,
+    iter_sse,
+    loads_event,
+    make_client,
+    status_error,
+    stream_error_event,
+    transport_error,
+)
+from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
+
+API_VERSION = "2023-06-01"
+_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
+           "tool_use": "tool_calls"}
+
+
+class AnthropicUsage(NamedTuple):
+    """Token counts as Anthropic reports them, folded into OpenAI's meaning."""
+
+    prompt_tokens: int  # input + cache read + cache write
+    completion_tokens: int
+    reported_cached_tokens: int | None
+
+
+def read_usage(usage: Any, completion: int | None = None) -> AnthropicUsage:
+    """Parse an Anthropic `usage` object."""
+    if not isinstance(usage, dict):
+        return AnthropicUsage(0, completion or 0, None)
+    read = usage.get("cache_read_input_tokens")
+    prompt = sum(int(usage.get(k) or 0) for k in
+                 ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+    out = completion if completion is not None else int(usage.get("output_tokens") or 0)
+    return AnthropicUsage(prompt, out, int(read) if isinstance(read, int | float) else None)
+
+
+def build_body(req: ChatRequest) -> dict[str, Any]:
+    """The Messages body sent upstream, with cache breakpoints placed."""
+    if req.provider == "anthropic" and req.prompt is None:
+        body = dict(req.body)
+        body["model"] = req.model
+    else:
+        body = to_anthropic_body(req)
+    body["stream"] = req.stream
+    return place_cache_breakpoints(body)
+
+
+def _tool_call(block: dict[str, Any], arguments: str | None = None) -> dict[str, Any]:
+    args = arguments if arguments is not None else json.dumps(block.get("input") or {})
+    return {"id": str(block.get("id") or ""), "type": "function",
+            "function": {"name": str(block.get("name") or ""), "arguments": args or "{}"}}
+
+
+def _early_usage(start_usage: dict[str, Any]) -> Usage | None:
+    """Usage known at the first delta: Anthropic reports the prompt side in message_start."""
+    if not start_usage:
+        return None
+    u = read_usage(start_usage, 0)
+    return Usage(u.prompt_tokens, 0, u.reported_cached_tokens or 0,
+                 reported_cached_tokens=u.reported_cached_tokens)
+
+
+class _StreamState:
+    """One streamed message: text, tool-use blocks by index, stop reason, usage."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        self.stop: str | None = None
+        self.start_usage: dict[str, Any] = {}
+        self.output_tokens: int | None = None
+        self.deltas = 0
+        self.stopped = False
+
+    def take(self, kind: str, event: dict[str, Any]) -> str:
+        """Fold one event in; return its new text."""
+        if kind == "message_start":
+            self.start_usage = dict((event.get("message") or {}).get("usage") or {})
+        elif kind == "content_block_start":
+            block = event.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                self.tools[int(event.get("index", 0))] = (block, [])
+        elif kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                return str(delta.get("text") or "")
+            if delta.get("type") == "input_json_delta":
+                slot = self.tools.get(int(event.get("index", 0)))
+                if slot is not None:
+                    slot[1].append(str(delta.get("partial_json") or ""))
+        elif kind == "message_delta":
+            self.stop = (event.get("delta") or {}).get("stop_reason") or self.stop
+            usage = event.get("usage") or {}
+            if "output_tokens" in usage:
+                self.output_tokens = int(usage["output_tokens"])
+            self.start_usage.update({k: v for k, v in usage.items() if k != "output_tokens"})
+        elif kind == "message_stop":
+            self.stopped = True
+        return ""
+
+    def tool_calls(self) -> tuple[dict[str, Any], ...]:
+        return tuple(_tool_call(block, "".join(parts) or "{}")
+                     for _, (block, parts) in sorted(self.tools.items()))
+
+
+class AnthropicUpstream:
+    """One Anthropic replica (api.anthropic.com or a compatible server)."""
+
+    name = "anthropic"
+
+    def __init__(
+        self, options: UpstreamOptions, *, transport: httpx.AsyncBaseTransport | None = None,
+        models: tuple[str, ...] = (),
+    ) -> None:
+        self.options = options
+        self.replica = options.replica
+        self._models = list(models)
+        self._client = make_client(options, transport)
+        base = options.url.rstrip("/")
+        self._endpoint = base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+
+    def models(self) -> list[str]:
+        return list(self._models)
+
+    def kv_pages(self) -> tuple[int, int] | None:
+        return None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"content-type": "application/json", "anthropic-version": API_VERSION}
+        if self.options.api_key:
+            headers["x-api-key"] = self.options.api_key
+        return headers
+
+    async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        body = build_body(req)
+        request = self._client.build_request(
+            "POST", self._endpoint, content=json.dumps(body).encode(), headers=self._headers())
+        start = time.perf_counter()
+        started = False
+        try:
+            response = await self._client.send(request, stream=True)
+            try:
+                if response.status_code >= 400:
+                    raise status_error(response.status_code, await response.aread(), self.replica)
+                if req.stream:
+                    async for item in self._read_stream(response, start):
+                        started = True
+                        yield item
+                else:
+                    yield self._read_whole(json.loads(await response.aread()), start)
+            finally:
+                await response.aclose()
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.replica, started=started) from None
+        except ValueError as exc:
+            raise BackendError(502, f"upstream {self.replica} sent malformed JSON",
+                               kind="upstream_error") from exc
+
+    async def _read_stream(
+        self, response: httpx.Response, start: float
+    ) -> AsyncIterator[TextDelta | Final]:
+        state = _StreamState()
+        first: float | None = None
+        async for event in iter_sse(response):
+            payload = loads_event(event.data, self.replica)
+            kind = event.event or str(payload.get("type", ""))
+            if kind == "error":
+                raise stream_error_event(payload, self.replica)
+            text = state.take(kind, payload)
+            if text:
+                early = None if first else _early_usage(state.start_usage)
+                first = first or time.perf_counter()
+                state.deltas += 1
+                state.text.append(text)
+                yield TextDelta(text, early)
+            if state.stopped:
+                break
+        if not state.stopped:
+            raise BackendError(502, f"upstream {self.replica} stream was cut mid-way",
+                               kind="upstream_stream_cut")
+        usage = read_usage(state.start_usage, state.output_tokens)
+        yield self._final("".join(state.text), state.tool_calls(), state.stop, usage,
+                          start, first, state.deltas)
+
+    def _final(
+        self, text: str, tools: tuple[dict[str, Any], ...], stop: str | None,
+        usage: AnthropicUsage, start: float, first: float | None, deltas: int,
+    ) -> Final:
+        end = time.perf_counter()
+        completion = usage.completion_tokens or deltas
+        tpot = (end - first) / (completion - 1) if first and completion > 1 else None
+        return Final(text, tools, _FINISH.get(stop or "end_turn", "stop"), Usage(
+            prompt_tokens=usage.prompt_tokens, completion_tokens=completion,
+            cached_tokens=usage.reported_cached_tokens or 0,
+            reported_cached_tokens=usage.reported_cached_tokens,
+            ttft=(first or end) - start, tpot=tpot,
+        ), replica=self.replica)
+
+    def _read_whole(self, payload: Any, start: float) -> Final:
+        if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
+            raise BackendError(502, f"upstream {self.replica} sent no content",
+                               kind="upstream_error")
+        blocks = payload["content"]
+        text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+        tools = tuple(_tool_call(b) for b in blocks if b.get("type") == "tool_use")
+        usage = read_usage(payload.get("usage"))
+        return self._final(text, tools, payload.get("stop_reason"), usage, start, None, 0)

@@ -1,0 +1,82 @@
+"""The lint step of a request: off | report | rewrite, with online template learning per tenant.
+
+report: prompt_lint's findings are attached (x-prefixgate-lint header, stats) and the body is
+served unchanged. rewrite: the body that reaches the backend is prompt_lint's rewrite (stable
+parts first, dynamic parts after the cache boundary). A failure inside prompt_lint never fails a
+request: it is logged and the original body is served.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import LINT_MODES, LintMode
+from gateway.errors import invalid
+from gateway.types import Provider
+
+log = logging.getLogger("prefixgate.lint")
+MODE_HEADER = "x-prefixgate-lint-mode"
+
+try:  # prompt_lint is optional at import time so the gateway still serves without it.
+    import prompt_lint as _prompt_lint
+except ImportError:  # pragma: no cover - exercised only before prompt_lint exists
+    _prompt_lint = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, slots=True)
+class LintOutcome:
+    """What the lint step decided for one request."""
+
+    body: dict[str, Any]  # the body to serve (rewritten in rewrite mode)
+    lint_ids: tuple[str, ...]  # distinct rule ids of the findings, sorted
+    family: str | None
+    changed: bool  # True when the rewrite changed the body
+
+
+def request_mode(header: str | None, default: LintMode) -> LintMode:
+    """The lint mode of one request: the header when present, else the gateway's default."""
+    if header is None or header == "":
+        return default
+    mode = header.strip().lower()
+    if mode not in LINT_MODES:
+        raise invalid(f"header {MODE_HEADER} must be one of {LINT_MODES}", MODE_HEADER)
+    return mode  # type: ignore[return-value]
+
+
+class LintStage:
+    """Runs prompt_lint over live traffic, one TemplateLearner per tenant."""
+
+    def __init__(self) -> None:
+        self.learners: dict[str, Any] = {}
+        self.available = _prompt_lint is not None and hasattr(_prompt_lint, "lint_request")
+
+    def learner(self, tenant: str) -> Any:
+        if tenant not in self.learners:
+            self.learners[tenant] = _prompt_lint.TemplateLearner()
+        return self.learners[tenant]
+
+    def run(
+        self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode
+    ) -> LintOutcome:
+        """Lint (and in rewrite mode rewrite) one client body."""
+        if mode == "off" or not self.available:
+            return LintOutcome(body, (), None, False)
+        try:
+            return self._run(body, provider, tenant, mode)
+        except Exception:  # noqa: BLE001 - linting must never break serving
+            log.exception("prompt_lint failed; serving the request unchanged")
+            return LintOutcome(body, (), None, False)
+
+    def _run(
+        self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode
+    ) -> LintOutcome:
+        learner = self.learner(tenant)
+        report = _prompt_lint.lint_request(body, provider, learner=learner)
+        ids = tuple(sorted({f.rule for f in report.findings}))
+        family = getattr(report, "family", None)
+        if mode != "rewrite":
+            return LintOutcome(body, ids, family, False)
+        result = _prompt_lint.rewrite_request(body, provider, report=report, learner=learner)
+        return LintOutcome(result.body, ids, family, bool(result.changed))

@@ -1,0 +1,185 @@
+"""Anthropic Messages bodies (/v1/messages) -> ChatRequest with OpenAI-shaped messages.
+
+Conversion to the neutral (OpenAI) shape:
+- `system` (string or text blocks) -> one leading system message (blocks joined by "\\n");
+- user `tool_result` blocks -> `tool` messages (tool_call_id = tool_use_id), in block order,
+  with the user's remaining text after them;
+- assistant `tool_use` blocks -> `tool_calls` ({"id", "type": "function",
+  "function": {"name", "arguments": JSON text of input}});
+- tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
+`cache_control` is accepted on any block and ignored (the engine caches every full page).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.errors import invalid
+from gateway.types import ChatRequest, SamplingOptions
+from gateway.validate import (
+    ParseContext,
+    check_model,
+    check_tool_schema,
+    namespace_for,
+    opt_bool,
+    opt_dict,
+    opt_int,
+    opt_list,
+    opt_number,
+    opt_str,
+    req_list,
+    stop_strings,
+)
+
+
+def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
+    """A validated Anthropic request; raises GatewayError naming the bad field."""
+    model = check_model(body, ctx)
+    max_tokens = opt_int(body, "max_tokens", low=1)
+    if max_tokens is None:
+        raise invalid("'max_tokens' is required (an integer >= 1)", "max_tokens")
+    messages = _system(body.get("system"))
+    for i, msg in enumerate(req_list(body, "messages")):
+        messages.extend(_message(msg, i))
+    tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
+    _check_tool_choice(body.get("tool_choice"))
+    metadata = opt_dict(body, "metadata") or {}
+    if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
+        raise invalid("'metadata.user_id' must be a string", "metadata.user_id")
+    opt_int(body, "top_k", low=1)
+    options = SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=opt_number(body, "temperature", 0.0, 1.0),
+        top_p=opt_number(body, "top_p", 0.0, 1.0, low_open=True),
+        stop=stop_strings(body.get("stop_sequences"), "stop_sequences", 16),
+    )
+    return ChatRequest(
+        request_id=ctx.request_id,
+        provider="anthropic",
+        model=model,
+        messages=tuple(messages),
+        tools=tools,
+        options=options,
+        stream=opt_bool(body, "stream"),
+        tenant=ctx.tenant,
+        namespace=namespace_for(ctx.tenant, opt_str(body, "cache_salt")),
+        body=body,
+    )
+
+
+def _system(system: Any) -> list[dict[str, Any]]:
+    if system is None or system == "":
+        return []
+    if isinstance(system, str):
+        return [{"role": "system", "content": system}]
+    if not isinstance(system, list):
+        raise invalid("'system' must be a string or an array of text blocks", "system")
+    texts = [_text_block(block, f"system[{i}]") for i, block in enumerate(system)]
+    return [{"role": "system", "content": "\n".join(texts)}] if texts else []
+
+
+def _text_block(block: Any, path: str) -> str:
+    if not isinstance(block, dict) or block.get("type") != "text":
+        raise invalid(f"'{path}' must be a text block", path)
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise invalid(f"'{path}.text' must be a string", f"{path}.text")
+    return text
+
+
+def _message(msg: Any, i: int) -> list[dict[str, Any]]:
+    path = f"messages[{i}]"
+    if not isinstance(msg, dict):
+        raise invalid(f"'{path}' must be an object", path)
+    role = msg.get("role")
+    if role not in ("user", "assistant"):
+        raise invalid(f"'{path}.role' must be 'user' or 'assistant'", f"{path}.role")
+    content = msg.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise invalid(f"'{path}.content' must be a string or an array of blocks", f"{path}.content")
+    if role == "assistant":
+        return [_assistant(content, f"{path}.content")]
+    return _user(content, f"{path}.content")
+
+
+def _assistant(blocks: list[Any], path: str) -> dict[str, Any]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_use":
+            calls.append(_tool_use(block, f"{path}[{j}]"))
+        elif kind in ("thinking", "redacted_thinking"):
+            continue
+        else:
+            texts.append(_text_block(block, f"{path}[{j}]"))
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        msg["tool_calls"] = calls
+    elif msg["content"] is None:
+        msg["content"] = ""
+    return msg
+
+
+def _tool_use(block: dict[str, Any], path: str) -> dict[str, Any]:
+    call_id, name, args = block.get("id"), block.get("name"), block.get("input", {})
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"'{path}.id' must be a non-empty string", f"{path}.id")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"'{path}.name' must be a non-empty string", f"{path}.name")
+    if not isinstance(args, dict):
+        raise invalid(f"'{path}.input' must be an object", f"{path}.input")
+    arguments = json.dumps(args, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _user(blocks: list[Any], path: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_result":
+            out.append(_tool_result(block, f"{path}[{j}]"))
+        else:
+            texts.append(_text_block(block, f"{path}[{j}]"))
+    if texts or not out:
+        out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def _tool_result(block: dict[str, Any], path: str) -> dict[str, Any]:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"'{path}.tool_use_id' must be a non-empty string", f"{path}.tool_use_id")
+    content = block.get("content", "")
+    if isinstance(content, list):
+        content = "".join(_text_block(b, f"{path}.content[{k}]") for k, b in enumerate(content))
+    elif not isinstance(content, str):
+        raise invalid(f"'{path}.content' must be a string or text blocks", f"{path}.content")
+    if block.get("is_error"):
+        content = f"[error] {content}"
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def _tool(tool: Any, i: int) -> dict[str, Any]:
+    path = f"tools[{i}]"
+    if not isinstance(tool, dict):
+        raise invalid(f"'{path}' must be an object", path)
+    if tool.get("type") not in (None, "custom"):
+        raise invalid(f"'{path}.type' {tool.get('type')!r} is not supported", f"{path}.type")
+    check_tool_schema(tool, path, "input_schema")
+    fn: dict[str, Any] = {"name": tool["name"]}
+    if tool.get("description") is not None:
+        fn["description"] = tool["description"]
+    fn["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
+    return {"type": "function", "function": fn}
+
+
+def _check_tool_choice(choice: Any) -> None:
+    if choice is None:
+        return
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise invalid("'tool_choice.type' must be auto, any, tool or none", "tool_choice")

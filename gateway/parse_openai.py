@@ -1,0 +1,188 @@
+"""OpenAI request bodies (/v1/chat/completions, /v1/completions) -> ChatRequest, validated.
+
+Accepted: messages (system, developer, user, assistant with tool_calls, tool), content as a string
+or text parts, tools (function tools), tool_choice, stream, stream_options.include_usage,
+temperature, top_p, max_tokens / max_completion_tokens, stop, seed, n=1, presence/frequency
+penalties, user, cache_salt. Unknown extra fields are ignored, as the SDKs add new ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.errors import invalid
+from gateway.types import ChatRequest, SamplingOptions
+from gateway.validate import (
+    ParseContext,
+    check_model,
+    check_tool_schema,
+    namespace_for,
+    opt_bool,
+    opt_dict,
+    opt_int,
+    opt_list,
+    opt_number,
+    opt_str,
+    req_list,
+    stop_strings,
+)
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
+    """A validated chat request; raises GatewayError naming the bad field."""
+    model = check_model(body, ctx)
+    messages = tuple(_message(m, i) for i, m in enumerate(req_list(body, "messages")))
+    tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
+    _check_tool_choice(body.get("tool_choice"))
+    return ChatRequest(
+        request_id=ctx.request_id,
+        provider="openai",
+        model=model,
+        messages=messages,
+        tools=tools,
+        options=sampling_options(body, ctx),
+        stream=_stream(body),
+        tenant=ctx.tenant,
+        namespace=namespace_for(ctx.tenant, opt_str(body, "cache_salt")),
+        body=body,
+    )
+
+
+def parse_completion(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
+    """A validated legacy completion request (raw prompt, no chat template)."""
+    model = check_model(body, ctx)
+    if opt_bool(body, "echo"):
+        raise invalid("'echo' is not supported", "echo")
+    return ChatRequest(
+        request_id=ctx.request_id,
+        provider="openai",
+        model=model,
+        messages=(),
+        tools=(),
+        options=sampling_options(body, ctx),
+        stream=_stream(body),
+        tenant=ctx.tenant,
+        namespace=namespace_for(ctx.tenant, opt_str(body, "cache_salt")),
+        body=body,
+        prompt=_prompt(body.get("prompt")),
+    )
+
+
+def include_usage(body: dict[str, Any]) -> bool:
+    """stream_options.include_usage (already validated by the parser)."""
+    options = body.get("stream_options") or {}
+    return bool(options.get("include_usage", False))
+
+
+def sampling_options(body: dict[str, Any], ctx: ParseContext) -> SamplingOptions:
+    n = opt_int(body, "n", low=1)
+    if n not in (None, 1):
+        raise invalid("only n=1 is supported", "n")
+    max_tokens = opt_int(body, "max_completion_tokens", low=1)
+    if max_tokens is None:
+        max_tokens = opt_int(body, "max_tokens", low=1)
+    return SamplingOptions(
+        max_tokens=max_tokens,
+        temperature=opt_number(body, "temperature", 0.0, 2.0),
+        top_p=opt_number(body, "top_p", 0.0, 1.0, low_open=True),
+        stop=stop_strings(body.get("stop"), "stop", 4),
+        seed=opt_int(body, "seed"),
+        presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
+        frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+    )
+
+
+def _stream(body: dict[str, Any]) -> bool:
+    stream = opt_bool(body, "stream")
+    options = opt_dict(body, "stream_options")
+    if options is not None:
+        if not stream:
+            raise invalid("'stream_options' is only allowed with stream=true", "stream_options")
+        usage = options.get("include_usage")
+        if usage is not None and not isinstance(usage, bool):
+            raise invalid(
+                "'stream_options.include_usage' must be a boolean", "stream_options.include_usage"
+            )
+    opt_str(body, "user")
+    return stream
+
+
+def _prompt(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, str) or not value:
+        raise invalid("'prompt' must be a non-empty string (or an array of one string)", "prompt")
+    return value
+
+
+def _message(msg: Any, i: int) -> dict[str, Any]:
+    path = f"messages[{i}]"
+    if not isinstance(msg, dict):
+        raise invalid(f"'{path}' must be an object", path)
+    role = msg.get("role")
+    if role not in ROLES:
+        raise invalid(f"'{path}.role' must be one of {sorted(ROLES)}", f"{path}.role")
+    content = msg.get("content")
+    if role == "assistant" and msg.get("tool_calls"):
+        _check_tool_calls(msg["tool_calls"], f"{path}.tool_calls")
+        if content is not None:
+            _check_content(content, f"{path}.content")
+    else:
+        _check_content(content, f"{path}.content")
+    if role == "tool":
+        tool_call_id = msg.get("tool_call_id")
+        if not isinstance(tool_call_id, str) or not tool_call_id:
+            field = f"{path}.tool_call_id"
+            raise invalid(f"'{field}' must be a non-empty string", field)
+    if msg.get("name") is not None and not isinstance(msg["name"], str):
+        raise invalid(f"'{path}.name' must be a string", f"{path}.name")
+    return msg
+
+
+def _check_content(content: Any, path: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise invalid(f"'{path}' must be a string or an array of content parts", path)
+    for j, part in enumerate(content):
+        part_path = f"{path}[{j}]"
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise invalid(f"'{part_path}' must be a text part (only text is supported)", part_path)
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"'{part_path}.text' must be a string", f"{part_path}.text")
+
+
+def _check_tool_calls(calls: Any, path: str) -> None:
+    if not isinstance(calls, list):
+        raise invalid(f"'{path}' must be an array", path)
+    for j, call in enumerate(calls):
+        call_path = f"{path}[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise invalid(f"'{call_path}.function.name' must be a string", f"{call_path}.function")
+        if not isinstance(fn.get("arguments", ""), str):
+            raise invalid(
+                f"'{call_path}.function.arguments' must be a JSON string",
+                f"{call_path}.function.arguments",
+            )
+
+
+def _tool(tool: Any, i: int) -> dict[str, Any]:
+    path = f"tools[{i}]"
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise invalid(f"'{path}' must be a function tool", path)
+    fn = tool.get("function")
+    if not isinstance(fn, dict):
+        raise invalid(f"'{path}.function' must be an object", f"{path}.function")
+    check_tool_schema(fn, f"{path}.function", "parameters")
+    return {"type": "function", "function": fn}
+
+
+def _check_tool_choice(choice: Any) -> None:
+    if choice is None or choice in ("none", "auto", "required"):
+        return
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        return
+    raise invalid("'tool_choice' must be none, auto, required or a function object", "tool_choice")

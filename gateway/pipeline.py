@@ -1,0 +1,362 @@
+"""One request through the gateway: auth, body, parse, lint, backend stream, response, record.
+
+Every request, whatever happens to it, leaves exactly one RequestRecord and carries the
+x-prefixgate-* headers. A BackendError before the first delta becomes an error response in the
+client's format; after it (streaming) an SSE error event. A client that disconnects cancels the
+backend stream, which aborts the engine request (status 499 in the record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import anyio
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway import render_anthropic, render_openai
+from gateway.auth import tenant_for
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError, error_body
+from gateway.lint_stage import MODE_HEADER, LintStage, request_mode
+from gateway.metrics import GatewayMetrics
+from gateway.stats import RecordStore, RequestRecord
+from gateway.types import Backend, BackendError, ChatRequest, Final, Provider, TextDelta, Usage
+from gateway.validate import ParseContext, parse_json_object
+
+log = logging.getLogger("prefixgate.gateway")
+CLIENT_CLOSED = 499
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class Chunks(Protocol):
+    """A streaming renderer for one response."""
+
+    def text(self, text: str) -> bytes: ...
+    def final(self, final: Final) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """How one route parses bodies and renders results."""
+
+    name: str  # "chat.completions" | "completions" | "messages"
+    provider: Provider
+    parse: Callable[[dict[str, Any], ParseContext], ChatRequest]
+    render: Callable[[ChatRequest, Final, int], dict[str, Any]]
+    stream_start: Callable[[ChatRequest, Usage | None], tuple[Chunks, bytes]]
+
+
+@dataclass
+class Gateway:
+    """The state every route shares (also on app.state)."""
+
+    config: GatewayConfig
+    backend: Backend
+    store: RecordStore
+    metrics: GatewayMetrics
+    lint: LintStage = field(default_factory=LintStage)
+
+
+@dataclass
+class Ticket:
+    """What is known so far about one request, for its record and headers."""
+
+    route: RouteSpec
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    started: float = field(default_factory=time.perf_counter)
+    tenant: str = ""
+    req: ChatRequest | None = None
+    body: dict[str, Any] | None = None
+    recorded: bool = False
+
+
+def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...], request_id: str) -> dict[
+    str, str
+]:
+    """The x-prefixgate-* headers of a response."""
+    prompt = usage.prompt_tokens if usage else 0
+    cached = usage.cached_tokens if usage else 0
+    return {
+        "x-request-id": request_id,
+        "x-prefixgate-cached-tokens": str(cached),
+        "x-prefixgate-prompt-tokens": str(prompt),
+        "x-prefixgate-hit-rate": f"{cached / prompt:.4f}" if prompt else "0.0000",
+        "x-prefixgate-prefill-saved-ms": f"{usage.prefill_saved_ms:.1f}" if usage else "0.0",
+        "x-prefixgate-lint": ",".join(lint_ids),
+    }
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, or 413 naming the body when it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body exceeds {limit} bytes", param="body")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"request body exceeds {limit} bytes", param="body")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
+    """Serve one request on `route`."""
+    ticket = Ticket(route)
+    try:
+        req = await _prepare(gw, request, ticket)
+        stream = gw.backend.stream(req)
+        first = await _first(stream)
+    except BackendError as err:
+        return _error_response(gw, ticket, err)
+    except ClientDisconnect:
+        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
+        return Response(status_code=CLIENT_CLOSED)
+    if req.stream:
+        return _streaming_response(gw, ticket, req, first, stream)
+    return await _json_response(gw, request, ticket, req, first, stream)
+
+
+async def _prepare(gw: Gateway, request: Request, ticket: Ticket) -> ChatRequest:
+    ticket.tenant = tenant_for(request, gw.config)
+    mode = request_mode(request.headers.get(MODE_HEADER), gw.config.lint_mode)
+    body = parse_json_object(await read_body(request, gw.config.max_body_bytes))
+    ticket.body = body
+    ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
+    req = ticket.route.parse(body, ctx)  # validate what the client sent
+    ticket.req = req
+    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
+    if outcome.changed:
+        req = ticket.route.parse(outcome.body, ctx)
+    req = replace(req, lint_ids=outcome.lint_ids, family=outcome.family)
+    ticket.req = req
+    for rule in outcome.lint_ids:
+        gw.metrics.lint_findings.inc(rule=rule)
+    return req
+
+
+async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        raise BackendError(502, "backend returned no output") from None
+
+
+def _error_response(gw: Gateway, ticket: Ticket, err: BackendError) -> Response:
+    _record(gw, ticket, err.status, None, error=err.message)
+    lint_ids = ticket.req.lint_ids if ticket.req else ()
+    headers = prefixgate_headers(None, lint_ids, ticket.request_id)
+    body = error_body(err, ticket.route.provider)
+    return JSONResponse(body, status_code=err.status, headers=headers)
+
+
+async def _json_response(
+    gw: Gateway, request: Request, ticket: Ticket, req: ChatRequest,
+    first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
+) -> Response:
+    try:
+        final = await _until_final(request, first, stream)
+    except BackendError as err:
+        return _error_response(gw, ticket, err)
+    except asyncio.CancelledError:
+        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
+        raise
+    _record(gw, ticket, 200, final)
+    body = ticket.route.render(req, final, int(time.time()))
+    headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
+    return JSONResponse(body, headers=headers)
+
+
+async def _until_final(
+    request: Request, first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final]
+) -> Final:
+    """Drain the stream to its Final; a client disconnect cancels (aborts) the backend."""
+    async def drain() -> Final:
+        item = first
+        while not isinstance(item, Final):
+            item = await anext(stream)
+        return item
+
+    task = asyncio.ensure_future(drain())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            raise asyncio.CancelledError("client disconnected")
+        return task.result()
+    except StopAsyncIteration:
+        raise BackendError(502, "backend ended without a result") from None
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await _close(stream)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _close(stream: AsyncIterator[TextDelta | Final]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:  # noqa: BLE001 - closing must not mask the real outcome
+            log.exception("closing a backend stream failed")
+
+
+def _streaming_response(
+    gw: Gateway, ticket: Ticket, req: ChatRequest,
+    first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
+) -> Response:
+    early = first.usage if isinstance(first, Final) else first.usage
+    chunks, head = ticket.route.stream_start(req, early)
+    headers = {**prefixgate_headers(early, req.lint_ids, ticket.request_id), **SSE_HEADERS}
+    body = _sse_body(gw, ticket, chunks, head, first, stream)
+
+    async def cleanup() -> None:  # runs even when the body was never iterated
+        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
+        await _close(stream)
+
+    return _GatewayStream(body, cleanup, media_type="text/event-stream", headers=headers)
+
+
+class _GatewayStream(StreamingResponse):
+    """A StreamingResponse that always runs `cleanup`, shielded from cancellation."""
+
+    def __init__(
+        self, body: AsyncIterator[bytes], cleanup: Callable[[], Any], **kwargs: Any
+    ) -> None:
+        super().__init__(body, **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._cleanup()
+
+
+async def _sse_body(
+    gw: Gateway, ticket: Ticket, chunks: Chunks, head: bytes,
+    first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
+) -> AsyncIterator[bytes]:
+    status, final, error = CLIENT_CLOSED, None, "client disconnected"
+    try:
+        if head:
+            yield head
+        item = first
+        while True:
+            if isinstance(item, Final):
+                final, status, error = item, 200, None
+                yield chunks.final(item)
+                return
+            piece = chunks.text(item.text)
+            if piece:
+                yield piece
+            item = await anext(stream)
+    except StopAsyncIteration:
+        status, error = 502, "backend ended without a result"
+        yield _stream_error(ticket, BackendError(502, error))
+    except BackendError as err:
+        status, error = err.status, err.message
+        yield _stream_error(ticket, err)
+    finally:
+        _record(gw, ticket, status, final, error=error)
+        with anyio.CancelScope(shield=True):
+            await _close(stream)
+
+
+def _stream_error(ticket: Ticket, err: BackendError) -> bytes:
+    body = error_body(err, ticket.route.provider)
+    if ticket.route.provider == "anthropic":
+        return render_anthropic.error_event(body)
+    return render_openai.error_event(body)
+
+
+def _record(
+    gw: Gateway, ticket: Ticket, status: int, final: Final | None, *, error: str | None = None
+) -> None:
+    """Store the one record of this request and update the metrics."""
+    if ticket.recorded:
+        return
+    ticket.recorded = True
+    latency = time.perf_counter() - ticket.started
+    usage = final.usage if final else None
+    backend = gw.backend.name
+    gw.metrics.requests.inc(route=ticket.route.name, status=str(status), backend=backend)
+    gw.metrics.latency.observe(latency, route=ticket.route.name)
+    if usage is not None:
+        _observe_usage(gw.metrics, usage, backend)
+    gw.store.add(_make_record(gw, ticket, status, final, error, latency))
+
+
+def _observe_usage(metrics: GatewayMetrics, usage: Usage, backend: str) -> None:
+    metrics.cache_queries.inc(usage.prompt_tokens, backend=backend)
+    metrics.cache_hits.inc(usage.cached_tokens, backend=backend)
+    metrics.completion_tokens.inc(usage.completion_tokens, backend=backend)
+    metrics.prefill_saved.inc(usage.prefill_saved_ms / 1000.0, backend=backend)
+    metrics.prompt_tokens.observe(usage.prompt_tokens, backend=backend)
+    if usage.ttft is not None:
+        metrics.ttft.observe(usage.ttft, backend=backend)
+    if usage.tpot is not None and usage.completion_tokens > 1:
+        metrics.tpot.observe(usage.tpot, backend=backend)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def _make_record(
+    gw: Gateway, ticket: Ticket, status: int, final: Final | None, error: str | None,
+    latency: float,
+) -> RequestRecord:
+    req, usage = ticket.req, (final.usage if final else None)
+    body = ticket.body or {}
+    return RequestRecord(
+        request_id=ticket.request_id,
+        tenant=ticket.tenant or "-",
+        model=req.model if req else str(body.get("model", ""))[:256],
+        backend=gw.backend.name,
+        replica=final.replica if final else None,
+        provider=ticket.route.provider,
+        route=ticket.route.name,
+        status=status,
+        error=error,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        cached_tokens=usage.cached_tokens if usage else 0,
+        predicted_cached_tokens=usage.predicted_cached_tokens if usage else None,
+        reported_cached_tokens=usage.reported_cached_tokens if usage else None,
+        completion_tokens=usage.completion_tokens if usage else 0,
+        ttft_ms=_ms(usage.ttft) if usage else None,
+        tpot_ms=_ms(usage.tpot) if usage else None,
+        latency_ms=latency * 1000.0,
+        prefill_saved_ms=usage.prefill_saved_ms if usage else 0.0,
+        lint_ids=",".join(req.lint_ids) if req else "",
+        family=req.family if req else None,
+        stream=bool(req.stream) if req else bool(body.get("stream", False)),
+        prompt_text=_prompt_text(gw, req),
+    )
+
+
+def _prompt_text(gw: Gateway, req: ChatRequest | None) -> str | None:
+    if not gw.config.store_prompts or req is None:
+        return None
+    if req.prompt is not None:
+        return req.prompt
+    return json.dumps({"messages": req.messages, "tools": req.tools}, ensure_ascii=False)

@@ -1,0 +1,134 @@
+"""Anthropic Messages response bodies and streaming events.
+
+Usage mapping: `cache_read_input_tokens` = tokens served from the prefix cache;
+`input_tokens` = the uncached rest of the prompt (Anthropic counts input after the cached part);
+`cache_creation_input_tokens` = 0 (the engine caches every full page at no extra price, so
+nothing is billed as a cache write).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.types import ChatRequest, Final, Usage
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def event(name: str, data: dict[str, Any]) -> bytes:
+    """One named server-sent event."""
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def usage_body(usage: Usage | None, output_tokens: int | None = None) -> dict[str, Any]:
+    prompt = usage.prompt_tokens if usage else 0
+    cached = usage.cached_tokens if usage else 0
+    out = usage.completion_tokens if usage and output_tokens is None else (output_tokens or 0)
+    return {
+        "input_tokens": max(prompt - cached, 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": out,
+    }
+
+
+def message_id(req: ChatRequest) -> str:
+    return f"msg_{req.request_id}"
+
+
+def _tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
+    try:
+        args = json.loads(fn.get("arguments") or "{}")
+    except json.JSONDecodeError:
+        args = {}
+    return {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": args}
+
+
+def message_response(req: ChatRequest, final: Final) -> dict[str, Any]:
+    """A non-streaming Messages response."""
+    content: list[dict[str, Any]] = []
+    if final.text or not final.tool_calls:
+        content.append({"type": "text", "text": final.text})
+    content.extend(_tool_use_block(call) for call in final.tool_calls)
+    return {
+        "id": message_id(req),
+        "type": "message",
+        "role": "assistant",
+        "model": req.model,
+        "content": content,
+        "stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
+        "stop_sequence": None,
+        "usage": usage_body(final.usage),
+    }
+
+
+class MessageEvents:
+    """message_start, content blocks with deltas, message_delta, message_stop."""
+
+    def __init__(self, req: ChatRequest) -> None:
+        self.req = req
+        self.index = 0
+        self.text_open = False
+        self.early: Usage | None = None
+
+    def start(self, early: Usage | None = None) -> bytes:
+        self.early = early
+        message = {
+            "id": message_id(self.req), "type": "message", "role": "assistant",
+            "model": self.req.model, "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": usage_body(early, output_tokens=0),
+        }
+        return event("message_start", {"type": "message_start", "message": message})
+
+    def _open_text(self) -> bytes:
+        self.text_open = True
+        block = {"type": "text", "text": ""}
+        return event("content_block_start",
+                     {"type": "content_block_start", "index": self.index, "content_block": block})
+
+    def _close_block(self) -> bytes:
+        out = event("content_block_stop", {"type": "content_block_stop", "index": self.index})
+        self.index += 1
+        self.text_open = False
+        return out
+
+    def text(self, text: str) -> bytes:
+        if not text:
+            return b""
+        out = b"" if self.text_open else self._open_text()
+        delta = {"type": "text_delta", "text": text}
+        return out + event("content_block_delta",
+                           {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def final(self, final: Final) -> bytes:
+        out = b""
+        if self.text_open:
+            out += self._close_block()
+        elif not final.tool_calls:
+            out += self._open_text() + self._close_block()
+        for call in final.tool_calls:
+            out += self._tool_use(call)
+        delta = {"stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
+                 "stop_sequence": None}
+        out += event("message_delta", {"type": "message_delta", "delta": delta,
+                                       "usage": usage_body(final.usage)})
+        return out + event("message_stop", {"type": "message_stop"})
+
+    def _tool_use(self, call: dict[str, Any]) -> bytes:
+        block = _tool_use_block(call)
+        start = {**block, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        return (
+            event("content_block_start",
+                  {"type": "content_block_start", "index": self.index, "content_block": start})
+            + event("content_block_delta",
+                    {"type": "content_block_delta", "index": self.index, "delta": delta})
+            + self._close_block()
+        )
+
+
+def error_event(body: dict[str, Any]) -> bytes:
+    """A mid-stream error event."""
+    return event("error", body)

@@ -1,0 +1,147 @@
+"""OpenAI response bodies and SSE chunks for chat completions and legacy completions."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from gateway.types import ChatRequest, Final, Usage
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One `data:` server-sent event."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {text}\n\n".encode()
+
+
+DONE = sse("[DONE]")
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def completion_id(req: ChatRequest) -> str:
+    return f"chatcmpl-{req.request_id}"
+
+
+def chat_response(req: ChatRequest, final: Final, created: int) -> dict[str, Any]:
+    """A non-streaming chat.completion."""
+    message: dict[str, Any] = {"role": "assistant", "content": final.text or None}
+    if final.tool_calls:
+        message["tool_calls"] = list(final.tool_calls)
+    else:
+        message["content"] = final.text
+    return {
+        "id": completion_id(req),
+        "object": "chat.completion",
+        "created": created,
+        "model": req.model,
+        "choices": [
+            {"index": 0, "message": message, "logprobs": None,
+             "finish_reason": final.finish_reason}
+        ],
+        "usage": usage_body(final.usage),
+    }
+
+
+class ChatChunks:
+    """chat.completion.chunk events for one streamed response."""
+
+    def __init__(self, req: ChatRequest, include_usage: bool) -> None:
+        self.req = req
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "id": completion_id(self.req),
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def start(self) -> bytes:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def text(self, text: str) -> bytes:
+        return self._chunk({"content": text}) if text else b""
+
+    def final(self, final: Final) -> bytes:
+        out = b""
+        for index, call in enumerate(final.tool_calls):
+            out += self._chunk({"tool_calls": [{"index": index, **call}]})
+        out += self._chunk({}, final.finish_reason)
+        if self.include_usage:
+            out += sse({
+                "id": completion_id(self.req),
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.req.model,
+                "choices": [],
+                "usage": usage_body(final.usage),
+            })
+        return out + DONE
+
+
+def text_completion(req: ChatRequest, final: Final, created: int) -> dict[str, Any]:
+    """A non-streaming text_completion (/v1/completions)."""
+    return {
+        "id": f"cmpl-{req.request_id}",
+        "object": "text_completion",
+        "created": created,
+        "model": req.model,
+        "choices": [{"index": 0, "text": final.text, "logprobs": None,
+                     "finish_reason": final.finish_reason}],
+        "usage": usage_body(final.usage),
+    }
+
+
+class CompletionChunks:
+    """text_completion events for one streamed /v1/completions response."""
+
+    def __init__(self, req: ChatRequest, include_usage: bool) -> None:
+        self.req = req
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    def _chunk(self, text: str, finish: str | None, usage: Usage | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "id": f"cmpl-{self.req.request_id}",
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        }
+        if usage is not None:
+            body["choices"] = []
+            body["usage"] = usage_body(usage)
+        return sse(body)
+
+    def start(self) -> bytes:
+        return b""
+
+    def text(self, text: str) -> bytes:
+        return self._chunk(text, None) if text else b""
+
+    def final(self, final: Final) -> bytes:
+        out = self._chunk("", final.finish_reason)
+        if self.include_usage:
+            out += self._chunk("", None, final.usage)
+        return out + DONE
+
+
+def error_event(body: dict[str, Any]) -> bytes:
+    """A mid-stream error, as OpenAI-compatible servers send it."""
+    return sse(body) + DONE

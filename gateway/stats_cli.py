@@ -1,0 +1,122 @@
+"""`prefixgate stats`: print a running gateway's cache statistics as terminal tables.
+
+    prefixgate stats --url http://127.0.0.1:8000 --admin-key KEY [--window 3600] [--json]
+
+It reads `GET /api/stats` (the same numbers as the dashboard). The admin key may also come
+from `PREFIXGATE_ADMIN_KEY`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+Column = tuple[str, str, Callable[[Any], str]]
+
+
+def _num(value: Any) -> str:
+    return f"{int(value or 0):,}"
+
+
+def _pct(value: Any) -> str:
+    return f"{100 * float(value or 0):.1f}%"
+
+
+def _usd(value: Any) -> str:
+    return f"${float(value or 0):.4f}"
+
+
+def _ms(value: Any) -> str:
+    value = float(value or 0)
+    return f"{value / 1000:.1f} s" if value >= 1000 else f"{value:.1f} ms"
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+GROUP_COLUMNS: list[Column] = [
+    ("requests", "requests", _num), ("errors", "errors", _num),
+    ("prompt", "prompt_tokens", _num), ("cached", "cached_tokens", _num),
+    ("hit rate", "hit_rate", _pct), ("predicted", "predicted_cached_tokens", _num),
+    ("reported", "reported_cached_tokens", _num), ("prefill saved", "prefill_saved_ms", _ms),
+    ("$ saved", "cost_saved_usd", _usd),
+]
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """Rows as an aligned text table (first column left-aligned, numbers right-aligned)."""
+    header = [title for title, _, _ in columns]
+    cells = [[fmt(row.get(key)) for _, key, fmt in columns] for row in rows]
+    widths = [max(len(c) for c in col) for col in zip(header, *cells, strict=True)]
+
+    def line(values: Sequence[str]) -> str:
+        first = values[0].ljust(widths[0])
+        rest = (v.rjust(w) for v, w in zip(values[1:], widths[1:], strict=True))
+        return "  ".join([first, *rest]).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule, *(line(c) for c in cells)])
+
+
+def render(stats: dict[str, Any]) -> str:
+    """The whole report: totals, then one table per breakdown."""
+    t = stats["totals"]
+    hours = stats["window_s"] / 3600
+    parts = [
+        f"prefixgate stats: last {hours:g} h, generated {stats['generated_at']}",
+        f"requests {_num(t['requests'])} (errors {_num(t['errors'])})   "
+        f"hit rate {_pct(t['hit_rate'])}   cached {_num(t['cached_tokens'])} of "
+        f"{_num(t['prompt_tokens'])} prompt tokens",
+        f"prefill time saved {_ms(t['prefill_saved_ms'])}   cost saved {_usd(t['cost_saved_usd'])}"
+        f" (of {_usd(t['cost_usd'] + t['cost_saved_usd'])})   predicted vs reported hits "
+        f"{_num(t['predicted_cached_tokens'])} / {_num(t['reported_cached_tokens'])} tokens",
+    ]
+    for title, key, name in (("tenant", "by_tenant", "tenant"), ("model", "by_model", "model"),
+                             ("replica", "by_replica", "replica"),
+                             ("prompt family", "families", "family")):
+        if stats.get(key):
+            columns: list[Column] = [(title, name, _text), *GROUP_COLUMNS]
+            parts += ["", format_table(stats[key], columns)]
+    if stats.get("lint"):
+        lint_cols: list[Column] = [("lint rule", "id", _text), ("requests", "requests", _num)]
+        parts += ["", format_table(stats["lint"], lint_cols)]
+    return "\n".join(parts)
+
+
+def fetch(url: str, admin_key: str | None, window_s: int,
+          transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
+    """GET /api/stats from a running gateway."""
+    headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
+    with httpx.Client(base_url=url, timeout=30.0, transport=transport) as client:
+        response = client.get("/api/stats", params={"window": window_s}, headers=headers)
+    if response.status_code != 200:
+        raise RuntimeError(f"{url}/api/stats answered {response.status_code}: "
+                           f"{response.text[:200]}")
+    return response.json()  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prefixgate stats", description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway's base URL")
+    parser.add_argument("--admin-key", default=os.environ.get("PREFIXGATE_ADMIN_KEY"))
+    parser.add_argument("--window", type=int, default=86400, help="seconds of history")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    args = parser.parse_args(argv)
+    try:
+        stats = fetch(args.url.rstrip("/"), args.admin_key, args.window)
+    except (httpx.HTTPError, RuntimeError) as exc:
+        print(f"prefixgate stats: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(stats, indent=2) if args.json else render(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

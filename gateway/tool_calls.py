@@ -1,0 +1,199 @@
+"""Tool calling for models whose chat template knows nothing of tools (the embedded engine).
+
+The documented format, told to the model at the end of the system message:
+
+    <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
+
+- Tools are rendered as one JSON line per function inside `<tools>...</tools>`, after the
+  system prompt, so the stable part of the prompt stays first (good for the prefix cache).
+- An assistant message with `tool_calls` is rendered as its text followed by one `<tool_call>`
+  block per call; a `tool` message becomes a user turn `<tool_response>...</tool_response>`.
+- Parsing is lenient: a missing closing tag at the end of the output, code fences around the
+  JSON, `arguments` given as a JSON string or under `parameters`, and text before the call are all
+  accepted. Output that does not parse stays ordinary text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_FENCE = re.compile(r"^\s*```(?:json)?\s*|\s*```\s*$")
+
+TOOL_PREAMBLE = (
+    "You may call the tools below. To call a tool, answer with exactly\n"
+    '<tool_call>{"name": "TOOL_NAME", "arguments": {ARGUMENTS AS JSON}}</tool_call>\n'
+    "and nothing else; the result comes back in <tool_response> tags.\n<tools>\n"
+)
+
+
+def render_messages(
+    messages: tuple[dict[str, Any], ...] | list[dict[str, Any]],
+    tools: tuple[dict[str, Any], ...] | list[dict[str, Any]],
+) -> list[dict[str, str]]:
+    """OpenAI-shaped messages (+ tools) -> plain {role, content: str} messages for the template."""
+    out: list[dict[str, str]] = []
+    for msg in messages:
+        out.append(_render_message(msg))
+    if tools:
+        block = TOOL_PREAMBLE + "\n".join(_tool_line(t) for t in tools) + "\n</tools>"
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + block}
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return _merge_roles(out)
+
+
+def content_text(content: Any) -> str:
+    """A message content (string, text parts or None) as plain text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def _render_message(msg: dict[str, Any]) -> dict[str, str]:
+    role = msg["role"]
+    text = content_text(msg.get("content"))
+    if role == "developer":
+        role = "system"
+    if role == "tool":
+        return {"role": "user", "content": f"<tool_response>{text}</tool_response>"}
+    calls = msg.get("tool_calls") or []
+    for call in calls:
+        fn = call.get("function", {})
+        payload = {"name": fn.get("name"), "arguments": _arguments(fn.get("arguments", "{}"))}
+        text += ("\n" if text else "") + OPEN + json.dumps(payload, ensure_ascii=False) + CLOSE
+    return {"role": role, "content": text}
+
+
+def _merge_roles(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    # Several system messages (system + developer) become one, keeping order.
+    if sum(m["role"] == "system" for m in messages) <= 1:
+        return messages
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    return [{"role": "system", "content": system}] + [m for m in messages if m["role"] != "system"]
+
+
+def _tool_line(tool: dict[str, Any]) -> str:
+    return json.dumps(tool.get("function", tool), ensure_ascii=False)
+
+
+def _arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedOutput:
+    """Model output split into visible text and OpenAI-shaped tool calls."""
+
+    text: str
+    tool_calls: tuple[dict[str, Any], ...]
+
+
+def parse_output(text: str, request_id: str) -> ParsedOutput:
+    """Split generated text into text and tool calls; unparseable blocks stay text."""
+    if OPEN not in text:
+        return ParsedOutput(text, ())
+    calls: list[dict[str, Any]] = []
+    for match in _BLOCK.finditer(text):
+        call = _parse_call(match.group(1))
+        if call is None:
+            return ParsedOutput(text, ())
+        calls.append(_openai_call(call, request_id, len(calls)))
+    visible = text[: text.index(OPEN)].rstrip()
+    return ParsedOutput(visible, tuple(calls))
+
+
+def _parse_call(raw: str) -> tuple[str, dict[str, Any]] | None:
+    data = _loads_object(_FENCE.sub("", raw.strip()))
+    if data is None:
+        return None
+    name = data.get("name")
+    args = data.get("arguments", data.get("parameters", {}))
+    if isinstance(args, str):
+        args = _loads_object(args) if args.strip() else {}
+    if not isinstance(name, str) or not name or not isinstance(args, dict):
+        return None
+    return name, args
+
+
+def _loads_object(raw: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        data = _first_object(raw)
+    return data if isinstance(data, dict) else None
+
+
+def _first_object(raw: str) -> Any:
+    start = raw.find("{")
+    if start < 0:
+        return None
+    try:
+        data, _ = json.JSONDecoder().raw_decode(raw[start:])
+    except json.JSONDecodeError:
+        return None
+    return data
+
+
+def _openai_call(call: tuple[str, dict[str, Any]], request_id: str, index: int) -> dict[str, Any]:
+    name, args = call
+    digest = hashlib.sha256(f"{request_id}:{index}".encode()).hexdigest()[:24]
+    arguments = json.dumps(args, ensure_ascii=False)
+    return {"id": f"call_{digest}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+@dataclass
+class ToolCallFilter:
+    """Streams visible text, holding back everything from a `<tool_call>` opening onwards."""
+
+    held: str = ""
+    in_call: bool = False
+    emitted: list[str] = field(default_factory=list)
+
+    def feed(self, text: str) -> str:
+        """Visible text that is safe to send now."""
+        if self.in_call:
+            self.held += text
+            return ""
+        buffer = self.held + text
+        start = buffer.find(OPEN)
+        if start >= 0:
+            self.in_call = True
+            self.held = buffer[start:]
+            return self._emit(buffer[:start])
+        keep = _partial_open_suffix(buffer)
+        self.held = buffer[len(buffer) - keep:] if keep else ""
+        return self._emit(buffer[: len(buffer) - keep])
+
+    def _emit(self, text: str) -> str:
+        self.emitted.append(text)
+        return text
+
+    def finish(self, full_text: str, request_id: str) -> tuple[str, ParsedOutput]:
+        """(visible text not yet sent, the parsed whole output)."""
+        parsed = parse_output(full_text, request_id)
+        sent = "".join(self.emitted)
+        tail = parsed.text[len(sent):] if parsed.text.startswith(sent) else ""
+        return tail, parsed
+
+
+def _partial_open_suffix(text: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of `<tool_call>`."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-n:]):
+            return n
+    return 0

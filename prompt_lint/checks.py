@@ -1,0 +1,195 @@
+"""Structural and cross-request checks: tools, history, provider minimums, cache_control."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prompt_lint.layout import TokenLayout
+from prompt_lint.providers import Provider, tool_name
+from prompt_lint.rules import RULES
+from prompt_lint.session import SessionTracker, fingerprint
+from prompt_lint.templates import Family
+from prompt_lint.types import Finding
+
+OPENAI_MIN_TOKENS = 1024
+#: Anthropic minimum cacheable prompt length by model-name substring; first match wins.
+ANTHROPIC_MIN_TOKENS: tuple[tuple[str, int], ...] = (("haiku", 2048), ("", 1024))
+MAX_ANTHROPIC_BREAKPOINTS = 4
+
+
+def finding(rule_id: str, path: str, message: str, *, start: int | None = None,
+            end: int | None = None, value: str = "", token_offset: int | None = None) -> Finding:
+    """A Finding for registry rule `rule_id`."""
+    rule = RULES[rule_id]
+    return Finding(rule.id, rule.name, rule.severity, rule.kind, path, start, end, message,
+                   value, token_offset)
+
+
+def min_cacheable_tokens(provider: Provider, model: str | None) -> int:
+    """The provider's minimum cacheable prompt length for `model`."""
+    if provider == "openai":
+        return OPENAI_MIN_TOKENS
+    name = (model or "").lower()
+    return next(n for key, n in ANTHROPIC_MIN_TOKENS if key in name)
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, compact separators: the one spelling of a JSON value."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def _keys_sorted(value: Any) -> bool:
+    if isinstance(value, dict):
+        keys = list(value)
+        return keys == sorted(keys) and all(_keys_sorted(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_keys_sorted(v) for v in value)
+    return True
+
+
+def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
+                  family: Family | None) -> tuple[list[Finding], set[str]]:
+    """PL004-PL007; returns findings and the rules a rewrite resolves.
+
+    The family's tool state (last order, JSON per tool name) is updated on
+    every call, frozen learner or not: it is "the previous request", not a
+    learned template."""
+    tools = body.get("tools") or []
+    names = [tool_name(t, provider) or "" for t in tools]
+    out: list[Finding] = []
+    if names != sorted(names):
+        out.append(finding("PL005", "tools", "tools are not sorted by name"))
+    unsorted = [n for n, t in zip(names, tools, strict=True) if not _keys_sorted(_schema(t))]
+    if unsorted:
+        out.append(finding("PL007", "tools", f"{len(unsorted)} tool schema(s) with unsorted "
+                           f"JSON keys: {', '.join(unsorted[:5])}"))
+    resolved = {"PL004", "PL005", "PL007"}
+    if family is None:
+        return out, resolved
+    out += _tool_changes(tools, names, layout, family, resolved)
+    family.tool_names = names
+    for i, name in enumerate(names):
+        compact = layout.segments[i].text  # tools come first in the layout
+        old = family.tool_json.get(name)
+        if old is None or old[:24] != fingerprint(compact):
+            family.tool_json[name] = _tool_prints(tools[i], compact)
+    return out, resolved
+
+
+def _schema(tool: Any) -> Any:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if isinstance(function, dict):
+        return function.get("parameters")
+    return tool.get("input_schema") if isinstance(tool, dict) else None
+
+
+def _tool_prints(tool: Any, compact: str) -> str:
+    return fingerprint(compact) + fingerprint(canonical_json(tool))
+
+
+def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, family: Family,
+                  resolved: set[str]) -> list[Finding]:
+    out: list[Finding] = []
+    before = family.tool_names
+    if before is not None and before != names and sorted(before) == sorted(names):
+        first = next(i for i, (a, b) in enumerate(zip(before, names, strict=True)) if a != b)
+        out.append(finding("PL004", "tools", f"tool order changed at position {first} "
+                           f"({before[first]!r} before, {names[first]!r} now)",
+                           token_offset=layout.start_of(f"tools[{first}]")))
+    for i, (name, tool) in enumerate(zip(names, tools, strict=True)):
+        old = family.tool_json.get(name)
+        compact = layout.segments[i].text
+        if old is None or old[:24] == fingerprint(compact):
+            continue
+        new = _tool_prints(tool, compact)
+        key_order_only = old[24:] == new[24:]
+        if not key_order_only:
+            resolved.discard("PL006")
+        what = "key order" if key_order_only else "content"
+        out.append(finding("PL006", f"tools[{i}]", f"tool {name!r} JSON changed ({what})",
+                           token_offset=layout.start_of(f"tools[{i}]")))
+    return out
+
+
+def history_findings(body: dict[str, Any], layout: TokenLayout, tracker: SessionTracker,
+                     key: str) -> list[Finding]:
+    """PL009: compare this request's non-system history with the session's last one."""
+    texts: dict[int, list[str]] = {}
+    for seg in layout.segments:
+        if seg.message >= 0:
+            texts.setdefault(seg.message, []).append(seg.text)
+    history, indexes = [], []
+    for i, message in enumerate(body["messages"]):
+        if message.get("role") not in {"system", "developer"}:
+            history.append(str(hash(tuple(texts.get(i, ())))))
+            indexes.append(i)
+    changed = tracker.compare_and_record(key, history, indexes)
+    if changed is None:
+        return []
+    return [finding("PL009", f"messages[{changed}]",
+                    f"messages[{changed}] differs from the previous request of this session",
+                    token_offset=layout.message_start(changed))]
+
+
+def minimum_findings(provider: Provider, model: str | None, prompt_tokens: int,
+                     cacheable: int, after_fix: int) -> list[Finding]:
+    """PL010: long prompt, short stable prefix."""
+    minimum = min_cacheable_tokens(provider, model)
+    if prompt_tokens < minimum or cacheable >= minimum:
+        return []
+    hint = "the fix reaches it" if after_fix >= minimum else "the fix does not reach it either"
+    return [finding("PL010", "", f"stable prefix is {cacheable} tokens, below the {provider} "
+                    f"minimum of {minimum} for {model or 'this model'}; {hint}",
+                    token_offset=cacheable)]
+
+
+def _breakpoints(body: dict[str, Any], layout: TokenLayout) -> list[tuple[str, int]]:
+    """(path, token end offset) of every cache_control breakpoint."""
+    found: list[tuple[str, int]] = []
+
+    def add(path: str, block: Any) -> None:
+        if isinstance(block, dict) and block.get("cache_control"):
+            i = layout.paths.get(path, layout.paths.get(path + ".text"))
+            end = layout.total if i is None else layout.starts[i] + layout.sizes[i]
+            found.append((path, end))
+
+    for i, tool in enumerate(body.get("tools") or []):
+        add(f"tools[{i}]", tool)
+    system = body.get("system")
+    if isinstance(system, list):
+        for j, block in enumerate(system):
+            add(f"system[{j}]", block)
+    for i, message in enumerate(body["messages"]):
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, block in enumerate(content):
+                add(f"messages[{i}].content[{j}]", block)
+    return found
+
+
+def cache_control_findings(body: dict[str, Any], model: str | None, layout: TokenLayout,
+                           cacheable: int) -> list[Finding]:
+    """PL011/PL012 for Anthropic requests."""
+    minimum = min_cacheable_tokens("anthropic", model)
+    points = _breakpoints(body, layout)
+    if not points and not body.get("cache_control"):
+        if layout.total < minimum:
+            return []
+        return [finding("PL011", "system", f"{layout.total} tokens and no cache_control "
+                        "breakpoint: nothing will be cached")]
+    out: list[Finding] = []
+    if len(points) > MAX_ANTHROPIC_BREAKPOINTS:
+        out.append(finding("PL012", points[MAX_ANTHROPIC_BREAKPOINTS][0],
+                           f"{len(points)} breakpoints; the API allows "
+                           f"{MAX_ANTHROPIC_BREAKPOINTS}"))
+    for path, end in points:
+        if end < minimum and layout.total >= minimum:
+            out.append(finding("PL012", path, f"breakpoint at token {end}, below the minimum "
+                               f"of {minimum}: it caches nothing", token_offset=end))
+    if points and min(end for _, end in points) > cacheable:
+        path, end = min(points, key=lambda p: p[1])
+        out.append(finding("PL012", path, f"every breakpoint (first at token {end}) lies after "
+                           f"the first dynamic value at token {cacheable}: no entry is reused",
+                           token_offset=end))
+    return out

@@ -1,0 +1,55 @@
+"""The token layout of a request: where each segment starts, in tokens."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from prompt_lint.providers import Provider, Segment, detect_provider, segments
+from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
+
+
+class TokenLayout(NamedTuple):
+    """Segments in cache order with their token start offsets and sizes."""
+
+    segments: list[Segment]
+    starts: list[int]
+    sizes: list[int]
+    total: int
+    paths: dict[str, int]
+
+    def start_of(self, path: str) -> int | None:
+        """Token offset where the segment at `path` starts (None if unknown)."""
+        i = self.paths.get(path)
+        return None if i is None else self.starts[i]
+
+    def message_start(self, message: int) -> int:
+        """Token offset of message `message`'s header."""
+        found = self.start_of(f"messages[{message}]")
+        return self.total if found is None else found
+
+
+def token_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter) -> TokenLayout:
+    """Tokenize each segment of `body` (through the counter's chunk cache)."""
+    segs = segments(body, provider)
+    starts, sizes, pos = [], [], 0
+    for seg in segs:
+        n = counter.count(seg.text)
+        starts.append(pos)
+        sizes.append(n)
+        pos += n
+    return TokenLayout(segs, starts, sizes, pos, {s.path: i for i, s in enumerate(segs)})
+
+
+def request_tokens(body: dict[str, Any], provider: Provider | None = None,
+                   encoding: str | None = None) -> list[int]:
+    """The token ids of `body` in cache order (tools, system, messages).
+
+    This is the token sequence prompt_lint counts with, and what a replay
+    through a prefix cache should use; equal prefixes of two requests give
+    equal token prefixes.
+    """
+    counter = shared_counter(encoding or DEFAULT_ENCODING)
+    out: list[int] = []
+    for seg in segments(body, provider or detect_provider(body)):
+        out.extend(counter.encode(seg.text))
+    return out

@@ -1,0 +1,137 @@
+"""Report formats: text for people, JSON for programs, SARIF for code-scanning UIs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, NamedTuple
+
+from prompt_lint.loader import LoadedRequest
+from prompt_lint.rules import RULES
+from prompt_lint.types import Finding, LintReport, mask_value
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+_SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
+
+
+class Summary(NamedTuple):
+    """Totals over a log: counts and the prompt-token share that is cacheable."""
+
+    requests: int
+    findings: int
+    by_severity: dict[str, int]
+    by_rule: dict[str, int]
+    prompt_tokens: int
+    cacheable_tokens: int
+    cacheable_tokens_after_fix: int
+
+    @property
+    def hit_rate_now(self) -> float:
+        """Cacheable share of prompt tokens as sent."""
+        return self.cacheable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def hit_rate_after_fix(self) -> float:
+        """Cacheable share of prompt tokens after `prefixgate fix`."""
+        return self.cacheable_tokens_after_fix / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def summarize(reports: list[LintReport]) -> Summary:
+    """Totals over all reports."""
+    findings = [f for r in reports for f in r.findings]
+    return Summary(len(reports), len(findings), dict(Counter(f.severity for f in findings)),
+                   dict(sorted(Counter(f.rule for f in findings).items())),
+                   sum(r.prompt_tokens for r in reports), sum(r.cacheable_tokens for r in reports),
+                   sum(r.cacheable_tokens_after_fix for r in reports))
+
+
+def to_json(requests: list[LoadedRequest], reports: list[LintReport],
+            show_values: bool) -> dict[str, Any]:
+    """The `--format json` document (schema in the README)."""
+    s = summarize(reports)
+    return {
+        "requests": [_request_json(i, req, rep, show_values)
+                     for i, (req, rep) in enumerate(zip(requests, reports, strict=True))],
+        "summary": {"requests": s.requests, "findings": s.findings,
+                    "by_severity": s.by_severity, "by_rule": s.by_rule,
+                    "prompt_tokens": s.prompt_tokens, "cacheable_tokens": s.cacheable_tokens,
+                    "cacheable_tokens_after_fix": s.cacheable_tokens_after_fix,
+                    "hit_rate_now": round(s.hit_rate_now, 4),
+                    "hit_rate_after_fix": round(s.hit_rate_after_fix, 4)},
+    }
+
+
+def _request_json(i: int, req: LoadedRequest, rep: LintReport, show: bool) -> dict[str, Any]:
+    return {"index": i, "source": req.source, "line": req.line, "provider": rep.provider,
+            "family": rep.family, "findings": [f.to_json(show) for f in rep.findings],
+            "prompt_tokens": rep.prompt_tokens, "cacheable_tokens": rep.cacheable_tokens,
+            "cacheable_tokens_after_fix": rep.cacheable_tokens_after_fix}
+
+
+def to_text(requests: list[LoadedRequest], reports: list[LintReport], show_values: bool) -> str:
+    """Per-request findings (clean requests skipped), then a summary."""
+    lines: list[str] = []
+    for i, (req, rep) in enumerate(zip(requests, reports, strict=True)):
+        if not rep.findings:
+            continue
+        lines.append(f"request {i} ({req.source}:{req.line}, {rep.provider}, family "
+                     f"{rep.family or '-'}): {rep.prompt_tokens} tokens, cacheable prefix "
+                     f"{rep.cacheable_tokens} -> {rep.cacheable_tokens_after_fix} after fix")
+        lines += [_finding_line(f, show_values) for f in rep.findings]
+    s = summarize(reports)
+    sev = ", ".join(f"{k} {s.by_severity.get(k, 0)}" for k in ("error", "warning", "info"))
+    rules = ", ".join(f"{k} {v}" for k, v in s.by_rule.items()) or "none"
+    change = (s.hit_rate_after_fix - s.hit_rate_now) * 100
+    lines += [f"summary: {s.requests} requests, {s.findings} findings ({sev})",
+              f"  by rule: {rules}",
+              f"  cacheable prefix: {s.hit_rate_now:.1%} of prompt tokens now, "
+              f"{s.hit_rate_after_fix:.1%} after fix "
+              f"(expected hit-rate change {change:+.1f} points)"]
+    return "\n".join(lines) + "\n"
+
+
+def _finding_line(f: Finding, show: bool) -> str:
+    where = f.path + (f":{f.start}-{f.end}" if f.start is not None else "")
+    token = f" @token {f.token_offset}" if f.token_offset is not None else ""
+    value = f.value if show else mask_value(f.value, f.kind)
+    return f"  {f.severity:<7} {f.rule} {f.name:<24} {where}{token}: {f.message}" + \
+        (f" [{value}]" if value else "")
+
+
+def to_sarif(requests: list[LoadedRequest], reports: list[LintReport],
+             show_values: bool) -> dict[str, Any]:
+    """A SARIF 2.1.0 log: one result per finding, located at the log line."""
+    rules = [{"id": r.id, "name": r.name, "shortDescription": {"text": r.name},
+              "fullDescription": {"text": r.explanation}, "help": {"text": r.fix},
+              "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]},
+              "properties": {"kind": r.kind}} for r in RULES.values()]
+    results = [_sarif_result(i, req, f, show_values)
+               for i, (req, rep) in enumerate(zip(requests, reports, strict=True))
+               for f in rep.findings]
+    driver = {"name": "prefixgate-lint", "informationUri": "https://example.invalid/prefixgate",
+              "rules": rules}
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0",
+            "runs": [{"tool": {"driver": driver}, "results": results}]}
+
+
+def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[str, Any]:
+    value = f.value if show else mask_value(f.value, f.kind)
+    text = f.message + (f" [{value}]" if value else "")
+    return {"ruleId": f.rule, "level": _SARIF_LEVEL[f.severity], "message": {"text": text},
+            "locations": [{
+                "physicalLocation": {"artifactLocation": {"uri": req.source},
+                                     "region": {"startLine": req.line}},
+                "logicalLocations": [{"fullyQualifiedName": f"requests[{i}].{f.path}".rstrip("."),
+                                      "kind": "member"}]}],
+            "properties": {"kind": f.kind, "start": f.start, "end": f.end,
+                           "tokenOffset": f.token_offset}}
+
+
+def render(fmt: str, requests: list[LoadedRequest], reports: list[LintReport],
+           show_values: bool) -> str:
+    """The report in format `fmt` (text, json or sarif)."""
+    if fmt == "text":
+        return to_text(requests, reports, show_values)
+    doc = to_json(requests, reports, show_values) if fmt == "json" else \
+        to_sarif(requests, reports, show_values)
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,147 @@
+"""rewrite_request: the same request, stable parts first, dynamic parts last.
+
+Dynamic spans (timestamps, identifiers, nonces, learned spans) found in the
+template material are replaced by a stable marker `[context:<kind>_<n>]` and
+their values listed in one context block at the start of the last user turn
+(after the tool results of an Anthropic tool-result turn, where the API
+requires those first). Tools are sorted by name and their JSON keys sorted;
+an Anthropic tool-list breakpoint stays on the last tool. Every value is kept.
+
+With a learner, its SessionTracker remembers each message that received a
+context block, keyed by the rewritten conversation before it and by the
+moved identifiers of the request, so when that turn comes back as history it
+is emitted with the same bytes and the cached prefix only grows.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+from prompt_lint.checks import canonical_json
+from prompt_lint.lint import context_target, lint_request
+from prompt_lint.providers import Provider, compact_json, detect_provider, tool_name
+from prompt_lint.rules import DYNAMIC_KINDS
+from prompt_lint.session import SessionTracker, fingerprint
+from prompt_lint.templates import TemplateLearner
+from prompt_lint.types import Finding, LintReport, RewriteResult
+
+_PATH_RE = re.compile(r"([A-Za-z_]+)|\[(\d+)\]")
+
+
+def rewrite_request(body: dict[str, Any], provider: Provider | None = None,
+                    report: LintReport | None = None,
+                    learner: TemplateLearner | None = None) -> RewriteResult:
+    """Rewrite `body` stable-first; see the module docstring.
+
+    Pass the `report` lint_request gave for this body (with the same learner)
+    to avoid linting twice; without one it is computed here.
+    """
+    prov = provider or detect_provider(body)
+    if report is None:
+        report = lint_request(body, prov, learner=learner)
+    out = copy.deepcopy(body)
+    moved = [f for f in report.findings if f.kind in DYNAMIC_KINDS and f.start is not None]
+    names = _replace_spans(out, moved)
+    _canonical_tools(out, prov)
+    context = "".join(f"{n}: {f.value}\n" for n, f in zip(names, moved, strict=True))
+    block = f"<context>\n{context}</context>" if moved else ""
+    tracker = learner.sessions if learner is not None else None
+    _place_context(out, prov, block, moved, tracker, report.family)
+    return RewriteResult(out, [f.value for f in moved], out != body)
+
+
+def _replace_spans(body: dict[str, Any], moved: list[Finding]) -> list[str]:
+    """Put a marker where each moved value was; return the marker names in order."""
+    counts: dict[str, int] = {}
+    names = []
+    for f in moved:
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+        names.append(f"{f.kind}_{counts[f.kind]}")
+    by_path: dict[str, list[tuple[Finding, str]]] = {}
+    for f, name in zip(moved, names, strict=True):
+        by_path.setdefault(f.path, []).append((f, name))
+    for path, items in by_path.items():
+        text = get_path(body, path)
+        for f, name in sorted(items, key=lambda item: item[0].start or 0, reverse=True):
+            assert f.start is not None and f.end is not None
+            text = text[: f.start] + f"[context:{name}]" + text[f.end :]
+        set_path(body, path, text)
+    return names
+
+
+def _keys(path: str) -> list[str | int]:
+    return [name if name else int(index) for name, index in _PATH_RE.findall(path)]
+
+
+def get_path(body: Any, path: str) -> Any:
+    """The value at a finding path such as `messages[0].content[1].text`."""
+    for key in _keys(path):
+        body = body[key]
+    return body
+
+
+def set_path(body: Any, path: str, value: Any) -> None:
+    """Replace the value at a finding path."""
+    keys = _keys(path)
+    for key in keys[:-1]:
+        body = body[key]
+    body[keys[-1]] = value
+
+
+def _canonical_tools(body: dict[str, Any], provider: Provider) -> None:
+    tools = body.get("tools")
+    if not tools:
+        return
+    marker = tools[-1].get("cache_control") if isinstance(tools[-1], dict) else None
+    ordered = sorted(tools, key=lambda t: tool_name(t, provider) or "")
+    canonical = [json.loads(canonical_json({k: v for k, v in t.items() if k != "cache_control"}))
+                 for t in ordered]
+    for old, new in zip(ordered, canonical, strict=True):
+        if old.get("cache_control") and old is not tools[-1]:
+            new["cache_control"] = old["cache_control"]
+    if marker is not None:
+        canonical[-1]["cache_control"] = marker
+    body["tools"] = canonical
+
+
+def _place_context(body: dict[str, Any], provider: Provider, block: str, moved: list[Finding],
+                   tracker: SessionTracker | None, family: str | None) -> None:
+    messages = body["messages"]
+    target = context_target(body, provider)
+    if block and target is None:
+        messages.append({"role": "user", "content": block})
+        return
+    identity = sorted(f.value for f in moved if f.kind == "identifier")
+    running = fingerprint(family or "", *identity)
+    for i, message in enumerate(messages):
+        key = fingerprint(running, compact_json(message))
+        if i == target:
+            if block:
+                messages[i] = _with_context(message, block, provider)
+            if tracker is not None:
+                tracker.remember(key, messages[i])
+        elif tracker is not None and target is not None and i < target:
+            old = tracker.remembered(key)
+            if old is not None:
+                messages[i] = copy.deepcopy(old)
+        running = fingerprint(running, compact_json(messages[i]))
+
+
+def _with_context(message: dict[str, Any], block: str, provider: Provider) -> dict[str, Any]:
+    message = dict(message)
+    content = message.get("content")
+    if isinstance(content, str) or content is None:
+        message["content"] = block + ("\n\n" + content if content else "")
+        return message
+    blocks = list(content)
+    at = 0
+    if provider == "anthropic":
+        while at < len(blocks) and isinstance(blocks[at], dict) and \
+                blocks[at].get("type") == "tool_result":
+            at += 1
+    blocks.insert(at, {"type": "text", "text": block})
+    message["content"] = blocks
+    return message

@@ -1,0 +1,327 @@
+"""Template learning: prompt families and the spans that vary inside them.
+
+A request's template material (system prompt, tool descriptions, tool names)
+is cut into lines. Lines with pattern-detected values masked are hashed; a
+request joins the family whose line set it overlaps most (Jaccard >=
+`min_similarity`), or founds a new one. Each family keeps, per path, the
+founding request's lines as a reference, and marks reference words that were
+seen to differ as dynamic. A new request is aligned to the reference line by
+line, then word by word inside changed lines; words that differ, or sit on a
+known-dynamic word, are learned dynamic spans.
+
+Memory is bounded: at most `max_families` families (least recently used is
+dropped), `max_template_chars` characters of reference per family, and
+`max_lines` indexed lines per family. Online: every `observe` call both
+answers and learns, unless the learner is frozen (two-pass use on a log:
+learn everything, `freeze()`, then lint). Not thread-safe: one learner per
+thread or tenant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from typing import NamedTuple
+
+from prompt_lint.detectors import Span
+from prompt_lint.providers import Segment
+from prompt_lint.session import SessionTracker
+
+_WORD_RE = re.compile(r"\S+")
+#: Line hashes probed in the index to find candidate families (then scored exactly).
+_PROBES = 48
+_TRIM = ".,;:!?)]}'\""
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerConfig:
+    """Bounds and thresholds of a TemplateLearner."""
+
+    max_families: int = 256
+    max_template_chars: int = 262_144
+    max_lines: int = 4096
+    min_similarity: float = 0.5
+    max_sessions: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_families", "max_template_chars", "max_lines", "max_sessions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.min_similarity <= 1.0:
+            raise ValueError(f"min_similarity must be in (0, 1], got {self.min_similarity}")
+
+
+class LearnedSpan(NamedTuple):
+    """A span that varies within the family: path of the string and char offsets."""
+
+    path: str
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class _Template:
+    lines: list[str]
+    dynamic: dict[int, set[int]] = field(default_factory=dict)  # line -> word indexes
+    last_text: str = ""
+    last_spans: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Family:
+    """One prompt family: id, line index, per-path templates, cross-request tool state."""
+
+    id: str
+    line_hashes: set[int]
+    templates: dict[str, _Template] = field(default_factory=dict)
+    chars: int = 0
+    requests: int = 0
+    tool_names: list[str] | None = None
+    tool_json: dict[str, str] = field(default_factory=dict)
+
+
+class FamilyMatch(NamedTuple):
+    """What observe() found: the family (or None) and its learned spans."""
+
+    family: Family | None
+    spans: list[LearnedSpan]
+
+
+def masked_lines(text: str, spans: list[Span]) -> list[str]:
+    """`text`'s lines with pattern spans replaced by their kind."""
+    if spans:
+        parts, pos = [], 0
+        for s in spans:
+            parts += [text[pos:s.start], f"\x00{s.kind}\x00"]
+            pos = s.end
+        text = "".join(parts) + text[pos:]
+    return text.split("\n")
+
+
+def template_key(path: str, tool_names: list[str]) -> str:
+    """`tools[2].description` -> `tool:<name>.description`; other paths unchanged."""
+    if not path.startswith("tools["):
+        return path
+    index, _, rest = path[6:].partition("]")
+    i = int(index)
+    return f"tool:{tool_names[i]}{rest}" if i < len(tool_names) else path
+
+
+def _words(line: str) -> list[tuple[int, int]]:
+    return [m.span() for m in _WORD_RE.finditer(line)]
+
+
+def _trimmed(line: str, start: int, end: int) -> tuple[int, int]:
+    while end > start and line[end - 1] in _TRIM:
+        end -= 1
+    while start < end and line[start] in "([{'\"":
+        start += 1
+    return start, end
+
+
+class TemplateLearner:
+    """Online prompt-family learner with bounded memory; also holds session state.
+
+    `sessions` is the SessionTracker that lint_request and rewrite_request use
+    for cross-request checks (history append-only) and for keeping rewritten
+    history byte-identical; the gateway keeps one learner per tenant, the CLI
+    one per log.
+    """
+
+    def __init__(self, max_families: int = 256, max_template_chars: int = 262_144,
+                 max_lines: int = 4096, min_similarity: float = 0.5,
+                 max_sessions: int = 4096) -> None:
+        self.config = LearnerConfig(max_families, max_template_chars, max_lines,
+                                    min_similarity, max_sessions)
+        self.families: OrderedDict[str, Family] = OrderedDict()
+        self._index: dict[int, set[str]] = {}
+        self._recent: dict[frozenset[int], str] = {}
+        self.sessions = SessionTracker(max_sessions=max_sessions)
+        self.frozen = False
+
+    def freeze(self) -> None:
+        """Stop learning: later observe() calls answer but change no template."""
+        self.frozen = True
+
+    def observe(self, targets: list[Segment], spans: dict[str, list[Span]],
+                tool_names: list[str]) -> FamilyMatch:
+        """Assign a request to a family and return its learned dynamic spans.
+
+        `targets`: the request's template strings; `spans`: pattern spans per
+        target path (masked before hashing); `tool_names`: as sent, so that a
+        tool's description template follows the tool when the order changes.
+        """
+        keys = {t.path: template_key(t.path, tool_names) for t in targets}
+        lines = {p.path: masked_lines(p.text, spans.get(p.path, [])) for p in targets}
+        hashes = {hash(line) for ls in lines.values() for line in ls if line.strip()}
+        hashes |= {hash("\x00tool\x00" + name) for name in tool_names}
+        hashes = set(list(hashes)[: self.config.max_lines]) if len(hashes) > self.config.max_lines \
+            else hashes
+        family = self._match_cached(hashes)
+        if family is None:
+            if self.frozen:
+                return FamilyMatch(None, [])
+            family = self._found(hashes, targets, lines, keys)
+        self.families.move_to_end(family.id)
+        if not self.frozen:
+            family.requests += 1
+        out: list[LearnedSpan] = []
+        for target in targets:
+            out += self._align(family, target, keys[target.path])
+        return FamilyMatch(family, out)
+
+    def _match_cached(self, hashes: set[int]) -> Family | None:
+        """_match, memoised on the exact line set (requests of a family mostly repeat it)."""
+        key = frozenset(hashes)
+        fid = self._recent.get(key)
+        if fid is not None and fid in self.families:
+            return self.families[fid]
+        family = self._match(hashes)
+        if family is not None:
+            self._recent[key] = family.id
+            if len(self._recent) > 4 * self.config.max_families:
+                self._recent.pop(next(iter(self._recent)))
+        return family
+
+    def _match(self, hashes: set[int]) -> Family | None:
+        candidates: set[str] = set()
+        for h in sorted(hashes)[:_PROBES]:
+            candidates.update(self._index.get(h, ()))
+        best, best_score = None, 0.0
+        for fid in candidates:
+            lines = self.families[fid].line_hashes
+            n = len(hashes & lines)
+            score = n / (len(hashes) + len(lines) - n)
+            if score > best_score or (score == best_score and best is not None and fid < best):
+                best, best_score = fid, score
+        if best is None or best_score < self.config.min_similarity:
+            return None
+        return self.families[best]
+
+    def _found(self, hashes: set[int], targets: list[Segment],
+               lines: dict[str, list[str]], keys: dict[str, str]) -> Family:
+        skeleton = "\x01".join(f"{p}\x02" + "\n".join(ls) for p, ls in sorted(lines.items()))
+        fid = hashlib.blake2b(skeleton.encode(), digest_size=6).hexdigest()
+        while fid in self.families:  # same skeleton but below similarity: keep ids unique
+            fid = hashlib.blake2b(fid.encode(), digest_size=6).hexdigest()
+        family = Family(fid, hashes)
+        for target in targets:
+            if family.chars + len(target.text) <= self.config.max_template_chars:
+                family.templates[keys[target.path]] = _Template(target.text.split("\n"))
+                family.chars += len(target.text)
+        self.families[fid] = family
+        for h in hashes:
+            self._index.setdefault(h, set()).add(fid)
+        while len(self.families) > self.config.max_families:
+            self._drop(next(iter(self.families)))
+        return family
+
+    def _drop(self, fid: str) -> None:
+        family = self.families.pop(fid)
+        for h in family.line_hashes:
+            owners = self._index.get(h)
+            if owners is not None:
+                owners.discard(fid)
+                if not owners:
+                    del self._index[h]
+
+    def _align(self, family: Family, target: Segment, key: str) -> list[LearnedSpan]:
+        template = family.templates.get(key)
+        if template is None:
+            return []
+        if target.text != template.last_text or not self.frozen:
+            template.last_spans = self._diff(template, target.text)
+            template.last_text = target.text
+        return [LearnedSpan(target.path, s, e) for s, e in template.last_spans]
+
+    def _diff(self, template: _Template, text: str) -> list[tuple[int, int]]:
+        new = text.split("\n")
+        ref = template.lines
+        if len(new) == len(ref):
+            dyn = template.dynamic
+            pairs = [(i, i) for i in range(len(new)) if i in dyn or ref[i] != new[i]]
+            extra: list[int] = []
+        else:
+            pairs, extra = _line_pairs(ref, new)
+        if not pairs and not extra:
+            return []
+        offsets = _line_offsets(new)
+        out = [(offsets[j], offsets[j] + len(new[j])) for j in extra if new[j].strip()]
+        for i, j in pairs:
+            for s, e in self._diff_line(template, i, ref[i], new[j]):
+                out.append((offsets[j] + s, offsets[j] + e))
+        return sorted(out)
+
+    def _diff_line(self, template: _Template, i: int, ref: str, new: str) -> list[tuple[int, int]]:
+        known = template.dynamic.get(i, set())
+        if ref == new and not known:
+            return []
+        rw, nw = _words(ref), _words(new)
+        spans: list[tuple[int, int]] = []
+        changed: set[int] = set()
+        if ref == new:
+            spans = [nw[k] for k in sorted(known) if k < len(nw)]
+        for op, i1, i2, j1, j2 in _word_opcodes(ref, new, rw, nw):
+            if op == "equal":
+                spans += [nw[j1 + k - i1] for k in range(i1, i2) if k in known]
+                continue
+            changed.update(range(i1, i2) if i2 > i1 else [max(i1 - 1, 0)])
+            if j2 > j1:
+                spans.append((nw[j1][0], nw[j2 - 1][1]))
+        if not self.frozen and changed:
+            template.dynamic.setdefault(i, set()).update(changed)
+        region = _region(rw, nw, ref, new, known | changed)
+        if region is not None:
+            spans = [region]
+        elif spans:
+            spans = [(min(s for s, _ in spans), max(e for _, e in spans))]
+        return [t for t in (_trimmed(new, s, e) for s, e in spans) if t[1] > t[0]]
+
+
+def _word_opcodes(ref: str, new: str, rw: list[tuple[int, int]],
+                  nw: list[tuple[int, int]]) -> list[tuple[str, int, int, int, int]]:
+    if ref == new:
+        return []
+    matcher = SequenceMatcher(None, [ref[s:e] for s, e in rw], [new[s:e] for s, e in nw],
+                              autojunk=False)
+    return matcher.get_opcodes()
+
+
+def _region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new: str,
+            dynamic: set[int]) -> tuple[int, int] | None:
+    """One span over the new line's dynamic words: the words between the stable
+    head and stable tail the reference line has around its dynamic words, so a
+    line yields one span (and one marker) whatever the value's length."""
+    if not dynamic or not nw:
+        return None
+    head, tail = min(dynamic), len(rw) - 1 - max(dynamic)
+    last = len(nw) - 1 - tail
+    if head > last:
+        return None
+    same_head = all(ref[slice(*rw[k])] == new[slice(*nw[k])] for k in range(head))
+    same_tail = all(ref[slice(*rw[len(rw) - 1 - k])] == new[slice(*nw[len(nw) - 1 - k])]
+                    for k in range(tail))
+    return (nw[head][0], nw[last][1]) if same_head and same_tail else None
+
+
+def _line_offsets(lines: list[str]) -> list[int]:
+    offsets, pos = [], 0
+    for line in lines:
+        offsets.append(pos)
+        pos += len(line) + 1
+    return offsets
+
+
+def _line_pairs(ref: list[str], new: list[str]) -> tuple[list[tuple[int, int]], list[int]]:
+    """Aligned (ref, new) line pairs, and new lines with no counterpart."""
+    pairs: list[tuple[int, int]] = []
+    extra: list[int] = []
+    for op, i1, i2, j1, j2 in SequenceMatcher(None, ref, new, autojunk=False).get_opcodes():
+        if op == "equal" or (op == "replace" and i2 - i1 == j2 - j1):
+            pairs += list(zip(range(i1, i2), range(j1, j2), strict=True))
+        else:
+            extra += range(j1, j2)
+    return pairs, extra

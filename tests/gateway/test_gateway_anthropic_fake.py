@@ -1,0 +1,138 @@
+"""The official anthropic SDK against /v1/messages over the deterministic fake backend."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx2
+import pytest
+from gateway_fakes import FAKE_MODEL, FAKE_PAGE, FakeBackend, asgi_client, serve, words_of
+
+from gateway.parse_anthropic import parse_messages
+from gateway.validate import ParseContext
+
+SYSTEM_BLOCKS = [
+    {"type": "text", "text": "You are a careful assistant. " * 4},
+    {"type": "text", "text": "Reply briefly.", "cache_control": {"type": "ephemeral"}},
+]
+TOOLS = [{"name": "lookup", "description": "Look a word up",
+          "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}}}]
+
+
+def async_sdk(app, key: str = "none") -> anthropic.AsyncAnthropic:
+    # The anthropic SDK runs on httpx2, so its in-process transport comes from there.
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gateway")
+    return anthropic.AsyncAnthropic(base_url="http://gateway", api_key=key, http_client=http,
+                                    max_retries=0)
+
+
+def reference_prompt_words(body: dict) -> int:
+    return len(words_of(parse_messages(body, ParseContext("x", "default", (FAKE_MODEL,)))))
+
+
+async def test_messages_round_trip_usage_is_anthropic_shaped(make_fake_app):
+    client = async_sdk(make_fake_app())
+    body = {"model": FAKE_MODEL, "max_tokens": 16, "system": SYSTEM_BLOCKS,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi you"}]}]}
+    one = await client.messages.create(**body)
+    two = await client.messages.with_raw_response.create(**body)
+    msg = await two.parse()
+    assert one.content[0].text == "echo: hi you" and one.stop_reason == "end_turn"
+    n = reference_prompt_words(body)
+    cached = (n // FAKE_PAGE) * FAKE_PAGE
+    assert one.usage.cache_read_input_tokens == 0 and one.usage.input_tokens == n
+    assert msg.usage.cache_read_input_tokens == cached > 0
+    assert msg.usage.input_tokens == n - cached  # the uncached part only
+    assert msg.usage.cache_creation_input_tokens == 0
+    assert int(two.headers["x-prefixgate-cached-tokens"]) == cached
+
+
+async def test_streaming_events(make_fake_app):
+    client = async_sdk(make_fake_app())
+    body = {"model": FAKE_MODEL, "max_tokens": 3, "system": "Be short.",
+            "messages": [{"role": "user", "content": "a b c d"}]}
+    async with client.messages.stream(**body) as stream:
+        events = [event.type async for event in stream]
+        final = await stream.get_final_message()
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert {"content_block_start", "content_block_delta", "content_block_stop",
+            "message_delta"} <= set(events)
+    assert final.content[0].text == "echo: a b"
+    assert final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == 3
+
+
+async def test_tool_use_round_trip(make_fake_app, fake_backend: FakeBackend):
+    client = async_sdk(make_fake_app())
+    messages = [{"role": "user", "content": 'CALL lookup {"word": "cache"}'}]
+    out = await client.messages.create(model=FAKE_MODEL, max_tokens=32, tools=TOOLS,
+                                       messages=messages)
+    assert out.stop_reason == "tool_use"
+    tool = [b for b in out.content if b.type == "tool_use"][0]
+    assert (tool.name, tool.input) == ("lookup", {"word": "cache"})
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in out.content]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": tool.id, "content": "a fast store"}]},
+    ]
+    again = await client.messages.create(model=FAKE_MODEL, max_tokens=32, tools=TOOLS,
+                                         messages=messages)
+    assert again.content[0].text == "echo: a fast store"
+    seen = fake_backend.seen[-1]
+    assert seen.messages[1]["tool_calls"][0]["id"] == tool.id
+    assert seen.messages[2] == {"role": "tool", "tool_call_id": tool.id,
+                                "content": "a fast store"}
+
+
+async def test_streamed_tool_use(make_fake_app):
+    client = async_sdk(make_fake_app())
+    async with client.messages.stream(
+        model=FAKE_MODEL, max_tokens=32, tools=TOOLS,
+        messages=[{"role": "user", "content": 'CALL lookup {"word": "page"}'}],
+    ) as stream:
+        final = await stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [b.type for b in final.content] == ["text", "tool_use"]
+    assert final.content[1].input == {"word": "page"}
+
+
+def test_sync_sdk_over_a_real_socket(make_fake_app):
+    with serve(make_fake_app()) as server:
+        client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        out = client.messages.create(model=FAKE_MODEL, max_tokens=8,
+                                     messages=[{"role": "user", "content": "socket"}])
+        assert out.content[0].text == "echo: socket"
+        with client.messages.stream(model=FAKE_MODEL, max_tokens=8,
+                                    messages=[{"role": "user", "content": "x y"}]) as stream:
+            text = "".join(stream.text_stream)
+        assert text == "echo: x y"
+
+
+@pytest.mark.parametrize(("body", "status", "field"), [
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}]}, 400, "max_tokens"),
+    ({"model": "claude-nope", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+     404, "model"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+     400, "messages[0].role"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "temperature": 1.5,
+      "messages": [{"role": "user", "content": "x"}]}, 400, "temperature"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "system": 7,
+      "messages": [{"role": "user", "content": "x"}]}, 400, "system"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {}}]}]}, 400, "messages[0].content[0]"),
+])
+async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, field):
+    async with asgi_client(make_fake_app()) as http:
+        response = await http.post("/v1/messages", json=body)
+        assert response.status_code == status
+        data = response.json()
+        assert data["type"] == "error"
+        assert field in data["error"]["message"]
+        assert data["error"]["type"] in {"invalid_request_error", "not_found_error"}
+
+
+async def test_sdk_raises_typed_errors(make_fake_app):
+    client = async_sdk(make_fake_app())
+    with pytest.raises(anthropic.BadRequestError) as err:
+        await client.messages.create(model=FAKE_MODEL, max_tokens=5, extra_body={"temperature": 1.7},
+                                     messages=[{"role": "user", "content": "x"}])
+    assert "temperature" in str(err.value)

@@ -1,0 +1,199 @@
+"""The official openai SDK against the gateway over a deterministic fake backend."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from gateway_fakes import FAKE_MODEL, FAKE_PAGE, FakeBackend, asgi_client, serve, words_of
+
+from gateway.parse_openai import parse_chat
+from gateway.validate import ParseContext
+
+SYSTEM = "You are a terse assistant. Answer in one line. " * 3
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+]
+
+
+def async_sdk(app, **kwargs) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=kwargs.pop("key", "none"),
+                              http_client=asgi_client(app), max_retries=0)
+
+
+def expected_cached(body: dict, namespace_seen: bool) -> int:
+    """Independent reference: a repeated prompt hits all its full pages, a new one none."""
+    req = parse_chat(body, ParseContext("x", "default", (FAKE_MODEL,)))
+    n = len(words_of(req))
+    return (n // FAKE_PAGE) * FAKE_PAGE if namespace_seen else 0
+
+
+async def test_chat_round_trip_reports_cached_tokens_and_headers(make_fake_app):
+    app = make_fake_app()
+    client = async_sdk(app)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello there"}]
+    body = {"model": FAKE_MODEL, "messages": messages}
+    first = await client.chat.completions.with_raw_response.create(**body)
+    second = await client.chat.completions.with_raw_response.create(**body)
+    one, two = first.parse(), second.parse()
+    assert one.choices[0].message.content == "echo: hello there"
+    assert one.choices[0].finish_reason == "stop"
+    assert one.usage.prompt_tokens_details.cached_tokens == expected_cached(body, False)
+    assert two.usage.prompt_tokens_details.cached_tokens == expected_cached(body, True)
+    assert two.usage.prompt_tokens_details.cached_tokens > 0
+    headers = second.headers
+    cached = two.usage.prompt_tokens_details.cached_tokens
+    assert int(headers["x-prefixgate-cached-tokens"]) == cached
+    assert int(headers["x-prefixgate-prompt-tokens"]) == two.usage.prompt_tokens
+    rate = two.usage.prompt_tokens_details.cached_tokens / two.usage.prompt_tokens
+    assert float(headers["x-prefixgate-hit-rate"]) == pytest.approx(rate, abs=1e-4)
+    assert float(headers["x-prefixgate-prefill-saved-ms"]) > 0
+    assert headers["x-prefixgate-lint"] == ""
+
+
+async def test_stream_with_usage_matches_non_stream(make_fake_app):
+    app = make_fake_app()
+    client = async_sdk(app)
+    body = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "one two three four"}]}
+    whole = await client.chat.completions.create(**body)
+    stream = await client.chat.completions.create(
+        **body, stream=True, stream_options={"include_usage": True})
+    texts, usage, finish = [], None, None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(texts) == whole.choices[0].message.content
+    assert finish == "stop"
+    assert usage is not None and usage.prompt_tokens == whole.usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens == expected_cached(body, True)
+
+
+async def test_tool_call_round_trip(make_fake_app, fake_backend: FakeBackend):
+    app = make_fake_app()
+    client = async_sdk(app)
+    messages = [{"role": "user", "content": 'CALL get_weather {"city": "Paris"}'}]
+    out = await client.chat.completions.create(model=FAKE_MODEL, messages=messages, tools=TOOLS)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Calling."
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny 21C"}]
+    again = await client.chat.completions.create(model=FAKE_MODEL, messages=messages, tools=TOOLS)
+    assert again.choices[0].message.content == "echo: sunny 21C"
+    # The backend saw the whole history, tool call included.
+    assert fake_backend.seen[-1].messages[1]["tool_calls"][0]["id"] == call.id
+
+
+async def test_streamed_tool_call(make_fake_app):
+    client = async_sdk(make_fake_app())
+    stream = await client.chat.completions.create(
+        model=FAKE_MODEL, tools=TOOLS, stream=True,
+        messages=[{"role": "user", "content": 'CALL get_weather {"city": "Oslo"}'}])
+    text, calls, finish = "", [], None
+    async for chunk in stream:
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        calls += delta.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+    assert "<tool_call>" not in text and text == "Calling."
+    assert finish == "tool_calls"
+    assert [c.function.name for c in calls] == ["get_weather"]
+    assert json.loads(calls[0].function.arguments) == {"city": "Oslo"}
+
+
+async def test_completions_and_models(make_fake_app):
+    client = async_sdk(make_fake_app())
+    out = await client.completions.create(model=FAKE_MODEL, prompt="alpha beta", max_tokens=8)
+    assert out.choices[0].text == "echo: alpha beta"  # the fake echoes the raw prompt words
+    assert out.usage.prompt_tokens == 2
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [FAKE_MODEL]
+
+
+def test_sync_sdk_over_a_real_socket(make_fake_app):
+    app = make_fake_app()
+    with serve(app) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        out = client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "over tcp"}], max_tokens=3)
+        assert out.choices[0].message.content == "echo: over tcp"
+        stream = client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "a b c d e"}],
+            max_tokens=3, stream=True)
+        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        assert "".join(pieces) == "echo: a b"
+        health = httpx.get(server.url + "/healthz").json()
+        assert health["status"] == "ok"
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+    ({"model": FAKE_MODEL, "messages": "hi"}, 400, "messages"),
+    ({"model": FAKE_MODEL, "messages": []}, 400, "messages"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "messages[0].role"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": 5}]}, 400,
+     "messages[0].content"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+     400, "temperature"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3},
+     400, "temperature"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0},
+     400, "top_p"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+     400, "max_tokens"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]},
+     400, "stop[0]"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{}]},
+     400, "tools[0].function"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400,
+     "messages[0].tool_call_id"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "FAIL 422"}]}, 422,
+     "messages"),
+])
+async def test_bad_input_is_a_4xx_naming_the_field(make_fake_app, body, status, param):
+    app = make_fake_app()
+    async with asgi_client(app) as http:
+        response = await http.post("/v1/chat/completions", json=body)
+        assert response.status_code == status
+        error = response.json()["error"]
+        assert error["param"] == param
+        assert error["type"] in {"invalid_request_error", "not_found_error"}
+        assert response.headers["x-prefixgate-prompt-tokens"] == "0"
+        assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_malformed_json_and_oversized_body(make_fake_app):
+    app = make_fake_app(max_body_bytes=2048)
+    async with asgi_client(app) as http:
+        bad = await http.post("/v1/chat/completions", content=b"{not json",
+                              headers={"content-type": "application/json"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "body"
+        arr = await http.post("/v1/chat/completions", json=[1, 2])
+        assert arr.status_code == 400 and arr.json()["error"]["param"] == "body"
+        big = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x" * 4096}]}
+        large = await http.post("/v1/chat/completions", json=big)
+        assert large.status_code == 413 and large.json()["error"]["param"] == "body"
+        assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_sdk_raises_typed_errors(make_fake_app):
+    client = async_sdk(make_fake_app())
+    with pytest.raises(openai.NotFoundError) as err:
+        await client.chat.completions.create(
+            model="gpt-unknown", messages=[{"role": "user", "content": "x"}])
+    assert "gpt-unknown" in str(err.value)
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}], top_p=1.5)

@@ -1,0 +1,168 @@
+"""Auth and tenants, lint modes, stats records, /metrics and client disconnects (fake backend)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from gateway_fakes import FAKE_MODEL, FakeBackend, asgi_client, serve
+from sqlalchemy import select
+
+from gateway.stats import RequestRecord
+
+CHAT = {"model": FAKE_MODEL, "messages": [
+    {"role": "system", "content": "You are the support bot of a shop. Be kind and precise."},
+    {"role": "user", "content": "where is my order"}]}
+KEYS = {"key-alice": "alice", "key-bob": "bob"}
+
+
+def records(app) -> list[RequestRecord]:
+    app.state.store.flush()
+    with app.state.store.session() as session:
+        return list(session.scalars(select(RequestRecord).order_by(RequestRecord.id)))
+
+
+async def test_missing_or_wrong_key_is_401_in_each_format(make_fake_app):
+    app = make_fake_app(api_keys=KEYS)
+    async with asgi_client(app) as http:
+        openai_err = await http.post("/v1/chat/completions", json=CHAT)
+        assert openai_err.status_code == 401
+        assert openai_err.json()["error"]["type"] == "authentication_error"
+        wrong = await http.post("/v1/chat/completions", json=CHAT,
+                                headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        anth = await http.post("/v1/messages", json={**CHAT, "max_tokens": 4, "messages": [
+            {"role": "user", "content": "x"}]}, headers={"x-api-key": "nope"})
+        assert anth.status_code == 401
+        assert anth.json() == {"type": "error", "error": {
+            "type": "authentication_error", "message": "invalid API key"}}
+        models = await http.get("/v1/models")
+        assert models.status_code == 401
+        ok = await http.post("/v1/chat/completions", json=CHAT,
+                             headers={"authorization": "Bearer key-alice"})
+        assert ok.status_code == 200
+    tenants = [(r.tenant, r.status) for r in records(app)]
+    assert tenants == [("-", 401), ("-", 401), ("-", 401), ("alice", 200)]
+
+
+async def test_tenants_and_cache_salt_never_share_cache(make_fake_app, fake_backend):
+    app = make_fake_app(api_keys=KEYS)
+    clients = {
+        name: openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=key, max_retries=0,
+                                 http_client=asgi_client(app))
+        for key, name in KEYS.items()
+    }
+    first = await clients["alice"].chat.completions.create(**CHAT)
+    again = await clients["alice"].chat.completions.create(**CHAT)
+    other = await clients["bob"].chat.completions.create(**CHAT)
+    salted = await clients["alice"].chat.completions.create(**CHAT,
+                                                            extra_body={"cache_salt": "s1"})
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
+    namespaces = [r.namespace for r in fake_backend.seen]
+    assert namespaces == ["alice", "alice", "bob", "alice/s1"]
+
+
+async def test_admin_key_guards_metrics(make_fake_app):
+    app = make_fake_app(api_keys=KEYS, admin_key="root")
+    async with asgi_client(app) as http:
+        assert (await http.get("/metrics")).status_code == 401
+        assert (await http.get("/metrics", headers={"x-api-key": "key-alice"})).status_code == 401
+        assert (await http.get("/metrics?key=root")).status_code == 200
+        assert (await http.get("/healthz")).status_code == 200
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def test_records_and_metrics_match_the_responses(make_fake_app):
+    app = make_fake_app(store_prompts=True)
+    async with asgi_client(app) as http:
+        bodies = [(await http.post("/v1/chat/completions", json=CHAT)).json() for _ in range(3)]
+        bad = await http.post("/v1/chat/completions", json={**CHAT, "top_p": 5})
+        assert bad.status_code == 400
+        text = (await http.get("/metrics")).text
+    cached = sum(b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies)
+    prompt = sum(b["usage"]["prompt_tokens"] for b in bodies)
+    assert _metric(text, 'prefixgate_prefix_cache_hits_total{backend="embedded"}') == cached
+    assert _metric(text, 'prefixgate_prefix_cache_queries_total{backend="embedded"}') == prompt
+    ok = 'prefixgate_requests_total{route="chat.completions",status="200",backend="embedded"}'
+    assert _metric(text, ok) == 3
+    bad_line = ok.replace('"200"', '"400"')
+    assert _metric(text, bad_line) == 1
+    assert _metric(text, 'prefixgate_request_duration_seconds_count{route="chat.completions"}') == 4
+    assert "# TYPE prefixgate_time_to_first_token_seconds histogram" in text
+    assert _metric(text, "prefixgate_kv_pages_total") == 1000
+    rows = records(app)
+    assert [r.status for r in rows] == [200, 200, 200, 400]
+    assert [r.cached_tokens for r in rows[:3]] == [
+        b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies]
+    assert all(r.tenant == "default" and r.model == FAKE_MODEL for r in rows)
+    assert json.loads(rows[0].prompt_text)["messages"][1]["content"] == "where is my order"
+    assert rows[3].error and "top_p" in rows[3].error
+
+
+async def test_prompts_are_not_stored_by_default(make_fake_app):
+    app = make_fake_app()
+    async with asgi_client(app) as http:
+        assert (await http.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    assert records(app)[0].prompt_text is None
+
+
+STAMPED = {"model": FAKE_MODEL, "messages": [
+    {"role": "system", "content": "Current time: 2026-11-29T14:03:07Z. You are a shop assistant."},
+    {"role": "user", "content": "hello"}]}
+
+
+async def test_lint_report_and_rewrite_modes(make_fake_app, fake_backend: FakeBackend):
+    pytest.importorskip("prompt_lint")
+    app = make_fake_app(lint_mode="report")
+    async with asgi_client(app) as http:
+        report = await http.post("/v1/chat/completions", json=STAMPED)
+        assert report.status_code == 200
+        ids = report.headers["x-prefixgate-lint"].split(",")
+        assert ids and all(i.startswith("PL") for i in ids)
+        assert "2026-11-29T14:03:07Z" in fake_backend.seen[-1].messages[0]["content"]
+        rewritten = await http.post("/v1/chat/completions", json=STAMPED,
+                                    headers={"x-prefixgate-lint-mode": "rewrite"})
+        assert rewritten.status_code == 200
+        served = fake_backend.seen[-1].messages
+        assert "2026-11-29T14:03:07Z" not in served[0]["content"]
+        assert "2026-11-29T14:03:07Z" in served[-1]["content"]  # moved, not lost
+        off = await http.post("/v1/chat/completions", json=STAMPED,
+                              headers={"x-prefixgate-lint-mode": "off"})
+        assert off.headers["x-prefixgate-lint"] == ""
+        bad = await http.post("/v1/chat/completions", json=STAMPED,
+                              headers={"x-prefixgate-lint-mode": "loud"})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "x-prefixgate-lint-mode"
+    rows = records(app)
+    assert rows[0].lint_ids == ",".join(ids)
+
+
+def test_client_disconnect_mid_stream_aborts_the_request(make_fake_app, fake_backend):
+    fake_backend.delay = 0.05
+    app = make_fake_app()
+    long_text = " ".join(f"w{i}" for i in range(200))
+    body = {"model": FAKE_MODEL, "stream": True, "max_tokens": 200,
+            "messages": [{"role": "user", "content": long_text}]}
+    with serve(app) as server:
+        with httpx.Client(base_url=server.url) as http:
+            with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200
+                next(response.iter_lines())
+        deadline = time.monotonic() + 10
+        while not fake_backend.aborted and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert len(fake_backend.aborted) == 1 and not fake_backend.finished
+    rows = records(app)
+    assert [(r.status, r.stream) for r in rows] == [(499, True)]

@@ -1,0 +1,169 @@
+"""Replica pools: prefix-aware routing, load balance, health, failover, real network faults."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from upstream_helpers import (
+    chat_request,
+    fake_replicas,
+    free_port,
+    gateway_app,
+    pool_over,
+    records,
+    serving,
+)
+
+from gateway.agent_trace import agent_trace
+from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.router import Replica, Router, RouterConfig
+from gateway.backends.upstream_http import UpstreamOptions
+from gateway.shadow import ShadowCache, ShadowConfig
+from gateway.types import BackendError, Final
+
+
+def _router(n: int, **config: Any) -> Router:
+    replicas = [Replica(f"r{i}", backend=object(), shadow=ShadowCache(ShadowConfig(page_size=4)))
+                for i in range(n)]
+    return Router(replicas, RouterConfig(**config))  # type: ignore[arg-type]
+
+
+def test_longest_prefix_wins_above_threshold() -> None:
+    router = _router(3, cache_threshold=0.5)
+    a, b = list(range(100)), list(range(1000, 1100))
+    router.replicas[1].shadow.record(a, "t")
+    router.replicas[2].shadow.record(a[:40], "t")
+    router.replicas[2].shadow.record(b, "t")
+    route = router.choose(a + [7, 7, 7, 7], "t")
+    assert route is not None and (route.replica.name, route.matched, route.reason) == (
+        "r1", 100, "prefix")
+    assert router.choose(a, "other-tenant").reason == "least_loaded"  # namespaces never share
+    small = a[:8] + list(range(5000, 5100))  # 8 of 108 tokens cached: below the threshold
+    route = router.choose(small, "t")
+    assert route.reason == "least_loaded" and route.replica.name == "r0"  # emptiest replica
+
+
+def test_unbalanced_load_goes_to_least_loaded() -> None:
+    router = _router(3, balance_abs=4, balance_rel=1.5)
+    tokens = list(range(64))
+    router.replicas[0].shadow.record(tokens, "t")
+    router.replicas[0].inflight = 10
+    router.replicas[1].inflight = 3
+    router.replicas[2].inflight = 5
+    route = router.choose(tokens, "t")
+    assert (route.replica.name, route.reason) == ("r1", "balance")
+    router.replicas[0].inflight = 6  # 6 - 3 is within balance_abs: follow the cache again
+    assert router.choose(tokens, "t").replica.name == "r0"
+
+
+def test_unhealthy_replica_leaves_routing_and_is_retried() -> None:
+    router = _router(2, retry_after_s=2.0)
+    tokens = list(range(64))
+    router.replicas[0].shadow.record(tokens, "t")
+    router.replicas[0].mark_failed(router.config, now=100.0)
+    assert router.choose(tokens, "t", now=101.0).replica.name == "r1"
+    route = router.choose(tokens, "t", now=102.5)
+    assert (route.replica.name, route.reason) == ("r0", "retry")
+    router.replicas[0].mark_failed(router.config, now=102.5)  # back-off doubles
+    assert router.replicas[0].retry_at == pytest.approx(106.5)
+    router.replicas[1].mark_failed(router.config, now=103.0)
+    route = router.choose(tokens, "t", now=104.0)  # all down: the one due first is tried
+    assert route.replica.name == "r1"
+    router.replicas[0].mark_ok()
+    assert router.replicas[0].healthy and router.choose(tokens, "t", now=104.0).replica.name == "r0"
+
+
+async def test_failover_and_recovery(tmp_path: Path) -> None:
+    apps = fake_replicas(2)
+    apps[0].state.replica.config.fail_status = 500
+    pool = pool_over(apps, router=RouterConfig(retry_after_s=0.05, max_retry_after_s=0.05))
+    app = gateway_app(tmp_path, pool)
+    r0, r1 = pool.router.replicas
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        for i in range(4):
+            r = await client.post("/v1/chat/completions", json={
+                "model": "m", "messages": [{"role": "user", "content": f"job {i} " * 50}]})
+            assert r.status_code == 200
+        assert not r0.healthy and len(apps[0].state.replica.config.bodies) == 1
+        apps[0].state.replica.config.fail_status = None
+        apps[1].state.replica.config.fail_status = 503
+        await asyncio.sleep(0.06)
+        r = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "after the outage"}]})
+        assert r.status_code == 200 and r0.healthy and not r1.healthy
+        metrics = (await client.get("/metrics")).text
+    assert 'prefixgate_upstream_replica_healthy{replica="r0"} 1' in metrics
+    assert 'prefixgate_upstream_replica_healthy{replica="r1"} 0' in metrics
+    assert [row.replica for row in records(app)][-1] == "r0"
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_real_timeout_and_refused_connection(tmp_path: Path) -> None:
+    slow = fake_replicas(1, delay_s=2.0)[0]
+    with serving(slow) as server:
+        backends = [
+            make_upstream("openai", UpstreamOptions(url=f"{server.url}/v1", timeout_s=0.3)),
+            make_upstream("openai", UpstreamOptions(
+                url=f"http://127.0.0.1:{free_port()}/v1", timeout_s=0.3)),
+        ]
+        for backend in backends:
+            pool = ReplicaPool("openai", [backend])
+            app = gateway_app(tmp_path / backend.replica.replace(":", "_"), pool)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://gw") as client:
+                r = await client.post("/v1/chat/completions", json={
+                    "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                assert (await client.get("/healthz")).status_code == 200
+            expected = (504, "upstream_timeout") if backend is backends[0] else (
+                502, "upstream_unavailable")
+            assert (r.status_code, r.json()["error"]["code"]) == expected
+            assert [row.status for row in records(app)] == [expected[0]]
+            assert not pool.router.replicas[0].healthy
+            app.state.store.close()
+            await pool.aclose()
+
+
+async def _replay(policy: str, n_replicas: int, trace: list[Any]) -> tuple[float, list[int]]:
+    """Hit rate the fake replicas themselves reported, and requests served per replica."""
+    apps = fake_replicas(n_replicas)
+    pool = pool_over(apps, router=RouterConfig(policy=policy))  # type: ignore[arg-type]
+    for item in trace:
+        req = chat_request(item.body["messages"], tools=tuple(item.body["tools"]),
+                           body=item.body)
+        final = [x async for x in pool.stream(req)][-1]
+        assert isinstance(final, Final)
+    await pool.aclose()
+    fakes = [a.state.replica for a in apps]
+    hit = sum(f.cached_tokens for f in fakes) / sum(f.prompt_tokens for f in fakes)
+    return hit, [f.requests for f in fakes]
+
+
+async def test_prefix_routing_beats_round_robin() -> None:
+    trace = agent_trace(sessions=8, turns=6, system_words=300, task_words=150, output_words=80)
+    ideal, _ = await _replay("prefix", 1, trace)  # one replica that sees everything
+    prefix, served = await _replay("prefix", 4, trace)
+    round_robin, _ = await _replay("round_robin", 4, trace)
+    assert prefix > round_robin + 0.15, (prefix, round_robin)
+    assert prefix >= 0.95 * ideal, (prefix, ideal)
+    assert all(n >= 6 for n in served), served  # sessions spread over every replica
+
+
+async def test_pool_error_before_output_is_not_retried_for_client_errors() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"message": "bad model"}})
+
+    backends = [make_upstream("openai", UpstreamOptions(url=f"http://r{i}.test/v1", name=f"r{i}"),
+                              transport=httpx.MockTransport(handler)) for i in range(2)]
+    pool = ReplicaPool("openai", backends)
+    with pytest.raises(BackendError) as info:
+        async for _ in pool.stream(chat_request([{"role": "user", "content": "x"}])):
+            pass
+    assert info.value.status == 400 and "bad model" in info.value.message
+    assert all(r.healthy for r in pool.router.replicas)  # the request's fault, not the replica's
+    await pool.aclose()

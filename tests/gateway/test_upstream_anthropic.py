@@ -1,0 +1,263 @@
+"""Anthropic upstream: cache_control breakpoints, cache reports, conversion, stream errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from upstream_helpers import gateway_app, pool_over_handler, records
+
+from gateway.backends.anthropic_format import MAX_BREAKPOINTS, place_cache_breakpoints
+from gateway.backends.anthropic_upstream import read_usage
+from gateway.shadow import _encoding
+
+SYSTEM = "You are a release agent for the payments team. Check every change twice. " * 80
+TOOL = {"name": "read_file", "description": "read a file",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+
+
+def _blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Reference layout of a Messages body: tools, system blocks, message blocks, in order."""
+    out = [dict(t) for t in body.get("tools") or ()]
+    system = body.get("system") or []
+    out += [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
+    for m in body["messages"]:
+        content = m["content"]
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        out += [{"role": m["role"], **b} for b in blocks]
+    return out
+
+
+class FakeAnthropic:
+    """Caches prompt prefixes only at cache_control breakpoints, like the Messages API."""
+
+    def __init__(self, reply: list[dict[str, Any]] | None = None) -> None:
+        self.cached: set[str] = set()
+        self.bodies: list[dict[str, Any]] = []
+        self.reply = reply or [{"type": "text", "text": "Shipped it."}]
+        self.fail_mid_stream = False
+
+    def usage(self, body: dict[str, Any]) -> dict[str, int]:
+        """Reads: the longest cached prefix ending at most 20 blocks before a breakpoint."""
+        blocks = _blocks(body)
+        plain = [{k: v for k, v in b.items() if k != "cache_control"} for b in blocks]
+        sizes = [0]
+        for b in plain:
+            sizes.append(sizes[-1] + len(_encoding().encode_ordinary(json.dumps(b))))
+        keys = [json.dumps(plain[:i + 1]) for i in range(len(plain))]
+        marks = [i for i, b in enumerate(blocks) if "cache_control" in b]
+        read = max((sizes[j + 1] for i in marks for j in range(max(0, i - 20), i + 1)
+                    if keys[j] in self.cached), default=0)
+        written = max((sizes[i + 1] for i in marks), default=0)
+        self.cached.update(keys[i] for i in marks)
+        total = sizes[-1]
+        return {"input_tokens": total - max(read, written), "cache_read_input_tokens": read,
+                "cache_creation_input_tokens": max(written - read, 0), "output_tokens": 4}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/messages"
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        usage = self.usage(body)
+        if not body.get("stream"):
+            return httpx.Response(200, json={
+                "id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
+                "content": self.reply, "stop_reason": "tool_use" if any(
+                    b["type"] == "tool_use" for b in self.reply) else "end_turn",
+                "usage": usage})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              content=self.sse(body, usage))
+
+    def sse(self, body: dict[str, Any], usage: dict[str, int]) -> bytes:
+        start = {k: v for k, v in usage.items() if k != "output_tokens"} | {"output_tokens": 1}
+        events: list[tuple[str, dict[str, Any]]] = [("message_start", {
+            "type": "message_start", "message": {"id": "msg_1", "type": "message",
+                                                 "role": "assistant", "content": [],
+                                                 "model": body["model"], "usage": start}})]
+        events.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                                               "content_block": {"type": "text", "text": ""}}))
+        for word in ("Shipped ", "it."):
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                   "delta": {"type": "text_delta",
+                                                             "text": word}}))
+            if self.fail_mid_stream:
+                events.append(("error", {"type": "error", "error": {
+                    "type": "overloaded_error", "message": "Overloaded"}}))
+                break
+        else:
+            events += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                       ("message_delta", {"type": "message_delta",
+                                          "delta": {"stop_reason": "end_turn"},
+                                          "usage": {"output_tokens": 4}}),
+                       ("message_stop", {"type": "message_stop"})]
+        return "".join(f"event: {n}\ndata: {json.dumps(d)}\n\n" for n, d in events).encode()
+
+
+def _markers(body: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    return [(i, b["cache_control"]) for i, b in enumerate(_blocks(body)) if "cache_control" in b]
+
+
+def _strip(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in b.items() if k != "cache_control"} for b in _blocks(body)]
+
+
+def test_breakpoints_at_stable_boundary() -> None:
+    body = {"model": "c", "system": SYSTEM, "tools": [TOOL], "messages": [
+        {"role": "user", "content": "deploy"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read_file",
+                                           "input": {"path": "a"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": "ok"}]}]}
+    out = place_cache_breakpoints(body)
+    assert [i for i, _ in _markers(out)] == [0, 1, 3]  # last tool, system, end of history
+    assert _strip(out) == _strip(body)
+    assert "cache_control" not in json.dumps(body)  # the input is not mutated
+
+
+def test_client_breakpoints_kept_and_total_capped() -> None:
+    msgs = [{"role": "user", "content": [
+        {"type": "text", "text": f"part {i}", "cache_control": {"type": "ephemeral"}}
+        for i in range(3)]}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "next"}]
+    body = {"model": "c", "system": SYSTEM, "tools": [TOOL], "messages": msgs}
+    out = place_cache_breakpoints(body)
+    kept = [i for i, _ in _markers(body)]
+    assert set(kept) < {i for i, _ in _markers(out)}
+    assert len(_markers(out)) == MAX_BREAKPOINTS
+    assert out["messages"][1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    full = copy.deepcopy(body)
+    full["messages"][1]["content"] = [{"type": "text", "text": "ok",
+                                       "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    assert place_cache_breakpoints(full) == full  # four already: nothing added or moved
+
+
+block = st.fixed_dictionaries({"type": st.just("text"), "text": st.text(min_size=0, max_size=5)},
+                              optional={"cache_control": st.just({"type": "ephemeral"})})
+message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]),
+                                 "content": st.one_of(st.text(max_size=5),
+                                                      st.lists(block, max_size=3))})
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(message, min_size=1, max_size=5), st.one_of(st.none(), st.text(max_size=5)),
+       st.booleans())
+def test_breakpoint_rules_hold_for_any_body(messages: list[Any], system: Any, tools: bool) -> None:
+    body: dict[str, Any] = {"model": "c", "messages": messages}
+    if system is not None:
+        body["system"] = system
+    if tools:
+        body["tools"] = [dict(TOOL)]
+    out = place_cache_breakpoints(body)
+    before, after = _markers(body), _markers(out)
+    assert {i for i, _ in before} <= {i for i, _ in after}
+    assert len(after) <= max(MAX_BREAKPOINTS, len(before))
+    assert _strip(out) == _strip(body)
+    assert all(b.get("text") != "" for i, b in enumerate(_blocks(out))
+               if i in {j for j, _ in after} - {j for j, _ in before})
+
+
+def test_read_usage_sums_prompt() -> None:
+    u = read_usage({"input_tokens": 10, "cache_read_input_tokens": 2000,
+                    "cache_creation_input_tokens": 300, "output_tokens": 7})
+    assert u == (2310, 7, 2000)
+    assert read_usage({"input_tokens": 5, "output_tokens": 1}).reported_cached_tokens is None
+
+
+def _sdk(app: Any) -> anthropic.AsyncAnthropic:
+    # The anthropic SDK runs on httpx2, so its in-process transport comes from there.
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gw")
+    return anthropic.AsyncAnthropic(api_key="unused", base_url="http://gw", http_client=http,
+                                    max_retries=0)
+
+
+async def test_agent_loop_reads_cache_reads_back(tmp_path: Path) -> None:
+    fake = FakeAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test", api_key="ak")
+    app = gateway_app(tmp_path, pool)
+    client = _sdk(app)
+    messages: list[dict[str, Any]] = []
+    reads = []
+    for turn in range(3):
+        messages.append({"role": "user", "content": f"turn {turn}: check the release notes"})
+        if turn == 2:
+            async with client.messages.stream(model="claude-test", max_tokens=64, system=SYSTEM,
+                                              messages=messages) as stream:
+                final = await stream.get_final_message()
+        else:
+            final = await client.messages.create(model="claude-test", max_tokens=64,
+                                                 system=SYSTEM, messages=messages)
+        assert final.content[0].text == "Shipped it."
+        reads.append(final.usage.cache_read_input_tokens)
+        messages.append({"role": "assistant", "content": final.content[0].text})
+    # The fake's own accounting is the reference: what it read back is what the client saw.
+    rows = records(app)
+    assert reads[0] == 0 and reads[1] > 0 and reads[2] > reads[1]
+    assert [r.reported_cached_tokens for r in rows] == reads
+    assert all(r.predicted_cached_tokens is not None for r in rows)
+    assert rows[2].predicted_cached_tokens > 0
+    sent = fake.bodies[1]
+    assert _markers(sent) and all("x-api-key" not in json.dumps(b) for b in fake.bodies)
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_openai_client_with_tools_on_anthropic_upstream(tmp_path: Path) -> None:
+    fake = FakeAnthropic(reply=[{"type": "tool_use", "id": "toolu_1", "name": "read_file",
+                                 "input": {"path": "setup.py"}}])
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "read",
+                                               "parameters": TOOL["input_schema"]}}]
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "open a file"},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "c1", "type": "function",
+                "function": {"name": "read_file", "arguments": "{\"path\": \"a.py\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "print(1)"}]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/chat/completions", json={
+            "model": "claude-test", "messages": msgs, "tools": tools, "max_tokens": 50})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "read_file"
+    assert json.loads(call["function"]["arguments"]) == {"path": "setup.py"}
+    sent = fake.bodies[0]
+    assert sent["system"][0]["text"] == SYSTEM and sent["max_tokens"] == 50
+    assert sent["tools"][0]["name"] == "read_file"
+    use = sent["messages"][1]["content"][0]
+    assert use.pop("cache_control") == {"type": "ephemeral"}  # the end of the history
+    assert use == {"type": "tool_use", "id": "c1", "name": "read_file", "input": {"path": "a.py"}}
+    assert sent["messages"][2]["content"][0]["type"] == "tool_result"
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_upstream_error_event_mid_stream(tmp_path: Path) -> None:
+    fake = FakeAnthropic()
+    fake.fail_mid_stream = True
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json={
+            "model": "c", "max_tokens": 9, "stream": True,
+            "messages": [{"role": "user", "content": "go"}]})
+        assert r.status_code == 200
+        assert "Shipped " in r.text
+        last = r.text.strip().split("\n\n")[-1]
+        assert last.startswith("event: error")
+        assert json.loads(last.split("data: ", 1)[1])["type"] == "error"
+        assert (await client.get("/healthz")).status_code == 200
+    [row] = records(app)
+    assert row.status == 502 and "Overloaded" in (row.error or "")
+    app.state.store.close()
+    await pool.aclose()

@@ -1,0 +1,247 @@
+"""OpenAI-compatible upstream through the gateway: passthrough, cache reports, faults, keys."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from upstream_helpers import (
+    chat_request,
+    fake_replicas,
+    gateway_app,
+    pool_over,
+    pool_over_handler,
+    records,
+)
+
+from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key, read_usage
+from gateway.backends.upstream_http import UpstreamOptions
+from gateway.fake_upstream import render_prompt
+from gateway.shadow import _encoding
+
+SYSTEM = "You are a build agent. Follow the repository conventions. " * 60
+
+
+def sdk(app: Any) -> openai.AsyncOpenAI:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+    return openai.AsyncOpenAI(api_key="unused", base_url="http://gw/v1", http_client=http,
+                              max_retries=0)
+
+
+def fake_reference(bodies: list[dict[str, Any]], page: int = 16) -> list[int]:
+    """Independent reference: cached tokens = longest page-aligned common prefix with any
+    earlier prompt (what a perfect prefix cache reports)."""
+    seen: list[list[int]] = []
+    out = []
+    for body in bodies:
+        tokens = _encoding().encode_ordinary(render_prompt(body))
+        best = 0
+        for old in seen:
+            n = 0
+            while n < min(len(old), len(tokens)) and old[n] == tokens[n]:
+                n += 1
+            best = max(best, n // page * page)
+        out.append(best)
+        seen.append(tokens)
+    return out
+
+
+def test_read_usage_formats() -> None:
+    openai_usage = {"prompt_tokens": 2006, "completion_tokens": 300,
+                    "prompt_tokens_details": {"cached_tokens": 1920}}
+    deepseek = {"prompt_tokens": 500, "completion_tokens": 9, "prompt_cache_hit_tokens": 448,
+                "prompt_cache_miss_tokens": 52}
+    assert read_usage(openai_usage) == (2006, 300, 1920)
+    assert read_usage(deepseek) == (500, 9, 448)
+    assert read_usage({"prompt_tokens": 5, "completion_tokens": 1}) == (5, 1, None)
+    assert read_usage(None) == (0, 0, None)
+
+
+def test_prompt_cache_key_passthrough_and_derived() -> None:
+    official = UpstreamOptions(url="https://api.openai.com/v1")
+    local = UpstreamOptions(url="http://127.0.0.1:8001/v1")
+    msgs = [{"role": "user", "content": "hi"}]
+    req = chat_request(msgs, family="fam-a", namespace="acme")
+    _, body = build_body(req, official)
+    assert body["prompt_cache_key"] == derive_prompt_cache_key("acme", "fam-a")
+    assert derive_prompt_cache_key("acme", "fam-a") != derive_prompt_cache_key("other", "fam-a")
+    _, body = build_body(req, local)  # a self-hosted server may reject unknown fields
+    assert "prompt_cache_key" not in body
+    own = chat_request(msgs, family="fam-a",
+                       body={"model": "fake", "messages": msgs, "prompt_cache_key": "mine"})
+    assert build_body(own, official)[1]["prompt_cache_key"] == "mine"
+    streamed = chat_request(msgs, stream=True)
+    path, body = build_body(streamed, local)
+    assert path == "/chat/completions" and body["stream_options"] == {"include_usage": True}
+
+
+async def test_agent_turns_report_and_predict_cached_tokens(tmp_path: Path) -> None:
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    client = sdk(app)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    usages = []
+    for turn in range(4):
+        messages.append({"role": "user", "content": f"step {turn}: run the tests"})
+        stream = turn % 2 == 1
+        if stream:
+            chunks = [c async for c in await client.chat.completions.create(
+                model="gpt-test", messages=messages, stream=True,
+                stream_options={"include_usage": True})]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            usage = chunks[-1].usage
+        else:
+            done = await client.chat.completions.create(model="gpt-test", messages=messages)
+            text, usage = done.choices[0].message.content, done.usage
+        assert text == "Done. The next step is ready. "
+        usages.append(usage)
+        messages.append({"role": "assistant", "content": text})
+    expected = fake_reference(replica.state.replica.config.bodies)
+    assert expected[0] == 0 and all(e > 0 for e in expected[1:])
+    assert [u.prompt_tokens_details.cached_tokens for u in usages] == expected
+    rows = records(app)
+    assert [r.reported_cached_tokens for r in rows] == expected
+    assert [r.status for r in rows] == [200] * 4 and all(r.replica == "r0" for r in rows)
+    predicted = [r.predicted_cached_tokens for r in rows]
+    assert predicted[0] == 0 and all(p > 0 for p in predicted[1:])
+    for p, e in zip(predicted[1:], expected[1:], strict=True):  # two tokenizations, one prefix
+        assert abs(p - e) <= 32
+    metrics = (await client._client.get("http://gw/metrics")).text
+    total_reported = sum(expected)
+    assert (f'prefixgate_upstream_reported_cached_tokens_total{{replica="r0"}} {total_reported}'
+            in metrics)
+    assert f'prefixgate_upstream_predicted_cached_tokens_total{{replica="r0"}} {sum(predicted)}' \
+        in metrics
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_anthropic_client_on_openai_upstream(tmp_path: Path) -> None:
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json={
+            "model": "m", "max_tokens": 32, "system": SYSTEM,
+            "messages": [{"role": "user", "content": "hello"}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"] == "Done. The next step is ready. "
+    sent = replica.state.replica.config.bodies[0]
+    assert sent["messages"][0] == {"role": "system", "content": SYSTEM}
+    assert sent["max_tokens"] == 32
+    app.state.store.close()
+    await pool.aclose()
+
+
+def _failing(kind: str) -> Any:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if kind == "refused":
+            raise httpx.ConnectError("connection refused", request=request)
+        if kind == "timeout":
+            raise httpx.ReadTimeout("timed out", request=request)
+        return httpx.Response(503, json={"error": {"message": "overloaded"}})
+    return handler
+
+
+@pytest.mark.parametrize(("kind", "status", "code"), [
+    ("refused", 502, "upstream_unavailable"), ("timeout", 504, "upstream_timeout"),
+    ("5xx", 502, "upstream_error")])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_upstream_faults_become_client_errors(
+    tmp_path: Path, kind: str, status: int, code: str, stream: bool
+) -> None:
+    pool = pool_over_handler(_failing(kind))
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/chat/completions", json={
+            "model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == status
+        assert r.json()["error"]["code"] == code and "upstream up" in r.json()["error"]["message"]
+        anth = await client.post("/v1/messages", json={
+            "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+        assert anth.status_code == status and anth.json()["type"] == "error"
+        assert (await client.get("/healthz")).json()["status"] == "ok"
+    rows = records(app)
+    assert [r.status for r in rows] == [status, status]
+    assert all(code.split("_")[1] in (r.error or "") or "upstream" in (r.error or "")
+               for r in rows)
+    app.state.store.close()
+    await pool.aclose()
+
+
+def _cut_stream_handler(request: httpx.Request) -> httpx.Response:
+    class Cut(httpx.AsyncByteStream):
+        async def __aiter__(self) -> Any:
+            chunk = {"choices": [{"index": 0, "delta": {"content": "partial "},
+                                  "finish_reason": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            raise httpx.RemoteProtocolError("peer closed connection")
+
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Cut())
+
+
+async def test_stream_cut_mid_way_is_an_sse_error_event(tmp_path: Path) -> None:
+    pool = pool_over_handler(_cut_stream_handler)
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/chat/completions", json={
+            "model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200  # headers were sent before the cut
+        events = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: {")]
+        texts = [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
+        assert "partial " in texts
+        assert events[-1]["error"]["code"] == "upstream_stream_cut"
+        assert (await client.get("/healthz")).status_code == 200
+    [row] = records(app)
+    assert row.status == 502 and "cut" in (row.error or "")
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_fake_replica_clean_cut_is_detected(tmp_path: Path) -> None:
+    [replica] = fake_replicas(1, cut_after=2)
+    pool = pool_over([replica])
+    req = chat_request([{"role": "user", "content": "hi"}], stream=True)
+    texts = []
+    with pytest.raises(Exception) as info:
+        async for item in pool.stream(req):
+            texts.append(item.text)
+    assert texts == ["Done. ", "The "]
+    assert getattr(info.value, "kind", None) == "upstream_stream_cut"
+    await pool.aclose()
+
+
+async def test_upstream_key_is_sent_but_never_shown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "sk-live-SECRET-0123456789"
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization", ""))
+        return httpx.Response(500, json={"error": {"message": "boom"}})
+
+    pool = pool_over_handler(handler, api_key=secret)
+    app = gateway_app(tmp_path, pool)
+    caplog.set_level(logging.DEBUG)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        metrics = (await client.get("/metrics")).text
+    assert seen == [f"Bearer {secret}"]
+    assert secret not in r.text and secret not in metrics and secret not in caplog.text
+    assert secret not in repr(pool.router.replicas[0].backend.options)
+    assert all(secret not in (row.error or "") for row in records(app))
+    app.state.store.close()
+    await pool.aclose()

@@ -1,0 +1,140 @@
+"""Helpers for the upstream, routing and dashboard tests: fake replicas, gateways, a server."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from gateway.app import create_app
+from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.router import RouterConfig
+from gateway.backends.upstream_http import UpstreamOptions
+from gateway.config import GatewayConfig
+from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream
+from gateway.stats import RecordStore, RequestRecord
+from gateway.types import ChatRequest, SamplingOptions
+
+
+def fake_replicas(n: int, **config: Any) -> list[Any]:
+    """`n` fake OpenAI-compatible replica apps (each with its own cache)."""
+    return [create_fake_upstream(FakeUpstreamConfig(name=f"r{i}", **config)) for i in range(n)]
+
+
+def pool_over(apps: list[Any], *, kind: str = "openai", router: RouterConfig | None = None,
+              timeout_s: float = 5.0, api_key: str | None = None) -> ReplicaPool:
+    """A replica pool whose replicas are in-process ASGI apps (`http://rN.test/v1`)."""
+    backends = [make_upstream(kind, UpstreamOptions(
+        url=f"http://r{i}.test/v1", name=f"r{i}", timeout_s=timeout_s, api_key=api_key),
+        transport=httpx.ASGITransport(app=app)) for i, app in enumerate(apps)]
+    return ReplicaPool(kind, backends, router=router)
+
+
+def pool_over_handler(handler: Any, *, kind: str = "openai", timeout_s: float = 5.0,
+                      api_key: str | None = None, url: str = "http://up.test/v1") -> ReplicaPool:
+    """A one-replica pool over an `httpx.MockTransport` handler."""
+    backend = make_upstream(kind, UpstreamOptions(url=url, name="up", timeout_s=timeout_s,
+                                                  api_key=api_key),
+                            transport=httpx.MockTransport(handler))
+    return ReplicaPool(kind, [backend])
+
+
+def gateway_app(tmp_path: Path, pool: ReplicaPool, **config: Any) -> Any:
+    """The gateway app over `pool`, its metrics bound to the app's registry."""
+    cfg = GatewayConfig(db_url=f"sqlite:///{tmp_path / 'gw.db'}", lint_mode="off", **config)
+    app = create_app(cfg, backend=pool)
+    pool.bind_metrics(app.state.metrics)
+    return app
+
+
+def records(app: Any) -> list[RequestRecord]:
+    """Every stored record, oldest first."""
+    store: RecordStore = app.state.store
+    store.flush()
+    with store.session() as session:
+        return list(session.query(RequestRecord).order_by(RequestRecord.id))
+
+
+def chat_request(messages: list[dict[str, Any]], *, stream: bool = False, namespace: str = "t",
+                 tools: tuple[dict[str, Any], ...] = (), family: str | None = None,
+                 body: dict[str, Any] | None = None) -> ChatRequest:
+    """A neutral request as the OpenAI route would build it."""
+    return ChatRequest(
+        request_id="req", provider="openai", model="fake", messages=tuple(messages), tools=tools,
+        options=SamplingOptions(), stream=stream, tenant=namespace, namespace=namespace,
+        body=body or {"model": "fake", "messages": messages, "tools": list(tools)},
+        family=family)
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """uvicorn serving `app` on 127.0.0.1 in a thread (stopped on exit)."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[Server]:
+    with Server(app) as server:
+        yield server
+
+
+def seed_records(store: RecordStore, now: datetime | None = None) -> list[RequestRecord]:
+    """A day of varied records: tenants, models, replicas, errors, lint ids, families."""
+    now = now or datetime.now(UTC)
+    rows: list[RequestRecord] = []
+    for i in range(60):
+        ok = i % 13 != 5
+        prompt = 1000 + 37 * i
+        cached = (prompt * (i % 7)) // 8 if ok else 0
+        rows.append(RequestRecord(
+            ts=now - timedelta(minutes=23 * i + 1), request_id=f"r{i}",
+            tenant=("acme", "globex", "initech")[i % 3],
+            model=("gpt-4o-2024-08-06", "claude-sonnet-4-20250514", "local-model")[i % 3],
+            backend="openai", replica=f"10.0.0.{i % 4}:8000", provider="openai",
+            route="chat.completions", status=200 if ok else 502,
+            error=None if ok else "upstream failed", prompt_tokens=prompt if ok else 0,
+            cached_tokens=cached, predicted_cached_tokens=cached + 16 * (i % 3) if ok else None,
+            reported_cached_tokens=cached if ok else None, completion_tokens=20 if ok else 0,
+            latency_ms=100.0 + i, prefill_saved_ms=0.5 * cached,
+            lint_ids=("PL001,PL004", "PL004", "")[i % 3], family=f"family-{i % 5}",
+            stream=bool(i % 2)))
+    for row in rows:
+        store.add(row)
+    store.flush()
+    return rows

@@ -1,0 +1,45 @@
+"""Shared fixtures for prompt_lint tests: the labelled corpus, linted two ways."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from lint_corpus import CorpusRequest, build_corpus  # noqa: E402
+
+from prompt_lint import LintReport, TemplateLearner, learn_request, lint_request  # noqa: E402
+
+
+class Linted(NamedTuple):
+    """The corpus with one report per request and the learner that made them."""
+
+    corpus: list[CorpusRequest]
+    reports: list[LintReport]
+    learner: TemplateLearner
+
+
+@pytest.fixture(scope="session")
+def corpus() -> list[CorpusRequest]:
+    return build_corpus()
+
+
+@pytest.fixture(scope="session")
+def two_pass(corpus: list[CorpusRequest]) -> Linted:
+    """What `prefixgate lint` does: learn the whole log, freeze, lint in order."""
+    learner = TemplateLearner()
+    for req in corpus:
+        learn_request(req.body, learner)
+    learner.freeze()
+    return Linted(corpus, [lint_request(req.body, learner=learner) for req in corpus], learner)
+
+
+@pytest.fixture(scope="session")
+def online(corpus: list[CorpusRequest]) -> Linted:
+    """What the gateway does: one request at a time, learning as it goes."""
+    learner = TemplateLearner()
+    return Linted(corpus, [lint_request(req.body, learner=learner) for req in corpus], learner)
