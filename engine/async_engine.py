@@ -217,6 +217,7 @@ class AsyncEngine:
                 self._send(stream, exc)
             self._streams.clear()
             return
+        self._stats = self.engine.stats()  # fresh before any consumer sees this step's tokens
         for update in updates:
             self._deliver(update)
 

@@ -34,7 +34,8 @@ class FakeUpstreamConfig:
     `max_pages`: cache capacity (LRU eviction past it); `cache=False` skips tokenization
     (for latency benchmarks). `fail_status`: answer every request with this status.
     `delay_s`: wait before answering. `cut_after`: end a stream after this many chunks
-    with no finish reason and no `[DONE]`.
+    with no finish reason and no `[DONE]`. `prefill_us_per_token`: simulated prefill time
+    per uncached prompt token (so cache hits also show up as lower latency).
     """
 
     name: str = "fake"
@@ -45,6 +46,7 @@ class FakeUpstreamConfig:
     fail_status: int | None = None
     delay_s: float = 0.0
     cut_after: int | None = None
+    prefill_us_per_token: float = 0.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     keep_bodies: bool = True
 
@@ -73,21 +75,25 @@ class FakeReplica:
         self.cached_tokens = 0
         self.requests = 0
 
-    def prefill(self, body: dict[str, Any], namespace: str) -> tuple[int, int]:
-        """(prompt tokens, cached tokens) for a body; caches its prompt."""
+    def lookup(self, body: dict[str, Any], namespace: str) -> tuple[list[int], int, int]:
+        """(tokens, prompt tokens, cached tokens) of a body, before it is prefilled."""
         text = render_prompt(body)
         if not self.config.cache:
-            return max(1, len(text) // 4), 0
+            return [], max(1, len(text) // 4), 0
         tokens = _encoding().encode_ordinary(text)
-        cached = self.cache.match(tokens, namespace).length
+        return tokens, len(tokens), self.cache.match(tokens, namespace).length
+
+    def store(self, tokens: list[int], cached: int, namespace: str) -> None:
+        """Cache a prefilled prompt (LRU eviction past capacity) and count it."""
+        self.requests += 1
+        self.prompt_tokens += len(tokens)
+        self.cached_tokens += cached
+        if not tokens:
+            return
         self.cache.insert(tokens, None, namespace)
         over = self.cache.stats.total_pages - self.config.max_pages
         if over > 0:
             self.cache.evict(over)
-        self.requests += 1
-        self.prompt_tokens += len(tokens)
-        self.cached_tokens += cached
-        return len(tokens), cached
 
 
 def _usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:
@@ -144,7 +150,10 @@ def create_fake_upstream(config: FakeUpstreamConfig | None = None) -> Starlette:
             return JSONResponse({"error": {"message": f"{cfg.name} injected failure",
                                            "type": "server_error"}}, status_code=cfg.fail_status)
         namespace = str(body.get("user") or body.get("cache_salt") or "")
-        prompt, cached = replica.prefill(body, namespace)
+        tokens, prompt, cached = replica.lookup(body, namespace)
+        if cfg.prefill_us_per_token:  # the prompt is cached once its prefill is done
+            await asyncio.sleep((prompt - cached) * cfg.prefill_us_per_token / 1e6)
+        replica.store(tokens, cached, namespace)
         words = [w + " " for w in cfg.reply.split()]
         usage = _usage(prompt, cached, len(words))
         if body.get("stream"):

@@ -112,7 +112,7 @@ DETECTORS: tuple[Detector, ...] = (
     _d("RFC 2822 date", "timestamp",
        rf"\b(?:(?:{_DAYS}),\s)?\d{{1,2}}\s(?:{_MONTHS})\s\d{{4}}\s\d{{2}}:\d{{2}}(?::\d{{2}})?"
        r"(?:\s(?:[+-]\d{4}|GMT|UTC|[A-Z]{3}))?"),
-    _d("ISO 8601 timestamp", "timestamp", rf"\b(\d{{4}})-(\d{{2}})-(\d{{2}}){_ISO_TIME}(?![\d.])",
+    _d("ISO 8601 timestamp", "timestamp", rf"\b(\d{{4}})-(\d{{2}})-(\d{{2}}){_ISO_TIME}(?!\d|\.\d)",
        valid=_valid_iso),
     _d("date and time", "timestamp",
        rf"\b(\d{{1,2}})[/.](\d{{1,2}})[/.]\d{{4}}(?:,?\s{_CLOCK})?\b", valid=_valid_dmy),

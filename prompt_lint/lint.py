@@ -93,23 +93,26 @@ def session_key(body: dict[str, Any], family: str | None,
     return "a:" + fingerprint(family or "", compact_json(first))
 
 
-def _token_offset(target: Segment, start: int, layout: TokenLayout,
-                  counter: TokenCounter) -> int | None:
+def _token_offsets(target: Segment, starts: list[int], layout: TokenLayout,
+                   counter: TokenCounter) -> list[int | None]:
     i = layout.paths.get(target.path)
     if i is None:  # a tool description: report the tool's start
-        return layout.start_of(target.path.split(".", 1)[0])
-    return layout.starts[i] + counter.count_prefix(target.text, start)
+        return [layout.start_of(target.path.split(".", 1)[0])] * len(starts)
+    return [layout.starts[i] + n for n in counter.count_prefixes(target.text, starts)]
 
 
 def _pattern_findings(targets: list[Segment], spans: dict[str, list[Span]],
                       layout: TokenLayout, counter: TokenCounter) -> list[Finding]:
     out = []
     for target in targets:
-        for s in spans[target.path]:
+        found = spans[target.path]
+        if not found:
+            continue
+        offsets = _token_offsets(target, [s.start for s in found], layout, counter)
+        for s, offset in zip(found, offsets, strict=True):
             out.append(finding(_RULE_FOR_KIND[s.kind], target.path,
                                f"{s.label} in the cached prefix", start=s.start, end=s.end,
-                               value=s.value,
-                               token_offset=_token_offset(target, s.start, layout, counter)))
+                               value=s.value, token_offset=offset))
     return out
 
 
@@ -122,9 +125,10 @@ def _learned_findings(match: FamilyMatch, targets: list[Segment],
         if any(s.start < ls.end and ls.start < s.end for s in spans[ls.path]):
             continue
         target = by_path[ls.path]
+        (offset,) = _token_offsets(target, [ls.start], layout, counter)
         out.append(finding("PL008", ls.path, "varies across requests of this prompt family",
                            start=ls.start, end=ls.end, value=target.text[ls.start:ls.end],
-                           token_offset=_token_offset(target, ls.start, layout, counter)))
+                           token_offset=offset))
     return out
 
 

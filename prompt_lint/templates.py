@@ -24,6 +24,8 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
+from itertools import accumulate, compress
+from operator import ne
 from typing import NamedTuple
 
 from prompt_lint.detectors import Span
@@ -65,6 +67,7 @@ class LearnedSpan(NamedTuple):
 @dataclass(slots=True)
 class _Template:
     lines: list[str]
+    masked: list[str]
     dynamic: dict[int, set[int]] = field(default_factory=dict)  # line -> word indexes
     last_text: str = ""
     last_spans: list[tuple[int, int]] = field(default_factory=list)
@@ -170,7 +173,7 @@ class TemplateLearner:
             family.requests += 1
         out: list[LearnedSpan] = []
         for target in targets:
-            out += self._align(family, target, keys[target.path])
+            out += self._align(family, target, keys[target.path], lines[target.path])
         return FamilyMatch(family, out)
 
     def _match_cached(self, hashes: set[int]) -> Family | None:
@@ -210,7 +213,8 @@ class TemplateLearner:
         family = Family(fid, hashes)
         for target in targets:
             if family.chars + len(target.text) <= self.config.max_template_chars:
-                family.templates[keys[target.path]] = _Template(target.text.split("\n"))
+                family.templates[keys[target.path]] = _Template(target.text.split("\n"),
+                                                                lines[target.path])
                 family.chars += len(target.text)
         self.families[fid] = family
         for h in hashes:
@@ -228,21 +232,23 @@ class TemplateLearner:
                 if not owners:
                     del self._index[h]
 
-    def _align(self, family: Family, target: Segment, key: str) -> list[LearnedSpan]:
+    def _align(self, family: Family, target: Segment, key: str,
+               masked: list[str]) -> list[LearnedSpan]:
         template = family.templates.get(key)
         if template is None:
             return []
         if target.text != template.last_text or not self.frozen:
-            template.last_spans = self._diff(template, target.text)
+            template.last_spans = self._diff(template, target.text, masked)
             template.last_text = target.text
         return [LearnedSpan(target.path, s, e) for s, e in template.last_spans]
 
-    def _diff(self, template: _Template, text: str) -> list[tuple[int, int]]:
+    def _diff(self, template: _Template, text: str, masked: list[str]) -> list[tuple[int, int]]:
         new = text.split("\n")
         ref = template.lines
         if len(new) == len(ref):
-            dyn = template.dynamic
-            pairs = [(i, i) for i in range(len(new)) if i in dyn or ref[i] != new[i]]
+            # lines whose only change is a pattern-detected value need no word diff
+            differ = set(compress(range(len(new)), map(ne, template.masked, masked)))
+            pairs = [(i, i) for i in sorted(differ.union(template.dynamic))]
             extra: list[int] = []
         else:
             pairs, extra = _line_pairs(ref, new)
@@ -308,11 +314,7 @@ def _region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new:
 
 
 def _line_offsets(lines: list[str]) -> list[int]:
-    offsets, pos = [], 0
-    for line in lines:
-        offsets.append(pos)
-        pos += len(line) + 1
-    return offsets
+    return [n + j for j, n in enumerate(accumulate(map(len, lines), initial=0))]
 
 
 def _line_pairs(ref: list[str], new: list[str]) -> tuple[list[tuple[int, int]], list[int]]:

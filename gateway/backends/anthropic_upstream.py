@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any, NamedTuple
 
 import httpx
@@ -163,9 +164,10 @@ class AnthropicUpstream:
                 if response.status_code >= 400:
                     raise status_error(response.status_code, await response.aread(), self.replica)
                 if req.stream:
-                    async for item in self._read_stream(response, start):
-                        started = True
-                        yield item
+                    async with aclosing(self._read_stream(response, start)) as items:
+                        async for item in items:
+                            started = True
+                            yield item
                 else:
                     yield self._read_whole(json.loads(await response.aread()), start)
             finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import httpx
@@ -131,9 +132,10 @@ class ReplicaPool:
             tried.add(route.replica.name)
             emitted = False
             try:
-                async for item in self._attempt(req, tokens, route):
-                    emitted = True
-                    yield item
+                async with aclosing(self._attempt(req, tokens, route)) as attempt:
+                    async for item in attempt:
+                        emitted = True
+                        yield item
                 return
             except BackendError as err:
                 if emitted or not is_replica_fault(err) or len(tried) >= len(self.router.replicas):
@@ -149,18 +151,19 @@ class ReplicaPool:
         replica.inflight += 1
         recorded = False
         try:
-            async for item in replica.backend.stream(req):  # type: ignore[attr-defined]
-                if not recorded:  # the upstream has prefilled the prompt by now
-                    replica.shadow.record(tokens, req.namespace)
-                    recorded = True
-                if isinstance(item, Final):
-                    item = self._complete(item, replica, tokens, predicted)
-                elif item.usage is not None:
-                    usage = dataclasses.replace(item.usage, predicted_cached_tokens=predicted)
-                    item = dataclasses.replace(item, usage=usage)
-                yield item
-            replica.mark_ok()
-            replica.served += 1
+            async with aclosing(replica.backend.stream(req)) as upstream:  # type: ignore[attr-defined]
+                async for item in upstream:
+                    if not recorded:  # the upstream has prefilled the prompt by now
+                        replica.shadow.record(tokens, req.namespace)
+                        recorded = True
+                    if isinstance(item, Final):
+                        replica.mark_ok()
+                        replica.served += 1
+                        item = self._complete(item, replica, tokens, predicted)
+                    elif item.usage is not None:
+                        usage = dataclasses.replace(item.usage, predicted_cached_tokens=predicted)
+                        item = dataclasses.replace(item, usage=usage)
+                    yield item
         except BackendError as err:
             if is_replica_fault(err):
                 replica.mark_failed(self.router.config)

@@ -28,7 +28,7 @@ class RouterConfig:
     """Routing thresholds and health back-off."""
 
     policy: Policy = "prefix"
-    cache_threshold: float = 0.3
+    cache_threshold: float = 0.5
     balance_abs: int = 8
     balance_rel: float = 1.5
     retry_after_s: float = 2.0

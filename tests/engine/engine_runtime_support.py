@@ -6,8 +6,10 @@ span several tokens (what streaming must handle); STOP is its end-of-text token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 
+import pytest
 import torch
 
 from engine.dense_reference import greedy_generate
@@ -60,7 +62,7 @@ def tiny_model(seed: int = 0, **overrides: object) -> LoadedModel:
             if "norm" in name:
                 param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
             else:
-                scale = 1.0 if name in ("embed", "lm_head") else param.shape[-1] ** -0.5
+                scale = 1.0 if name in ("embed", "lm_head.weight") else param.shape[-1] ** -0.5
                 param.copy_(scale * torch.randn(param.shape, generator=gen))
     model.eval()
     return LoadedModel(model, config, ByteTokenizer(), parameter_bytes(model))  # type: ignore[arg-type]
@@ -75,3 +77,38 @@ def random_prompts(count: int, low: int, high: int, seed: int = 0) -> list[list[
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high + 1, (count,), generator=gen).tolist()
     return [torch.randint(0, 256, (n,), generator=gen).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models are all per-op overhead: one intra-op thread is faster and steadier on a
+    shared CPU. Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def chain_model(text: str, seed: int = 0) -> LoadedModel:
+    """A tiny Llama whose greedy continuation of the text's first byte is the rest of `text`
+    (as bytes, one token each), then STOP. Every byte of `text` must be distinct.
+
+    Attention and MLP outputs are zeroed, so the last hidden state is the normalised embedding
+    of the current token; the LM-head row of each byte's successor is that byte's embedding.
+    """
+    chain = list(text.encode("utf-8")) + [STOP]
+    if len(set(chain)) != len(chain):
+        raise ValueError("chain_model needs distinct bytes")
+    loaded = tiny_model(seed)
+    model = loaded.model
+    with torch.no_grad():
+        model.norm.fill_(1.0)
+        for layer in model.layers:
+            layer.o.weight.zero_()
+            layer.down.weight.zero_()
+        head_weight = model.lm_head.weight
+        head = 0.1 * torch.randn(head_weight.shape, generator=torch.Generator().manual_seed(1))
+        for current, successor in itertools.pairwise(chain):
+            head[successor] = 4 * model.embed[current]
+        head_weight.copy_(head)
+    return loaded

@@ -11,12 +11,14 @@ from __future__ import annotations
 import random
 
 import pytest
-from engine_runtime_support import STOP, dense_greedy, random_prompts, tiny_model
+from engine_runtime_support import STOP, dense_greedy, one_torch_thread, random_prompts, tiny_model
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.loader import LoadedModel
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+__all__ = ["one_torch_thread"]  # a fixture, imported for use
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +249,7 @@ def test_random_arrivals_aborts_and_preemptions_keep_the_books(tiny) -> None:
     want = {}
     done = {}
     live: list[str] = []
-    for step in range(200):
+    for _ in range(200):
         if prompts and rng.random() < 0.6:
             p = prompts.pop()
             n = rng.randint(1, 16)

@@ -45,3 +45,22 @@ def real_backend() -> Iterator[Any]:
     backend = embedded.EmbeddedBackend(config)
     yield backend
     asyncio.run(backend.aclose())
+
+
+@pytest.fixture
+def make_real_app(tmp_path: Path, real_backend: Any) -> Iterator[Any]:
+    """Apps over the shared real engine (each with its own SQLite file)."""
+    apps: list[Any] = []
+
+    def build(**changes: Any) -> Any:
+        values: dict[str, Any] = {"db_url": f"sqlite:///{tmp_path / 'real.db'}",
+                                  "lint_mode": "off", "stats_flush_interval_s": 0.02,
+                                  "default_max_tokens": 8}
+        values.update(changes)
+        app = create_app(GatewayConfig(**values), backend=real_backend)
+        apps.append(app)
+        return app
+
+    yield build
+    for app in apps:
+        app.state.store.close()

@@ -60,9 +60,9 @@ def test_rms_norm_fused_residual(dtype: torch.dtype) -> None:
 
 
 def hf_rotate_half(x: torch.Tensor) -> torch.Tensor:
-    from transformers.models.llama.modeling_llama import rotate_half
-
-    return rotate_half(x)
+    """Hugging Face Llama's rotate_half: (x1, x2) -> (-x2, x1) over the two halves."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -79,7 +79,7 @@ def test_rotary_matches_naive(head_dim: int, layout: str, dtype: torch.dtype) ->
     assert_close(k_rot, want_k, ROTARY_TOL[dtype])
 
 
-def test_rotary_half_layout_matches_transformers_formula() -> None:
+def test_rotary_half_layout_matches_hugging_face_formula() -> None:
     q, k = randn(6, 4, 64), randn(6, 2, 64, seed=1)
     positions = torch.tensor([0, 3, 9, 100, 101, 511])
     cache = kernels.rotary_cache(512, 64, 100000.0)

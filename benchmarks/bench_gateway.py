@@ -1,0 +1,348 @@
+"""Gateway benchmark: the latency the gateway adds in upstream mode, and prefix-aware routing.
+
+1. Added latency. A fake OpenAI-compatible upstream (`gateway.fake_upstream`, no caching, so it
+   answers at once) and a real `prefixgate serve --upstream openai=...` gateway run as separate
+   uvicorn processes on 127.0.0.1. The same ~4k-token agent requests (growing sessions, as
+   agents resend history) go to the upstream directly and through the gateway, interleaved, at 1
+   and at 32 concurrent clients. Through the gateway each request is parsed, linted (report
+   mode, and lint off for comparison), tokenized with tiktoken, looked up in the shadow cache,
+   proxied, and recorded. Targets at 1 client: p50 added <= 2 ms, p99 added <= 10 ms.
+2. Routing. A multi-session agent trace (sessions run concurrently, turns in order) over 4 fake
+   replicas that really cache and take simulated prefill time per uncached token: the hit rate
+   the replicas themselves report, prefix-aware routing vs round-robin.
+
+    python benchmarks/bench_gateway.py [--quick]      (or: prefixgate bench gateway --quick)
+
+Prints tables and writes benchmarks/results/gateway.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gateway.agent_trace import TraceRequest, agent_trace  # noqa: E402
+from gateway.backends.pool import ReplicaPool, make_upstream  # noqa: E402
+from gateway.backends.router import RouterConfig  # noqa: E402
+from gateway.backends.upstream_http import UpstreamOptions  # noqa: E402
+from gateway.fake_upstream import (  # noqa: E402
+    FakeUpstreamConfig,
+    create_fake_upstream,
+    render_prompt,
+)
+from gateway.shadow import _encoding  # noqa: E402
+from gateway.types import ChatRequest, Final, SamplingOptions  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "gateway.json"
+MODES = ("direct", "gateway", "gateway_lint_off")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@contextlib.contextmanager
+def _servers(tmp: Path) -> Iterator[tuple[str, str]]:
+    """(upstream base URL, gateway base URL), both torn down on exit."""
+    up_port, gw_port = _free_port(), _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "gateway.fake_upstream", "--port", str(up_port), "--no-cache"],
+        cwd=ROOT, env=env)
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(gw_port),
+         "--upstream", f"openai=http://127.0.0.1:{up_port}/v1", "--db",
+         f"sqlite:///{tmp / 'bench.db'}", "--lint-mode", "report", "--log-level", "warning"],
+        cwd=ROOT, env=env)
+    try:
+        up, gw = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
+        _wait_ready(f"{up}/v1/models", upstream)
+        _wait_ready(f"{gw}/healthz", gateway)
+        yield up, gw
+    finally:
+        for proc in (gateway, upstream):
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+
+
+# ---------------------------------------------------------------- added latency
+
+
+def latency_bodies(n: int) -> tuple[list[dict[str, Any]], float]:
+    """`n` agent requests of about 4k tokens (sessions of a growing history), mean tokens."""
+    trace = agent_trace(sessions=max(2, n // 8), turns=24, system_words=2200, task_words=700,
+                        output_words=45, seed=1, model="fake")
+    enc = _encoding()
+    picked = [(t.body, len(enc.encode_ordinary(render_prompt(t.body)))) for t in trace]
+    picked = [(b, k) for b, k in picked if 3500 <= k <= 4600][:n]
+    if len(picked) < n:
+        raise RuntimeError(f"trace too short: {len(picked)} of {n} requests near 4k tokens")
+    return [b for b, _ in picked], statistics.mean(k for _, k in picked)
+
+
+def _target(mode: str, urls: dict[str, str]) -> tuple[str, dict[str, str]]:
+    if mode == "direct":
+        return f"{urls['direct']}/v1/chat/completions", {}
+    headers = {"x-prefixgate-lint-mode": "off"} if mode == "gateway_lint_off" else {}
+    return f"{urls['gateway']}/v1/chat/completions", headers
+
+
+async def _timed(client: httpx.AsyncClient, url: str, headers: dict[str, str],
+                 body: bytes) -> float:
+    start = time.perf_counter()
+    response = await client.post(url, content=body, headers={
+        "content-type": "application/json", **headers})
+    elapsed = time.perf_counter() - start
+    if response.status_code != 200:
+        raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:200]}")
+    return elapsed * 1000.0
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def one_client(urls: dict[str, str], bodies: list[bytes]) -> dict[str, list[float]]:
+    """Each body sent once per mode, modes interleaved and rotated (side by side)."""
+    out: dict[str, list[float]] = {m: [] for m in MODES}
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        for i, body in enumerate(tqdm(bodies, desc="1 client", leave=False)):
+            for k in range(len(MODES)):
+                mode = MODES[(i + k) % len(MODES)]
+                url, headers = _target(mode, urls)
+                out[mode].append(await _timed(client, url, headers, body))
+    return out
+
+
+async def _burst(client: httpx.AsyncClient, url: str, headers: dict[str, str],
+                 bodies: list[bytes], concurrency: int) -> tuple[list[float], float]:
+    queue = list(reversed(bodies))
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        while queue:
+            latencies.append(await _timed(client, url, headers, queue.pop()))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, len(bodies) / (time.perf_counter() - start)
+
+
+async def many_clients(urls: dict[str, str], bodies: list[bytes], concurrency: int,
+                       rounds: int) -> dict[str, Any]:
+    """Bursts of `concurrency` clients per mode, alternating modes for `rounds` rounds."""
+    lat: dict[str, list[float]] = {m: [] for m in MODES}
+    rps: dict[str, list[float]] = {m: [] for m in MODES}
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+        for _ in tqdm(range(rounds), desc=f"{concurrency} clients", leave=False):
+            for mode in MODES:
+                url, headers = _target(mode, urls)
+                values, rate = await _burst(client, url, headers, bodies, concurrency)
+                lat[mode] += values
+                rps[mode].append(rate)
+    return {"latencies": lat, "rps": {m: statistics.median(v) for m, v in rps.items()}}
+
+
+def _summary(lat: dict[str, list[float]], rps: dict[str, float] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode in MODES:
+        out[mode] = {"p50_ms": _pct(lat[mode], 0.5), "p99_ms": _pct(lat[mode], 0.99),
+                     "n": len(lat[mode])}
+        if rps:
+            out[mode]["requests_per_s"] = rps[mode]
+    for mode in MODES[1:]:
+        out[f"{mode}_added"] = {
+            "p50_ms": out[mode]["p50_ms"] - out["direct"]["p50_ms"],
+            "p99_ms": out[mode]["p99_ms"] - out["direct"]["p99_ms"]}
+    return out
+
+
+def run_latency(quick: bool) -> dict[str, Any]:
+    n = 40 if quick else 200
+    bodies_json, mean_tokens = latency_bodies(n)
+    bodies = [json.dumps(b).encode() for b in bodies_json]
+    with tempfile.TemporaryDirectory() as tmp, _servers(Path(tmp)) as (up, gw):
+        urls = {"direct": up, "gateway": gw}
+        asyncio.run(one_client(urls, bodies[: min(10, n)]))  # warm-up: caches, connections
+        single = asyncio.run(one_client(urls, bodies))
+        multi = asyncio.run(many_clients(urls, bodies, 32, 2 if quick else 4))
+    return {"requests": n, "mean_prompt_tokens": round(mean_tokens),
+            "c1": _summary(single, None), "c32": _summary(multi["latencies"], multi["rps"])}
+
+
+# ---------------------------------------------------------------- routing
+
+
+def _chat(item: TraceRequest) -> ChatRequest:
+    body = item.body
+    return ChatRequest(
+        request_id=f"s{item.session}t{item.turn}", provider="openai", model="fake",
+        messages=tuple(body["messages"]), tools=tuple(body["tools"]), options=SamplingOptions(),
+        stream=False, tenant="bench", namespace="bench", body=body)
+
+
+async def replay(policy: str, replicas: int, trace: list[TraceRequest],
+                 prefill_us: float) -> dict[str, Any]:
+    """Sessions concurrently, each session's turns in order; numbers the replicas report."""
+    apps = [create_fake_upstream(FakeUpstreamConfig(
+        name=f"r{i}", prefill_us_per_token=prefill_us, keep_bodies=False))
+        for i in range(replicas)]
+    backends = [make_upstream("openai", UpstreamOptions(url=f"http://r{i}.bench/v1",
+                                                        name=f"r{i}"),
+                              transport=httpx.ASGITransport(app=app))
+                for i, app in enumerate(apps)]
+    pool = ReplicaPool("openai", backends, router=RouterConfig(policy=policy))  # type: ignore[arg-type]
+    sessions: dict[int, list[TraceRequest]] = {}
+    for item in trace:
+        sessions.setdefault(item.session, []).append(item)
+    latencies: list[float] = []
+    predicted = 0
+    bar = tqdm(total=len(trace), desc=f"{policy} x{replicas}", leave=False)
+
+    async def run_session(items: list[TraceRequest]) -> None:
+        nonlocal predicted
+        for item in items:
+            start = time.perf_counter()
+            final = [x async for x in pool.stream(_chat(item))][-1]
+            latencies.append((time.perf_counter() - start) * 1000.0)
+            assert isinstance(final, Final)
+            predicted += final.usage.predicted_cached_tokens or 0
+            bar.update()
+
+    await asyncio.gather(*(run_session(items) for items in sessions.values()))
+    bar.close()
+    await pool.aclose()
+    fakes = [a.state.replica for a in apps]
+    prompt = sum(f.prompt_tokens for f in fakes)
+    return {"policy": policy, "replicas": replicas,
+            "hit_rate": sum(f.cached_tokens for f in fakes) / prompt,
+            "predicted_hit_rate": predicted / prompt,
+            "prefilled_tokens": prompt - sum(f.cached_tokens for f in fakes),
+            "mean_latency_ms": statistics.mean(latencies),
+            "p50_latency_ms": _pct(latencies, 0.5),
+            "requests_per_replica": [f.requests for f in fakes]}
+
+
+def run_routing(quick: bool) -> dict[str, Any]:
+    sessions, turns = (12, 5) if quick else (32, 10)
+    trace = agent_trace(sessions=sessions, turns=turns, system_words=800, task_words=300,
+                        output_words=120, seed=2)
+    prefill_us = 20.0  # simulated prefill per uncached token
+    runs = [asyncio.run(replay(p, 4, trace, prefill_us)) for p in ("prefix", "round_robin")]
+    return {"sessions": sessions, "turns": turns, "requests": len(trace),
+            "prefill_us_per_token": prefill_us, "runs": runs}
+
+
+# ---------------------------------------------------------------- output
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(
+        zip(cells, widths, strict=True)))
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([_row(header, widths), rule, *(_row(r, widths) for r in rows)])
+
+
+def latency_table(res: dict[str, Any]) -> str:
+    rows = []
+    for conc in ("c1", "c32"):
+        s = res[conc]
+        for mode in MODES:
+            added = s.get(f"{mode}_added", {"p50_ms": 0.0, "p99_ms": 0.0})
+            rps = s[mode].get("requests_per_s")
+            rows.append([conc[1:], mode, f"{s[mode]['p50_ms']:.2f}", f"{s[mode]['p99_ms']:.2f}",
+                         "-" if mode == "direct" else f"{added['p50_ms']:+.2f}",
+                         "-" if mode == "direct" else f"{added['p99_ms']:+.2f}",
+                         "-" if rps is None else f"{rps:.0f}"])
+    header = ["clients", "path", "p50 ms", "p99 ms", "p50 added", "p99 added", "req/s"]
+    return table(header, rows)
+
+
+def routing_table(res: dict[str, Any]) -> str:
+    rows = [[r["policy"], f"{100 * r['hit_rate']:.1f}%", f"{100 * r['predicted_hit_rate']:.1f}%",
+             f"{r['prefilled_tokens']:,}", f"{r['mean_latency_ms']:.1f}",
+             "/".join(str(n) for n in r["requests_per_replica"])] for r in res["runs"]]
+    header = ["routing", "hit rate (reported)", "predicted", "prefilled tokens",
+              "mean latency ms", "requests per replica"]
+    return table(header, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--skip-routing", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {"quick": args.quick, "python": platform.python_version(),
+                              "cpus": os.cpu_count()}
+    if not args.skip_latency:
+        result["latency"] = run_latency(args.quick)
+        lat = result["latency"]
+        print(f"\nAdded latency, upstream mode ({lat['requests']} agent requests, "
+              f"mean {lat['mean_prompt_tokens']} prompt tokens):")
+        print(latency_table(lat))
+        c1 = lat["c1"]["gateway_added"]
+        result["targets"] = {"p50_added_le_2ms": c1["p50_ms"] <= 2.0,
+                             "p99_added_le_10ms": c1["p99_ms"] <= 10.0}
+        print(f"targets at 1 client: p50 added {c1['p50_ms']:.2f} ms (<= 2), "
+              f"p99 added {c1['p99_ms']:.2f} ms (<= 10)")
+    if not args.skip_routing:
+        result["routing"] = run_routing(args.quick)
+        r = result["routing"]
+        print(f"\nRouting: {r['sessions']} concurrent agent sessions x {r['turns']} turns over "
+              f"4 caching replicas:")
+        print(routing_table(r))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""Single-stream decode speed of the engine's model for each weight format, side by side.
+
+For fp32, bf16, fp16 (fbgemm, weight-only) and int8 (fbgemm, per-channel int8 weights with
+dynamic per-tensor int8 activations) this measures the paged decode step (T=1, batch 1) at a
+fixed context, the weight bytes a step streams, and accuracy against fp32: the largest logit
+difference over a few prompts and whether greedy continuations stay identical.
+
+    .venv/bin/python benchmarks/bench_model_decode.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tqdm import tqdm
+
+from engine.attention_metadata import AttentionMetadata
+from engine.gguf import read_gguf
+from engine.loader import default_model_path
+from engine.model import LlamaModel
+from engine.tokenizer import Tokenizer
+
+PROMPTS = (
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "List three colours of the rainbow.",
+    "Explain in one sentence why the sky is blue.",
+)
+PAGE_SIZE = 16
+RESULTS = Path(__file__).parent / "results" / "model_decode.json"
+
+
+class Row(NamedTuple):
+    option: str
+    ms_per_token: float
+    streamed_mb: float
+    max_logit_diff: float
+    greedy_equal: str
+
+
+class PagedRunner:
+    """Runs one sequence through the paged model with a contiguous page table."""
+
+    def __init__(self, model: LlamaModel, max_tokens: int) -> None:
+        c = model.config
+        pages = -(-max_tokens // PAGE_SIZE)
+        shape = (pages, PAGE_SIZE, c.num_kv_heads, c.head_dim)
+        cache_dtype = model.dtype
+        self.model = model
+        self.k = [torch.zeros(shape, dtype=cache_dtype) for _ in range(c.num_layers)]
+        self.v = [torch.zeros(shape, dtype=cache_dtype) for _ in range(c.num_layers)]
+        self.table = torch.arange(pages, dtype=torch.int32)[None]
+
+    def step(self, ids: list[int], start: int) -> torch.Tensor:
+        """Logits [len(ids), vocab] for tokens at positions start.. (cache holds 0..start)."""
+        n = len(ids)
+        positions = torch.arange(start, start + n)
+        meta = AttentionMetadata(
+            slot_mapping=positions,
+            block_table=self.table,
+            cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+            seq_lens=torch.tensor([start + n], dtype=torch.int32),
+            is_decode=n == 1,
+        )
+        hidden = self.model(torch.tensor(ids), positions, meta, self.k, self.v)
+        return self.model.compute_logits(hidden)
+
+
+@torch.inference_mode()
+def greedy(model: LlamaModel, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    runner = PagedRunner(model, len(prompt) + new_tokens)
+    logits = runner.step(prompt, 0)
+    first = logits[-1]
+    out = [int(first.argmax())]
+    for i in range(new_tokens - 1):
+        out.append(int(runner.step(out[-1:], len(prompt) + i)[-1].argmax()))
+    return out, first
+
+
+@torch.inference_mode()
+def decode_ms(model: LlamaModel, context: int, steps: int) -> float:
+    runner = PagedRunner(model, context + steps + 8)
+    runner.step([11] * context, 0)
+    for i in range(3):  # warm-up
+        runner.step([11], context + i)
+    begin = time.perf_counter()
+    for i in range(steps):
+        runner.step([11], context + 3 + i)
+    return (time.perf_counter() - begin) / steps * 1e3
+
+
+def build(option: str, weights: dict[str, torch.Tensor], config: object) -> LlamaModel:
+    dtype = torch.bfloat16 if option == "bf16" else torch.float32
+    model = LlamaModel(config, dtype=dtype)  # type: ignore[arg-type]
+    model.load_weights(weights)
+    if option in ("int8", "fp16"):
+        model.quantize(option)  # type: ignore[arg-type]
+    return model.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and prompts")
+    parser.add_argument("--context", type=int, default=128, help="tokens in the cache")
+    parser.add_argument("--options", default="fp32,bf16,fp16,int8")
+    args = parser.parse_args(argv)
+    steps, new_tokens = (10, 8) if args.quick else (40, 24)
+    prompts = PROMPTS[:2] if args.quick else PROMPTS
+    contents = read_gguf(default_model_path())
+    tokenizer = Tokenizer(contents.tokenizer)
+    encoded = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+    reference: list[tuple[list[int], torch.Tensor]] = []
+    rows: list[Row] = []
+    for option in tqdm(args.options.split(","), desc="weight formats"):
+        model = build(option, contents.weights, contents.config)
+        ms = decode_ms(model, args.context, steps)
+        runs = [greedy(model, ids, new_tokens) for ids in encoded]
+        if not reference:
+            reference = runs
+        diff = max(float((r[1] - o[1]).abs().max()) for r, o in zip(reference, runs, strict=True))
+        same = sum(r[0] == o[0] for r, o in zip(reference, runs, strict=True))
+        mb = model.streamed_weight_bytes() / 1e6
+        rows.append(Row(option, ms, mb, diff, f"{same}/{len(runs)}"))
+        del model
+    print(f"\nsingle-stream decode, context {args.context}, torch threads {torch.get_num_threads()}")
+    print(f"{'option':<8}{'ms/token':>10}{'MB/step':>10}{'max|dlogit|':>13}{'greedy==ref':>13}")
+    for r in rows:
+        print(f"{r.option:<8}{r.ms_per_token:>10.1f}{r.streamed_mb:>10.0f}"
+              f"{r.max_logit_diff:>13.3f}{r.greedy_equal:>13}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"context": args.context, "threads": torch.get_num_threads(),
+               "reference": rows[0].option, "rows": [r._asdict() for r in rows]}
+    RESULTS.write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

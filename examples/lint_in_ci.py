@@ -1,0 +1,87 @@
+"""prompt_lint as a CI gate: fail the build when a prompt log carries cache killers.
+
+Usage:
+    python examples/lint_in_ci.py LOG.jsonl [--sarif lint.sarif] [--min-hit-rate 0.5]
+    python examples/lint_in_ci.py --demo        # writes and checks a small demo log
+
+Two gates, both typical for a CI job that replays an agent's recorded requests:
+1. `prefixgate lint --fail-on error` (the CLI entry point, in-process), which
+   also writes a SARIF file for the code-scanning UI;
+2. a budget on the share of prompt tokens that stays cacheable, computed with
+   the library (`lint_request` with one TemplateLearner over the log).
+Exit status: 0 pass, 1 gate failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from prompt_lint import TemplateLearner, learn_request, lint_request
+from prompt_lint.cli import lint_main
+from prompt_lint.loader import InputError, load_requests
+
+
+def demo_log(path: Path) -> Path:
+    """A tiny agent log with two classic cache killers (time and user id on top)."""
+    guide = "\n".join(f"Rule {i}: answer questions about area {i} briefly." for i in range(40))
+    with path.open("w") as out:
+        for turn in range(4):
+            system = f"Current time: 2026-11-29T10:0{turn}:00Z\nuser_id: u_4242\n{guide}"
+            body = {"model": "gpt-4o-mini", "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"question {turn}"}]}
+            out.write(json.dumps(body) + "\n")
+    return path
+
+
+def cacheable_share(log: str) -> tuple[float, float, Counter[str]]:
+    """(cacheable share now, after `prefixgate fix`, findings per rule) over the log."""
+    requests = load_requests([log])
+    learner = TemplateLearner()
+    for req in requests:
+        learn_request(req.body, learner, req.provider)
+    learner.freeze()
+    reports = [lint_request(r.body, r.provider, learner=learner) for r in requests]
+    total = sum(r.prompt_tokens for r in reports) or 1
+    rules = Counter(f.rule for r in reports for f in r.findings)
+    return (sum(r.cacheable_tokens for r in reports) / total,
+            sum(r.cacheable_tokens_after_fix for r in reports) / total, rules)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", nargs="?", help="JSONL / JSON request log")
+    parser.add_argument("--demo", action="store_true", help="check a generated demo log")
+    parser.add_argument("--sarif", default=None, help="also write SARIF here")
+    parser.add_argument("--min-hit-rate", type=float, default=0.5,
+                        help="fail when less than this share of prompt tokens is cacheable")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = str(demo_log(Path(tmp) / "demo.jsonl")) if args.demo or not args.log else args.log
+        sarif = args.sarif or str(Path(tmp) / "lint.sarif")
+        code = lint_main([log, "--fail-on", "error", "--format", "sarif", "-o", sarif])
+        if code == 2:
+            return 2
+        try:
+            now, after, rules = cacheable_share(log)
+        except InputError as exc:
+            print(f"bad input: {exc}", file=sys.stderr)
+            return 2
+    print(f"lint gate: {'FAIL' if code else 'pass'} ({dict(sorted(rules.items()))})")
+    print(f"cacheable share: {now:.1%} now, {after:.1%} after `prefixgate fix` "
+          f"(budget {args.min_hit_rate:.0%})")
+    budget_failed = now < args.min_hit_rate
+    if code or budget_failed:
+        print("fix: run `prefixgate fix LOG -o FIXED.jsonl` or move dynamic values out of the "
+              "system prompt")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""Triton paged attention: split-K decode with GQA and causal prefill over cached pages.
+
+Imported lazily by ``kernels.attention`` (so ``TRITON_INTERPRET=1`` set before first use runs
+these kernels on CPU tensors). Inputs are checked by the public wrappers; the launch helpers
+here only assert the layout facts the kernels rely on.
+
+Both kernels keep the online softmax in the log2 domain (``exp2`` with the scale pre-multiplied
+by log2(e)) and use a finite ``NEG`` instead of -inf, so no inf - inf is ever formed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+NEG = -1.0e30  # "minus infinity" that stays finite under subtraction
+LOG2E = 1.4426950408889634
+MIN_SPLIT_TOKENS = 256  # a decode split covers at least this many cache positions
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
+    scale_log2, tokens_per_split,
+    stride_qb, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_bt,
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One (sequence, KV head, split): the GROUP query heads over one range of the cache."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    heads = kv_head * GROUP + g
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_G, BLOCK_D]
+
+    m_i = tl.full([BLOCK_G], NEG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        page = tl.load(block_table_ptr + b * stride_bt + n // PAGE_SIZE, mask=n_mask, other=0)
+        row = page.to(tl.int64) * stride_kp + (n % PAGE_SIZE) * stride_ks + kv_head * stride_kh
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, D]
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [BLOCK_G, BLOCK_N]
+        s = tl.where(n_mask[None, :], s, NEG)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.where(n_mask[None, :], tl.exp2(s - m_new[:, None]), 0.0)
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(v_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    has = l_i > 0.0
+    l_safe = tl.where(has, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(has, m_i + tl.log2(l_safe), NEG)  # log2-sum-exp2 of this split's scores
+    head_off = b * stride_mob + heads * stride_moh + split * stride_mos
+    tl.store(
+        mid_o_ptr + head_off[:, None] + d[None, :], out, mask=g_mask[:, None] & d_mask[None, :]
+    )
+    tl.store(mid_lse_ptr + b * stride_mlb + heads * stride_mlh + split, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr, num_splits,
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One (sequence, query head): weight each split's output by exp2 of its log-sum-exp."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_mask = s < num_splits
+    lse = tl.load(mid_lse_ptr + b * stride_mlb + h * stride_mlh + s, mask=s_mask, other=NEG)
+    live = s_mask & (lse > NEG * 0.5)  # splits that saw at least one token
+    m = tl.max(lse, 0)
+    w = tl.where(live, tl.exp2(lse - m), 0.0)  # [BLOCK_S]
+    o = tl.load(
+        mid_o_ptr + b * stride_mob + h * stride_moh + s[:, None] * stride_mos + d[None, :],
+        mask=live[:, None] & (d[None, :] < HEAD_DIM),
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d < HEAD_DIM,
+    )
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, block_table_ptr, cu_seqlens_ptr, seq_lens_ptr,
+    scale_log2,
+    stride_qt, stride_qh,
+    stride_ot, stride_oh,
+    stride_kp, stride_ks, stride_kh,
+    stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One (sequence, query head, block of new tokens): causal attention over its pages."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    m_block = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_ptr + b)
+    n_new = tl.load(cu_seqlens_ptr + b + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + b)
+    prefix = seq_len - n_new
+    kv_head = h // GROUP
+
+    i = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    i_mask = i < n_new
+    d_mask = d < HEAD_DIM
+    pos = prefix + i  # absolute positions of these new tokens
+    q = tl.load(
+        q_ptr + (q_start + i)[:, None] * stride_qt + h * stride_qh + d[None, :],
+        mask=i_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+    # keys up to the last row's position; nothing at all when this block has no rows
+    kv_end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)
+    kv_end = tl.where(m_block * BLOCK_M < n_new, kv_end, 0)
+
+    m_i = tl.full([BLOCK_M], NEG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for n0 in range(0, kv_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < kv_end
+        page = tl.load(block_table_ptr + b * stride_bt + n // PAGE_SIZE, mask=n_mask, other=0)
+        row = page.to(tl.int64) * stride_kp + (n % PAGE_SIZE) * stride_ks + kv_head * stride_kh
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [BLOCK_M, BLOCK_N]
+        visible = i_mask[:, None] & n_mask[None, :] & (n[None, :] <= pos[:, None])
+        s = tl.where(visible, s, NEG)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(v_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(
+        o_ptr + (q_start + i)[:, None] * stride_ot + h * stride_oh + d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=i_mask[:, None] & d_mask[None, :],
+    )
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _target_programs(device: torch.device) -> int:
+    """How many decode programs keep the device busy (a few waves of SMs on CUDA)."""
+    if device.type == "cuda":
+        return 4 * _sm_count(device.index or 0)
+    return 8  # interpreter: a few splits, so split-K is exercised without slowing tests
+
+
+def plan_splits(
+    batch: int,
+    num_kv_heads: int,
+    capacity: int,
+    block_n: int,
+    device: torch.device,
+    requested: int | None = None,
+) -> tuple[int, int]:
+    """Return (num_splits, tokens_per_split) for a cache of ``capacity`` positions per sequence.
+
+    Sized from the block table width, not the actual lengths, so no host sync is needed;
+    splits past a sequence's length exit at once and merge with weight zero. Each split
+    covers a whole number of ``block_n`` blocks.
+    """
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"num_splits must be >= 1, got {requested}")
+        splits = requested
+    else:
+        wanted = -(-_target_programs(device) // max(1, batch * num_kv_heads))
+        splits = max(1, min(wanted, -(-capacity // MIN_SPLIT_TOKENS)))
+    tokens = -(-max(1, -(-capacity // splits)) // block_n) * block_n
+    return -(-capacity // tokens), tokens
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Triton decode attention; see ``kernels.paged_decode_attention`` for the contract.
+
+    ``num_splits`` overrides the split-K plan (tests use it to force several splits).
+    """
+    assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert block_table.stride(-1) == 1 and seq_lens.is_contiguous()
+    batch, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    block_n = 64
+    capacity = block_table.shape[1] * page_size
+    splits, tokens = plan_splits(batch, num_kv_heads, capacity, block_n, q.device, num_splits)
+    mid_o = q.new_empty((batch, num_q_heads, splits, head_dim), dtype=torch.float32)
+    mid_lse = q.new_empty((batch, num_q_heads, splits), dtype=torch.float32)
+    block_d = _block_d(head_dim)
+    _decode_split_kernel[(batch, num_kv_heads, splits)](
+        q, k_cache, v_cache, block_table, seq_lens, mid_o, mid_lse,
+        scale * LOG2E, tokens,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_table.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
+        num_warps=4,
+    )
+    _decode_merge_kernel[(batch, num_q_heads)](
+        mid_o, mid_lse, out, splits,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+        num_warps=2,
+    )
+    return out
+
+
+def _max_new_tokens(cu_seqlens_q: torch.Tensor, total: int) -> int:
+    """Longest chunk of new tokens: exact on CPU, the sync-free bound T on CUDA."""
+    if cu_seqlens_q.is_cuda:
+        return total
+    return int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if cu_seqlens_q.numel() > 1 else 0
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Triton prefill/extend attention; see ``kernels.paged_prefill_attention``."""
+    assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert block_table.stride(-1) == 1 and seq_lens.is_contiguous()
+    assert cu_seqlens_q.is_contiguous()
+    total, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    max_new = _max_new_tokens(cu_seqlens_q, total)
+    if total == 0 or max_new == 0:
+        return out
+    block_d = _block_d(head_dim)
+    block_m = 64 if q.is_cuda else 32
+    block_n = 64 if block_d <= 64 else 32
+    grid = (seq_lens.shape[0], num_q_heads, -(-max_new // block_m))
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_table, cu_seqlens_q, seq_lens,
+        scale * LOG2E,
+        q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_table.stride(0),
+        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return out
+
+
+__all__ = ["paged_decode_attention", "paged_prefill_attention", "plan_splits"]

@@ -1,0 +1,149 @@
+"""AsyncEngine: streaming deltas, UTF-8 safety, stop strings, cancellation, abort, stats."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from engine_runtime_support import (
+    STOP,
+    chain_model,
+    dense_greedy,
+    one_torch_thread,
+    random_prompts,
+    tiny_model,
+)
+
+from engine import AsyncEngine, Engine, EngineConfig, SamplingParams, StreamDelta
+from engine.loader import LoadedModel
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+__all__ = ["one_torch_thread"]  # a fixture, imported for use
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LoadedModel:
+    return tiny_model(seed=2)
+
+
+@pytest.fixture
+async def aeng(tiny: LoadedModel):
+    engine = AsyncEngine(engine=Engine(EngineConfig(num_pages=64, page_size=8), model=tiny))
+    yield engine
+    await engine.shutdown()
+    engine.engine.check()
+
+
+async def collect(aeng: AsyncEngine, prompt, params, **kwargs) -> list[StreamDelta]:
+    return [d async for d in aeng.stream(prompt, params, **kwargs)]
+
+
+async def test_concurrent_streams_match_the_dense_reference(aeng, tiny) -> None:
+    prompts = random_prompts(4, 5, 40, seed=3)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    streams = await asyncio.gather(*(collect(aeng, p, params) for p in prompts))
+    for prompt, deltas in zip(prompts, streams, strict=True):
+        final = deltas[-1]
+        assert final.finished and final.output is not None
+        assert not any(d.finished for d in deltas[:-1])
+        tokens = [t for d in deltas for t in d.token_ids]
+        assert tokens == final.output.token_ids == dense_greedy(tiny, prompt, 12)[:12]
+        assert "".join(d.text for d in deltas) == final.output.text
+        assert final.output.completion_tokens == 12
+
+
+CHAIN = "ab\u00e9\u4e16\U0001f642c"  # "abé世🙂c": 1, 1, 2, 3, 4, 1 bytes, all distinct
+
+
+async def test_stream_text_is_utf8_safe_and_hides_partial_stop_strings() -> None:
+    model = chain_model(CHAIN)
+    aeng = AsyncEngine(engine=Engine(EngineConfig(num_pages=16, page_size=8), model=model))
+    try:
+        greedy = SamplingParams(max_tokens=20, temperature=0.0)
+        deltas = await collect(aeng, [ord("a")], greedy)
+        assert deltas[-1].output.token_ids == list(CHAIN[1:].encode()) + [STOP]
+        assert deltas[-1].output.finish_reason == "stop"
+        texts = [d.text for d in deltas if d.text]
+        assert texts == ["b", "\u00e9", "\u4e16", "\U0001f642", "c"]  # whole characters only
+
+        never = SamplingParams(max_tokens=20, temperature=0.0, stop=["\u4e16\U0001f642x"])
+        held = [d.text for d in await collect(aeng, [ord("a")], never) if d.text]
+        assert held == ["b", "\u00e9", "\u4e16\U0001f642c"]  # held while it could be a stop
+
+        cut = SamplingParams(max_tokens=20, temperature=0.0, stop=["\U0001f642"])
+        stopped = await collect(aeng, [ord("a")], cut)
+        assert "".join(d.text for d in stopped) == "b\u00e9\u4e16" == stopped[-1].output.text
+        assert stopped[-1].output.finish_reason == "stop"
+    finally:
+        await aeng.shutdown()
+    aeng.engine.check()
+
+
+async def test_cancelling_the_consumer_aborts_and_frees_pages(aeng) -> None:
+    prompt = random_prompts(1, 30, 30, seed=8)[0]
+    params = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+    got_first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in aeng.stream(prompt, params, request_id="doomed"):
+            got_first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(got_first.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(200):  # the loop thread processes the abort
+        stats = aeng.stats()
+        if stats.running == 0 and stats.waiting == 0 and stats.pages_used == 0:
+            break
+        await asyncio.sleep(0.02)
+    stats = aeng.stats()
+    assert stats.running == stats.waiting == stats.pages_used == 0
+    assert stats.pages_cached > 0  # its computed prompt pages stay reusable
+    assert not await aeng.abort("doomed")  # already gone
+
+
+async def test_abort_ends_the_stream_with_abort(aeng) -> None:
+    params = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+    stream = aeng.stream(random_prompts(1, 10, 10, seed=9)[0], params, request_id="r1")
+    first = await anext(stream)
+    assert not first.finished
+    assert await aeng.abort("r1")
+    rest = [d async for d in stream]
+    assert rest[-1].finished and rest[-1].output.finish_reason == "abort"
+    assert rest[-1].output.completion_tokens < 500
+
+
+async def test_bad_input_raises_at_the_call(aeng) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        await collect(aeng, [], SamplingParams())
+    with pytest.raises(ValueError, match="top_p"):
+        await collect(aeng, [1, 2], SamplingParams(top_p=0.0))
+
+
+async def test_stats_namespaces_and_prefill_rate(aeng) -> None:
+    prompt = random_prompts(1, 40, 40, seed=10)[0]
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    first = await aeng.generate(prompt, params, namespace="t1")
+    second = await aeng.generate(prompt, params, namespace="t1")
+    other = await aeng.generate(prompt, params, namespace="t2")
+    assert (first.cached_tokens, second.cached_tokens, other.cached_tokens) == (0, 32, 0)
+    assert second.token_ids == first.token_ids == other.token_ids
+    stats = aeng.stats()
+    assert stats.prefix_cache_queries == 3 and stats.prefix_cache_hit_tokens == 32
+    assert stats.pages_free + stats.pages_used + stats.pages_cached == stats.pages_total
+    assert aeng.prefill_tokens_per_second is not None and aeng.prefill_tokens_per_second > 0
+
+
+async def test_shutdown_aborts_in_flight_streams(tiny) -> None:
+    aeng = AsyncEngine(engine=Engine(EngineConfig(num_pages=32, page_size=8), model=tiny))
+    params = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
+    stream = aeng.stream([1, 2, 3], params)
+    await anext(stream)
+    await aeng.shutdown()
+    rest = [d async for d in stream]
+    assert rest[-1].output.finish_reason == "abort"
+    aeng.engine.check()
+    with pytest.raises(RuntimeError, match="shut down"):
+        await collect(aeng, [1, 2], params)

@@ -1,0 +1,179 @@
+"""/api/stats numbers against a naive recomputation, admin auth, the dashboard page,
+`prefixgate stats`, `prefixgate bench`, and the dashboard drawn by headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from upstream_helpers import fake_replicas, gateway_app, pool_over, seed_records, serving
+
+from gateway import bench, stats_cli
+from gateway.api_stats import compute_stats
+from gateway.pricing import DEFAULT_PRICES, Price, PriceTable
+from gateway.stats import RecordStore, RequestRecord
+
+ADMIN = "admin-secret"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = RecordStore(f"sqlite:///{tmp_path / 'stats.db'}")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def admin_app(tmp_path: Path) -> Any:
+    pool = pool_over(fake_replicas(1))
+    app = gateway_app(tmp_path, pool, admin_key=ADMIN, api_keys={"user-key": "acme"})
+    yield app
+    app.state.store.close()
+
+
+def naive_price(model: str) -> Price | None:
+    matches = [k for k in DEFAULT_PRICES if model.lower().startswith(k)]
+    return DEFAULT_PRICES[max(matches, key=len)] if matches else None
+
+
+def naive_group(rows: list[RequestRecord]) -> dict[str, Any]:
+    ok = [r for r in rows if r.status < 400]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    saved = 0.0
+    for r in ok:
+        price = naive_price(r.model)
+        saved += r.cached_tokens * (price.input - price.cached_input) / 1e6 if price else 0.0
+    return {"requests": len(rows), "errors": len(rows) - len(ok), "prompt_tokens": prompt,
+            "cached_tokens": cached, "hit_rate": round(cached / prompt, 4),
+            "predicted_cached_tokens": sum(r.predicted_cached_tokens or 0 for r in rows),
+            "reported_cached_tokens": sum(r.reported_cached_tokens or 0 for r in rows),
+            "prefill_saved_ms": sum(r.prefill_saved_ms for r in rows), "cost_saved_usd": saved}
+
+
+def assert_group(got: dict[str, Any], want: dict[str, Any]) -> None:
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
+
+
+def test_stats_match_naive_recomputation(store: RecordStore) -> None:
+    now = datetime.now(UTC)
+    rows = seed_records(store, now)
+    stats = compute_stats(store.engine, PriceTable(), window_s=86400, now=now)
+    assert_group(stats["totals"], naive_group(rows))
+    for tenant in ("acme", "globex", "initech"):
+        [got] = [t for t in stats["by_tenant"] if t["tenant"] == tenant]
+        assert_group(got, naive_group([r for r in rows if r.tenant == tenant]))
+    for row in stats["by_replica"]:
+        assert_group(row, naive_group([r for r in rows if r.replica == row["replica"]]))
+    lint = Counter(i for r in rows for i in r.lint_ids.split(",") if i)
+    assert {x["id"]: x["requests"] for x in stats["lint"]} == dict(lint)
+    families = Counter(r.family for r in rows)
+    assert {f["family"]: f["requests"] for f in stats["families"]} == dict(families)
+    assert sum(p["requests"] for p in stats["series"]) == len(rows)
+    assert sum(p["cached_tokens"] for p in stats["series"]) == stats["totals"]["cached_tokens"]
+    starts = [p["epoch"] for p in stats["series"]]
+    assert starts == sorted(starts) and all(s % stats["bucket_s"] == 0 for s in starts)
+    short = compute_stats(store.engine, window_s=3600, now=now)  # only the last hour
+    assert short["totals"]["requests"] == sum(
+        1 for r in rows if (now - r.ts.replace(tzinfo=UTC)).total_seconds() <= 3600)
+
+
+def test_price_table_file_and_prefix_match(tmp_path: Path) -> None:
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"local": {"input": 1, "cached_input": 0.1, "output": 2},
+                                "*": {"input": 5, "cached_input": 5, "output": 5}}))
+    table = PriceTable.load(path)
+    assert table.price("local-model").saved(1_000_000) == pytest.approx(0.9)
+    assert table.price("gpt-4o").saved(10**6) == 0.0  # the fallback entry saves nothing
+    assert PriceTable().price("gpt-4o-mini-2024-07-18") == DEFAULT_PRICES["gpt-4o-mini"]
+    path.write_text(json.dumps({"x": {"input": 1}}))
+    with pytest.raises(ValueError, match="cached_input"):
+        PriceTable.load(path)
+
+
+async def test_admin_key_guards_stats_and_dashboard(admin_app: Any) -> None:
+    seed_records(admin_app.state.store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        for path in ("/api/stats", "/dashboard"):
+            assert (await client.get(path)).status_code == 401
+            assert (await client.get(path, headers={"authorization": "Bearer user-key"})
+                    ).status_code == 401
+        for how in ({"headers": {"authorization": f"Bearer {ADMIN}"}},
+                    {"headers": {"x-api-key": ADMIN}}, {"params": {"key": ADMIN}}):
+            r = await client.get("/api/stats", **how)
+            assert r.status_code == 200 and r.json()["totals"]["requests"] == 60
+        bad = await client.get("/api/stats", params={"key": ADMIN, "window": "soon"})
+        assert bad.status_code == 400
+        page = await client.get("/dashboard", params={"key": ADMIN})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    html = page.text
+    assert "<script>" in html and "api/stats" in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing remote
+    assert "@import" not in html and "url(http" not in html
+
+
+def test_stats_cli_prints_the_api_numbers(admin_app: Any, capsys: Any) -> None:
+    seed_records(admin_app.state.store)
+    with serving(admin_app) as server:
+        assert stats_cli.main(["--url", server.url, "--admin-key", ADMIN]) == 0
+        table = capsys.readouterr().out
+        assert stats_cli.main(["--url", server.url, "--admin-key", ADMIN, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert stats_cli.main(["--url", server.url, "--admin-key", "wrong"]) == 1
+        assert "401" in capsys.readouterr().err
+    t = data["totals"]
+    assert f"hit rate {100 * t['hit_rate']:.1f}%" in table
+    assert f"{t['prompt_tokens']:,} prompt tokens" in table
+    for row in data["by_tenant"]:
+        line = next(x for x in table.splitlines() if x.startswith(row["tenant"] + " "))
+        assert f"{100 * row['hit_rate']:.1f}%" in line and f"{row['requests']:,}" in line
+    assert "PL004" in table
+
+
+def test_bench_command_finds_benchmarks(capsys: Any) -> None:
+    assert bench.find("gateway") is not None and bench.find("gateway").name == "bench_gateway.py"
+    assert bench.find("../etc") is None
+    assert bench.main(["no_such_bench"]) == 2
+    assert "available:" in capsys.readouterr().err and "gateway" in bench.available()
+
+
+def _chromium(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}",
+             "--virtual-time-budget=8000", "--window-size=1400,1800"]
+    return subprocess.run([str(CHROMIUM), *flags, *extra, url], capture_output=True, text=True,
+                          timeout=90, check=False)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_dashboard_draws_in_headless_chromium(admin_app: Any, tmp_path: Path) -> None:
+    seed_records(admin_app.state.store)
+    with serving(admin_app) as server:
+        url = f"{server.url}/dashboard?key={ADMIN}"
+        dom = _chromium(url, tmp_path, "--dump-dom").stdout
+        shot = tmp_path / "dashboard.png"
+        _chromium(url, tmp_path, f"--screenshot={shot}")
+    body = re.search(r"<body[^>]*>", dom)
+    assert body, dom[:500]
+    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(0)))
+    assert attrs.get("data-state") == "ready", attrs
+    assert int(attrs["data-charts"]) == 6 and attrs["data-requests"] == "60"
+    assert dom.count('data-drawn="1"') == 6
+    points = [int(n) for n in re.findall(r'data-points="(\d+)"', dom)]
+    assert len(points) == 6 and min(points) >= 2
+    assert len(re.findall(r'<rect[^>]*height="(?!0")[\d.]+', dom)) > 50  # bars of non-zero height
+    assert dom.count("<polyline") >= 3  # hit rate, predicted, reported
+    assert "<td" in dom and "acme" in dom and "PL004" in dom
+    assert shot.exists() and shot.stat().st_size > 10_000

@@ -1,0 +1,233 @@
+"""The gateway over the real embedded engine (SmolLM2-135M-Instruct), with the official SDKs.
+
+One engine is shared by the whole session (conftest.real_backend); every test uses its own
+cache namespace (tenant or cache_salt) so tests never see each other's cache. The independent
+references are the engine's own tokenizer (prompt token counts, common-prefix lengths) and the
+greedy determinism of the model (the same prompt through two routes gives the same text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import anthropic
+import httpx
+import openai
+import pytest
+from gateway_fakes import serve
+from sqlalchemy import select
+
+from gateway.stats import RequestRecord
+
+pytestmark = pytest.mark.slow
+MODEL = "smollm2-135m-instruct"
+SYSTEM = ("You are a helpful assistant for a hardware store. You answer questions about tools, "
+          "paint and garden supplies in one short sentence. ") * 2
+QUESTION = "What is the capital of France?"
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def salt() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def chat(question: str = QUESTION, system: str = SYSTEM) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def template_len(real_backend, messages, tools=None) -> int:
+    return len(real_backend.engine.tokenizer.apply_chat_template(messages, tools=tools))
+
+
+def stored(app) -> list[RequestRecord]:
+    app.state.store.flush()
+    with app.state.store.session() as session:
+        return list(session.scalars(select(RequestRecord).order_by(RequestRecord.id)))
+
+
+def test_openai_sync_stream_and_anthropic_agree(make_real_app, real_backend):
+    app = make_real_app()
+    with serve(app) as server:
+        oai = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        extra = {"cache_salt": salt()}
+        whole = oai.chat.completions.create(model=MODEL, messages=chat(), max_tokens=8,
+                                            temperature=0, extra_body=extra)
+        text = whole.choices[0].message.content
+        assert "Paris" in text
+        assert whole.usage.prompt_tokens == template_len(real_backend, chat())
+        assert 0 < whole.usage.completion_tokens <= 8
+        stream = oai.chat.completions.create(
+            model=MODEL, messages=chat(), max_tokens=8, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body=extra)
+        chunks = list(stream)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == text  # greedy: same prompt, same text
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # repeated prompt
+        ant = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        body = {"model": MODEL, "max_tokens": 8, "system": SYSTEM,
+                "messages": [{"role": "user", "content": QUESTION}],
+                "extra_body": {"temperature": 0, "cache_salt": extra["cache_salt"]}}
+        msg = ant.messages.create(**body)
+        assert msg.content[0].text == text
+        usage = msg.usage
+        assert usage.input_tokens + usage.cache_read_input_tokens == whole.usage.prompt_tokens
+        assert usage.cache_read_input_tokens > 0
+        with ant.messages.stream(**body) as events:
+            assert "".join(events.text_stream) == text
+    assert [r.status for r in stored(app)] == [200, 200, 200, 200]
+
+
+async def test_openai_async_tools_round_trip(make_real_app, real_backend):
+    app = make_real_app()
+    client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="none", max_retries=0,
+                                http_client=httpx.AsyncClient(
+                                    transport=httpx.ASGITransport(app=app),
+                                    base_url="http://gateway"))
+    messages = [
+        {"role": "system", "content": "You call tools when useful."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+    ]
+    out = await client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, max_tokens=32, temperature=0,
+        extra_body={"cache_salt": salt()})
+    # The tools and the tool call went through the model's chat template.
+    assert out.usage.prompt_tokens == template_len(real_backend, messages, TOOLS)
+    assert out.usage.prompt_tokens > template_len(real_backend, messages)
+    choice = out.choices[0]
+    assert choice.finish_reason in {"stop", "length", "tool_calls"}
+    if choice.finish_reason == "tool_calls":  # a complete call parsed out of the text
+        assert "<tool_call>" not in (choice.message.content or "")
+        for call in choice.message.tool_calls:
+            assert call.function.name == "get_weather"
+            assert isinstance(json.loads(call.function.arguments), dict)
+    else:
+        assert not choice.message.tool_calls
+
+
+async def test_repeated_prefix_is_cached_page_aligned(make_real_app, real_backend):
+    app = make_real_app()
+    page = real_backend.engine.stats().page_size
+    tokenizer = real_backend.engine.tokenizer
+    extra = {"cache_salt": salt()}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        results = []
+        for question in ("Name one kind of paint.", "Which saw cuts metal?"):
+            body = {"model": MODEL, "messages": chat(question), "max_tokens": 4,
+                    "temperature": 0, **extra}
+            response = await http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200
+            results.append(response)
+    first_ids = tokenizer.apply_chat_template(chat("Name one kind of paint."))
+    second_ids = tokenizer.apply_chat_template(chat("Which saw cuts metal?"))
+    common = next(i for i, (a, b) in enumerate(zip(first_ids, second_ids, strict=False))
+                  if a != b)
+    usage = [r.json()["usage"] for r in results]
+    assert usage[0]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert usage[1]["prompt_tokens_details"]["cached_tokens"] == (common // page) * page > 0
+    headers = results[1].headers
+    assert int(headers["x-prefixgate-cached-tokens"]) == (common // page) * page
+    assert float(headers["x-prefixgate-prefill-saved-ms"]) > 0
+
+
+async def test_tenants_never_hit_each_others_prefix(make_real_app):
+    suffix = salt()
+    keys = {f"a-{suffix}": f"ta{suffix}", f"b-{suffix}": f"tb{suffix}"}
+    app = make_real_app(api_keys=keys)
+    transport = httpx.ASGITransport(app=app)
+
+    async def ask(key: str) -> int:
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            response = await http.post(
+                "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                json={"model": MODEL, "messages": chat(), "max_tokens": 2, "temperature": 0})
+            assert response.status_code == 200
+            return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    key_a, key_b = list(keys)
+    assert await ask(key_a) == 0
+    assert await ask(key_b) == 0  # same prompt, other tenant: no hit
+    assert await ask(key_a) > 0
+
+
+async def test_prompt_over_the_context_is_a_400(make_real_app, real_backend):
+    app = make_real_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        huge = "hello " * 9000
+        response = await http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": huge}], "max_tokens": 2})
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "messages"
+        assert (await http.get("/healthz")).json()["status"] == "ok"
+    assert real_backend.engine.stats().running == 0
+
+
+async def _wait_idle(real_backend, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = real_backend.engine.stats()
+        if stats.running == 0 and stats.waiting == 0 and stats.pages_used == 0:
+            return stats
+        await asyncio.sleep(0.05)
+    return real_backend.engine.stats()
+
+
+def test_disconnect_aborts_the_engine_request(make_real_app, real_backend):
+    app = make_real_app()
+    body = {"model": MODEL, "messages": chat("Write a long poem about rain."), "stream": True,
+            "max_tokens": 200, "temperature": 0, "cache_salt": salt()}
+    with serve(app) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())
+        stats = asyncio.run(_wait_idle(real_backend))
+    assert stats.running == 0 and stats.pages_used == 0
+    rows = stored(app)
+    assert [(r.status, r.stream) for r in rows] == [(499, True)]
+    assert rows[0].completion_tokens == 0
+
+
+async def test_load_64_concurrent_streams(make_real_app, real_backend):
+    app = make_real_app()
+    n = 64
+    extra = {"cache_salt": salt(), "temperature": 0}
+    with serve(app) as server:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none",
+                                    max_retries=0, timeout=300)
+
+        async def one(i: int) -> tuple[str | None, int, str]:
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=chat(f"Question {i}: what is {i} plus {i}?"),
+                max_tokens=3, stream=True, stream_options={"include_usage": True},
+                extra_body=extra)
+            finish, cached, text = None, -1, ""
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    cached = chunk.usage.prompt_tokens_details.cached_tokens
+                for choice in chunk.choices:
+                    finish = choice.finish_reason or finish
+                    text += choice.delta.content or ""
+            return finish, cached, text
+
+        results = await asyncio.gather(*(one(i) for i in range(n)))
+        await client.close()
+    assert all(finish in {"stop", "length"} for finish, _, _ in results)
+    assert all(cached >= 0 for _, cached, _ in results)
+    assert sum(cached > 0 for _, cached, _ in results) > 0  # the shared system prompt
+    rows = stored(app)
+    assert len(rows) == n and all(r.status == 200 and r.stream for r in rows)
+    assert len({r.request_id for r in rows}) == n
+    stats = await _wait_idle(real_backend)
+    assert stats.pages_used == 0  # no page held by a finished request
+    assert stats.pages_free + stats.pages_cached == stats.pages_total

@@ -1,0 +1,151 @@
+"""`prefixgate lint` / `prefixgate fix` through prompt_lint.cli, and one real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Linted
+
+from prompt_lint.cli import fix_main, lint_main
+
+ROOT = Path(__file__).resolve().parents[2]
+CLEAN = {"model": "gpt-4o", "messages": [{"role": "system", "content": "You help."},
+                                         {"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory, two_pass: Linted) -> Path:
+    path = tmp_path_factory.mktemp("lint") / "log.jsonl"
+    path.write_text("".join(json.dumps(r.body) + "\n" for r in two_pass.corpus[:60]))
+    return path
+
+
+def run(main: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_report_schema_matches_library(log: Path, two_pass: Linted,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(lint_main, [str(log), "--format", "json", "--show-values"], capsys)
+    doc = json.loads(out)
+    assert code == 1
+    assert [r["index"] for r in doc["requests"]] == list(range(60))
+    for entry, req in zip(doc["requests"], two_pass.corpus[:60], strict=True):
+        assert {"index", "findings", "prompt_tokens", "cacheable_tokens",
+                "cacheable_tokens_after_fix"} <= set(entry)
+        for f in entry["findings"]:
+            assert {"rule", "name", "severity", "path", "start", "end", "kind"} <= set(f)
+            assert (f["start"] is None) == (f["end"] is None)
+        labelled = {(lb.path, lb.value) for lb in req.labels}
+        flagged = {(f["path"], f["value"]) for f in entry["findings"] if f["start"] is not None}
+        assert {v.rstrip(".") for _, v in labelled} <= {v.rstrip(".") for _, v in flagged}
+    summary = doc["summary"]
+    assert summary["requests"] == 60
+    assert summary["findings"] == sum(len(r["findings"]) for r in doc["requests"])
+    assert summary["hit_rate_after_fix"] > summary["hit_rate_now"]
+
+
+def test_values_are_masked_unless_asked(log: Path, two_pass: Linted,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    secrets = {lb.value for r in two_pass.corpus[:60] for lb in r.labels
+               if lb.kind != "learned" and len(lb.value) >= 6}
+    assert len(secrets) > 50
+    for fmt in ("text", "json", "sarif"):
+        _, out, _ = run(lint_main, [str(log), "--format", fmt], capsys)
+        assert not [s for s in secrets if s in out], fmt
+    _, out, _ = run(lint_main, [str(log), "--show-values"], capsys)
+    assert all(s in out for s in secrets)
+    assert "summary: 60 requests" in out and "expected hit-rate change" in out
+
+
+def test_sarif(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(lint_main, [str(log), "--format", "sarif"], capsys)
+    _, js, _ = run(lint_main, [str(log), "--format", "json"], capsys)
+    sarif, doc = json.loads(out), json.loads(js)
+    assert sarif["version"] == "2.1.0"
+    run_ = sarif["runs"][0]
+    assert {r["id"] for r in run_["tool"]["driver"]["rules"]} >= {"PL001", "PL012"}
+    assert len(run_["results"]) == doc["summary"]["findings"]
+    first = run_["results"][0]["locations"][0]
+    assert first["physicalLocation"]["region"]["startLine"] == 1
+
+
+@pytest.mark.parametrize(("fail_on", "expected"), [("error", 0), ("warning", 0), ("info", 1),
+                                                   ("never", 0)])
+def test_exit_codes(tmp_path: Path, fail_on: str, expected: int,
+                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "one.json"
+    body = dict(CLEAN, tools=[{"type": "function", "function": {"name": "b"}},
+                              {"type": "function", "function": {"name": "a"}}])
+    path.write_text(json.dumps(body, indent=2))  # a single pretty JSON file
+    code, _, _ = run(lint_main, [str(path), "--fail-on", fail_on], capsys)
+    assert code == expected  # only an info finding (tools not sorted)
+
+
+def test_clean_log_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.jsonl").write_text(json.dumps(CLEAN) + "\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.json").write_text(json.dumps([CLEAN, CLEAN]))
+    code, out, _ = run(lint_main, [str(tmp_path), "--format", "json", "--fail-on", "info"],
+                       capsys)
+    doc = json.loads(out)
+    assert code == 0 and len(doc["requests"]) == 3
+    assert [r["source"].endswith(("a.jsonl", "b.json")) for r in doc["requests"]] == [True] * 3
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    ('{"model": "x", "messages": [', "invalid JSON"),
+    ('{"model": "x"}', "'messages' must be a non-empty list"),
+    ('{"messages": [{"role": "wizard", "content": "x"}]}', "role 'wizard'"),
+])
+def test_bad_input_exits_two_without_partial_report(tmp_path: Path, line: str, problem: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(CLEAN) + "\n\n" + line + "\n" + json.dumps(CLEAN) + "\n")
+    code, out, err = run(lint_main, [str(path)], capsys)
+    assert code == 2 and out == ""
+    assert f"{path}:3:" in err and problem in err
+    code, _, err = run(fix_main, [str(path), "-o", str(tmp_path / "out.jsonl")], capsys)
+    assert code == 2 and not (tmp_path / "out.jsonl").exists()
+
+
+def test_unknown_encoding_is_bad_input(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(lint_main, [str(log), "--encoding", "nope"], capsys)
+    assert code == 2 and out == "" and "unknown encoding" in err
+
+
+def test_fix_then_lint_is_clean(log: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    fixed = tmp_path / "fixed.jsonl"
+    code, _, err = run(fix_main, [str(log), "-o", str(fixed)], capsys)
+    assert code == 0 and "60 requests" in err
+    lines = fixed.read_text().splitlines()
+    assert len(lines) == 60
+    again = tmp_path / "again.jsonl"
+    run(fix_main, [str(log), "-o", str(again)], capsys)
+    assert again.read_text() == fixed.read_text()  # deterministic bytes
+    _, out, _ = run(lint_main, [str(fixed), "--format", "json"], capsys)
+    dynamic = [f for r in json.loads(out)["requests"] for f in r["findings"]
+               if f["rule"] in {"PL001", "PL002", "PL003", "PL004", "PL008"}]
+    assert dynamic == []
+
+
+def test_prefixgate_lint_subprocess(log: Path) -> None:
+    exe = ROOT / ".venv" / "bin" / "prefixgate"
+    if not exe.exists():
+        pytest.skip("prefixgate is not installed in .venv")
+    proc = subprocess.run([str(exe), "lint", str(log), "--format", "json"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr
+    assert len(json.loads(proc.stdout)["requests"]) == 60
+    probe = subprocess.run([sys.executable, "-c", "import sys, prompt_lint.cli; "
+                            "print('torch' in sys.modules)"], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+    assert probe.stdout.strip() == "False"
