@@ -39,25 +39,41 @@ from prompt_lint.cli import fix_main, lint_main  # noqa: E402
 from prompt_lint.providers import detect_provider, segments  # noqa: E402
 from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding  # noqa: E402
 
-WORDS = ("agent tool cache prefix request session deploy review ticket runbook policy user "
-         "answer search file test commit branch build service health metric alert backup "
-         "restore network token budget latency error retry queue worker schedule").split()
+WORDS = ["agent", "tool", "cache", "prefix", "request", "session", "deploy", "review", "ticket",
+         "runbook", "policy", "user", "answer", "search", "file", "test", "commit", "branch",
+         "build", "service", "health", "metric", "alert", "backup", "restore", "network",
+         "token", "budget", "latency", "error", "retry", "queue", "worker", "schedule"]
 
 
 class Row(NamedTuple):
-    """One measured variant."""
+    """One measured variant: wall seconds and CPU seconds of this process."""
 
     name: str
     seconds: float
+    cpu_seconds: float
     requests: int
     megabytes: float
     tokens: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seconds": round(self.seconds, 4), "requests": self.requests,
+        return {"name": self.name, "seconds": round(self.seconds, 4),
+                "cpu_seconds": round(self.cpu_seconds, 4), "requests": self.requests,
                 "requests_per_s": round(self.requests / self.seconds, 1),
+                "requests_per_cpu_s": round(self.requests / self.cpu_seconds, 1),
                 "mb_per_s": round(self.megabytes / self.seconds, 2),
                 "tokens_per_s": round(self.tokens / self.seconds)}
+
+
+class Timer:
+    """Wall and process CPU time of a block."""
+
+    def __enter__(self) -> Timer:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
 
 
 def _system(rng: random.Random, family: int, lines: int) -> list[str]:
@@ -118,32 +134,34 @@ def _body(provider: str, system: str, tools: list[dict[str, Any]],
             "messages": [{"role": "system", "content": system}] + history}
 
 
-def bench_tiktoken(lines: list[str]) -> tuple[float, int]:
+def bench_tiktoken(lines: list[str]) -> tuple[Timer, int]:
     encoding = get_encoding(DEFAULT_ENCODING)
-    start, total = time.perf_counter(), 0
-    for line in tqdm(lines, desc="tiktoken only", leave=False):
-        body = json.loads(line)
-        text = "".join(s.text for s in segments(body, detect_provider(body)))
-        total += len(encoding.encode_ordinary(text))
-    return time.perf_counter() - start, total
+    total = 0
+    with Timer() as timer:
+        for line in tqdm(lines, desc="tiktoken only", leave=False):
+            body = json.loads(line)
+            text = "".join(s.text for s in segments(body, detect_provider(body)))
+            total += len(encoding.encode_ordinary(text))
+    return timer, total
 
 
-def bench_online(lines: list[str]) -> tuple[float, int, int]:
+def bench_online(lines: list[str]) -> tuple[Timer, int, int]:
     learner = TemplateLearner()
-    start, total, findings = time.perf_counter(), 0, 0
-    for line in tqdm(lines, desc="lint (online)", leave=False):
-        report = lint_request(json.loads(line), learner=learner)
-        total += report.prompt_tokens
-        findings += len(report.findings)
-    return time.perf_counter() - start, total, findings
+    total = findings = 0
+    with Timer() as timer:
+        for line in tqdm(lines, desc="lint (online)", leave=False):
+            report = lint_request(json.loads(line), learner=learner)
+            total += report.prompt_tokens
+            findings += len(report.findings)
+    return timer, total, findings
 
 
-def bench_cli(func: Any, argv: list[str]) -> float:
-    start = time.perf_counter()
-    code = func(argv)
+def bench_cli(func: Any, argv: list[str]) -> Timer:
+    with Timer() as timer:
+        code = func(argv)
     if code not in (0, 1):
         raise RuntimeError(f"{argv[0]} exited {code}")
-    return time.perf_counter() - start
+    return timer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,10 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         online, linted_tokens, findings = bench_online(lines)
         cli = bench_cli(lint_main, [str(log), "--format", "json", "-o", os.devnull])
         fix = bench_cli(fix_main, [str(log), "-o", str(Path(tmp) / "fixed.jsonl")])
-    rows = [Row("tiktoken only (no cache)", base, n, mb, tokens),
-            Row("lint (online, gateway path)", online, n, mb, linted_tokens),
-            Row("prefixgate lint (two-pass, json)", cli, n, mb, linted_tokens),
-            Row("prefixgate fix", fix, n, mb, linted_tokens)]
+    rows = [Row("tiktoken only (no cache)", base.wall, base.cpu, n, mb, tokens),
+            Row("lint (online, gateway path)", online.wall, online.cpu, n, mb, linted_tokens),
+            Row("prefixgate lint (two-pass, json)", cli.wall, cli.cpu, n, mb, linted_tokens),
+            Row("prefixgate fix", fix.wall, fix.cpu, n, mb, linted_tokens)]
     _print(rows, n, tokens / n, mb, findings)
     result = {"requests": n, "mean_tokens": round(tokens / n), "log_mb": round(mb, 2),
               "findings_online": findings, "rows": [r.as_dict() for r in rows],
@@ -180,10 +198,14 @@ def main(argv: list[str] | None = None) -> int:
 def _print(rows: list[Row], n: int, mean_tokens: float, mb: float, findings: int) -> None:
     print(f"\nprompt_lint on {n} requests, mean {mean_tokens:.0f} tokens, {mb:.1f} MB "
           f"({findings} findings online)")
-    print(f"{'variant':<34} {'seconds':>8} {'req/s':>9} {'MB/s':>7} {'Mtok/s':>7}")
+    print(f"{'variant':<34} {'wall s':>7} {'req/s':>7} {'req/cpu-s':>9} {'MB/s':>6} "
+          f"{'Mtok/s':>7}")
     for r in rows:
-        print(f"{r.name:<34} {r.seconds:8.2f} {r.requests / r.seconds:9.0f} "
-              f"{r.megabytes / r.seconds:7.1f} {r.tokens / r.seconds / 1e6:7.2f}")
+        print(f"{r.name:<34} {r.seconds:7.2f} {r.requests / r.seconds:7.0f} "
+              f"{r.requests / r.cpu_seconds:9.0f} {r.megabytes / r.seconds:6.1f} "
+              f"{r.tokens / r.seconds / 1e6:7.2f}")
+    print("req/s: wall clock, one process on one core; req/cpu-s: per second of this "
+          "process's CPU time (less sensitive to other load on the machine)")
 
 
 if __name__ == "__main__":

@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         mb = model.streamed_weight_bytes() / 1e6
         rows.append(Row(option, ms, mb, diff, f"{same}/{len(runs)}"))
         del model
-    print(f"\nsingle-stream decode, context {args.context}, torch threads {torch.get_num_threads()}")
+    threads = torch.get_num_threads()
+    print(f"\nsingle-stream decode, context {args.context}, torch threads {threads}")
     print(f"{'option':<8}{'ms/token':>10}{'MB/step':>10}{'max|dlogit|':>13}{'greedy==ref':>13}")
     for r in rows:
         print(f"{r.option:<8}{r.ms_per_token:>10.1f}{r.streamed_mb:>10.0f}"

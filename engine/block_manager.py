@@ -8,9 +8,10 @@ Life of a sequence's pages:
   logits exist) against the cache, lock the match and use its pages as the sequence's first
   pages; `allocate` grows the page list as tokens are scheduled, evicting least recently used
   unlocked cache pages when the free list runs short.
-- release (finish, abort, preemption): the full pages whose KV is computed are inserted into
-  the cache (pages the cache already held under another id go back to the free list), the rest
-  are freed, and the match is unlocked.
+- after every step, `cache_computed` inserts the pages the step filled, so concurrent requests
+  with a shared prefix reuse each other's pages as soon as they exist;
+- release (finish, abort, preemption): the same insertion, then the remaining private pages
+  (the partial last page) are freed and the match is unlocked.
 """
 
 from __future__ import annotations
@@ -90,6 +91,32 @@ class BlockManager:
         seq.pages.extend(self._free.popleft() for _ in range(needed))
         return True
 
+    # ------------------------------------------------------------------ caching
+    def cache_computed(self, seq: Sequence) -> None:
+        """Hand `seq`'s computed full pages to the cache now (after every step), so requests
+        admitted later share them even while `seq` still runs.
+
+        Positions the cache already held under other page ids (computed concurrently by another
+        request) switch to the cache's pages and the duplicates are freed; `seq` then locks
+        the deeper node and unlocks the old one.
+        """
+        n_full = min(seq.num_computed_tokens // self.page_size, len(seq.pages))
+        if self.cache is None or n_full <= seq.num_cached_pages:
+            return
+        tokens = seq.token_ids[: n_full * self.page_size]
+        self.cache.insert(tokens, seq.pages[:n_full], namespace=seq.namespace)
+        match = self.cache.match(tokens, namespace=seq.namespace)
+        assert match.length == len(tokens), "inserted pages must match in full"
+        mine = seq.pages[seq.num_cached_pages : n_full]
+        kept = set(match.pages)
+        self._cache_pages.update(p for p in mine if p in kept)
+        self._free.extend(p for p in mine if p not in kept)
+        self.cache.lock(match.handle)
+        self.cache.unlock(seq.cache_handle)  # type: ignore[arg-type]
+        seq.pages[:n_full] = match.pages
+        seq.num_cached_pages = n_full
+        seq.cache_handle = match.handle
+
     # ------------------------------------------------------------------ release
     def release(self, seq: Sequence, *, keep_computed: bool = True) -> None:
         """Take back all of `seq`'s pages; computed full pages go to the cache if enabled.
@@ -97,29 +124,15 @@ class BlockManager:
         keep_computed=False (after a failed step, whose KV may be garbage) frees the private
         pages without caching them.
         """
-        private = seq.pages[seq.num_cached_pages :]
-        if self.cache is not None and keep_computed:
-            private = self._insert(seq)
-        self._free.extend(private)
+        if keep_computed:
+            self.cache_computed(seq)
+        self._free.extend(seq.pages[seq.num_cached_pages :])
         if self.cache is not None:
             self.cache.unlock(seq.cache_handle)  # type: ignore[arg-type]
         seq.pages = []
         seq.num_cached_pages = 0
         seq.cache_handle = None
         seq.num_computed_tokens = 0
-
-    def _insert(self, seq: Sequence) -> list[int]:
-        """Insert the computed full pages; return the pages the cache did not take."""
-        assert self.cache is not None
-        n_full = min(seq.num_computed_tokens // self.page_size, len(seq.pages))
-        if n_full == 0:
-            return seq.pages[seq.num_cached_pages :]
-        tokens = seq.token_ids[: n_full * self.page_size]
-        result = self.cache.insert(tokens, seq.pages[:n_full], namespace=seq.namespace)
-        duplicates = set(result.duplicate_pages)
-        taken = [p for p in seq.pages[seq.num_cached_pages : n_full] if p not in duplicates]
-        self._cache_pages.update(taken)
-        return [p for p in seq.pages[seq.num_cached_pages :] if p not in self._cache_pages]
 
     def _evict(self, num_pages: int) -> None:
         if self.cache is None:

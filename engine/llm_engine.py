@@ -48,13 +48,17 @@ class Engine:
     """Paged-KV, continuously batching engine with radix prefix caching.
 
     `Engine(EngineConfig())` loads the default model (SmolLM2-135M-Instruct from the wheel);
-    pass `model=` to share an already loaded `LoadedModel` (then `config.model` and
-    `config.dtype` are not used to load anything).
+    pass `model=` to share an already loaded `LoadedModel` (then `config.model`,
+    `config.dtype` and `config.quantization` are not applied: the model is used as it is).
     """
 
     def __init__(self, config: EngineConfig | None = None, *, model: LoadedModel | None = None):
         self.config = config = config or EngineConfig()
-        self.loaded = model or load_model(config.model, config.torch_dtype)
+        if model is None:
+            model = load_model(config.model, config.torch_dtype)
+            if config.quantization != "none":
+                model.model.quantize(config.quantization)
+        self.loaded = model
         self.loaded.model.to(config.device)
         self.tokenizer = self.loaded.tokenizer
         self.num_pages = config.num_pages or self._pages_from_budget()
@@ -75,8 +79,8 @@ class Engine:
 
     def _pages_from_budget(self) -> int:
         c = self.config
-        weights = self.loaded.weight_bytes
-        dtype_bytes = next(self.loaded.model.parameters()).element_size()
+        weights = _weight_bytes(self.loaded)
+        dtype_bytes = self.loaded.model.embed.element_size()
         return pages_for_budget(
             c.memory_budget_bytes or DEFAULT_MEMORY_BUDGET, shape_from_config(self.loaded.config),
             weights, dtype_bytes, c.page_size, c.max_num_batched_tokens, c.max_num_seqs,
@@ -199,6 +203,7 @@ class Engine:
                 prefill += n
                 seq.prefill_time += seconds
             seq.num_computed_tokens += n
+            self.block_manager.cache_computed(seq)
         total = sum(n for _, n in batch)
         self.prefill_tokens_computed += prefill
         if prefill >= 8 and 2 * prefill >= total:
@@ -313,3 +318,11 @@ class Engine:
         self.block_manager.check(self.scheduler.running)
         for seq in self.scheduler.waiting:
             assert not seq.pages, f"waiting request {seq.request_id} holds pages"
+
+
+def _weight_bytes(loaded: LoadedModel) -> int:
+    """Bytes of the weights as held (quantised projections count their packed size)."""
+    model = loaded.model
+    if getattr(model, "quantization", "none") == "none":
+        return loaded.weight_bytes
+    return model.streamed_weight_bytes() + model.embed.numel() * model.embed.element_size()

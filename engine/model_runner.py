@@ -28,7 +28,7 @@ class ModelRunner:
         self.model = loaded.model
         self.page_size = page_size
         self.device = torch.device(device)
-        dtype = next(self.model.parameters()).dtype
+        dtype = self.model.embed.dtype  # the model dtype (quantised weights keep fp32 activations)
         self.kv_cache = KVCache(loaded.config, num_pages, page_size, dtype, self.device)
 
     def prepare(self, batch: Seq[ScheduledSeq]) -> StepInputs:

@@ -43,10 +43,11 @@ def agent_trace(sessions: int, turns: int, *, system_words: int = 600, task_word
     if sessions <= 0 or turns <= 0:
         raise ValueError("sessions and turns must be positive")
     rng = random.Random(seed)
-    system = {"role": "system", "content": "You are a careful coding agent. " +
+    system: dict[str, Any] = {"role": "system", "content": "You are a careful coding agent. " +
               _words(rng, system_words)}
-    histories = [[system, {"role": "user", "content": f"Task {s}: " + _words(rng, task_words)}]
-                 for s in range(sessions)]
+    histories: list[list[dict[str, Any]]] = [
+        [system, {"role": "user", "content": f"Task {s}: " + _words(rng, task_words)}]
+        for s in range(sessions)]
     out: list[TraceRequest] = []
     for turn in range(turns):
         order = list(range(sessions))

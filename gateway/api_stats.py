@@ -100,7 +100,7 @@ def _finish(acc: dict[str, float]) -> dict[str, Any]:
     return out
 
 
-def _grouped(engine: Engine, key: ColumnElement[Any], since: datetime, prices: PriceTable,
+def _grouped(engine: Engine, key: Any, since: datetime, prices: PriceTable,
              ) -> dict[Any, dict[str, float]]:
     query = (select(key.label("key"), R.model, *_sums()).where(R.ts >= since)
              .group_by(key, R.model))
@@ -198,7 +198,7 @@ def price_table(state: Any) -> PriceTable:
     if table is None:
         table = PriceTable.load(getattr(state.config, "price_table", None))
         state.prices = table
-    return table  # type: ignore[no-any-return]
+    return table
 
 
 def forbidden() -> JSONResponse:

@@ -35,7 +35,8 @@ class FakeUpstreamConfig:
     (for latency benchmarks). `fail_status`: answer every request with this status.
     `delay_s`: wait before answering. `cut_after`: end a stream after this many chunks
     with no finish reason and no `[DONE]`. `prefill_us_per_token`: simulated prefill time
-    per uncached prompt token (so cache hits also show up as lower latency).
+    per uncached prompt token (so cache hits also show up as lower latency); with
+    `serial_prefill` one prefill runs at a time, as on one accelerator (load shows as queueing).
     """
 
     name: str = "fake"
@@ -47,6 +48,7 @@ class FakeUpstreamConfig:
     delay_s: float = 0.0
     cut_after: int | None = None
     prefill_us_per_token: float = 0.0
+    serial_prefill: bool = False
     bodies: list[dict[str, Any]] = field(default_factory=list)
     keep_bodies: bool = True
 
@@ -74,6 +76,7 @@ class FakeReplica:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.requests = 0
+        self.prefill_lock = asyncio.Lock()
 
     def lookup(self, body: dict[str, Any], namespace: str) -> tuple[list[int], int, int]:
         """(tokens, prompt tokens, cached tokens) of a body, before it is prefilled."""
@@ -152,7 +155,12 @@ def create_fake_upstream(config: FakeUpstreamConfig | None = None) -> Starlette:
         namespace = str(body.get("user") or body.get("cache_salt") or "")
         tokens, prompt, cached = replica.lookup(body, namespace)
         if cfg.prefill_us_per_token:  # the prompt is cached once its prefill is done
-            await asyncio.sleep((prompt - cached) * cfg.prefill_us_per_token / 1e6)
+            seconds = (prompt - cached) * cfg.prefill_us_per_token / 1e6
+            if cfg.serial_prefill:
+                async with replica.prefill_lock:
+                    await asyncio.sleep(seconds)
+            else:
+                await asyncio.sleep(seconds)
         replica.store(tokens, cached, namespace)
         words = [w + " " for w in cfg.reply.split()]
         usage = _usage(prompt, cached, len(words))
@@ -182,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     config = FakeUpstreamConfig(cache=not args.no_cache, keep_bodies=False)
-    uvicorn.run(create_fake_upstream(config), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_fake_upstream(config), host=args.host, port=args.port, log_level="warning",
+                timeout_keep_alive=60)
     return 0
 
 

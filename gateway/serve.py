@@ -82,3 +82,44 @@ def main(argv: list[str]) -> int:
     app = create_app(config)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
     return 0
+
+
+class BackgroundServer:
+    """The gateway under uvicorn in a background thread (for examples and scripts).
+
+    `with BackgroundServer(config) as server: ... server.url` serves on config.host and a free
+    port (or `port`); leaving the block shuts it down cleanly (records flushed, engine stopped).
+    """
+
+    def __init__(self, config: GatewayConfig, *, port: int | None = None) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        from gateway.app import create_app
+
+        if port is None:
+            with socket.socket() as sock:
+                sock.bind((config.host, 0))
+                port = int(sock.getsockname()[1])
+        self.url = f"http://{config.host}:{port}"
+        self.app = create_app(config)
+        uv_config = uvicorn.Config(self.app, host=config.host, port=port, log_level="warning")
+        self.server = uvicorn.Server(uv_config)
+        self.thread = threading.Thread(target=self.server.run, name="prefixgate-serve",
+                                       daemon=True)
+
+    def __enter__(self) -> BackgroundServer:
+        import time
+
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the gateway failed to start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join()

@@ -65,17 +65,24 @@ def _decode_padded(
     seq_lens: torch.Tensor,
     scale: float,
     n_pages: int,
+    full_length: int,
 ) -> torch.Tensor:
-    """All sequences at once, padded to n_pages and masked by length."""
+    """All sequences at once, padded to n_pages and masked by length.
+
+    ``full_length`` is the shortest sequence length: when every sequence fills all n_pages,
+    no mask is needed.
+    """
     batch, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     pages = block_table[:, :n_pages].clamp(0, num_pages - 1)  # unused entries may hold junk
     k, v = gather_kv(k_cache, v_cache, pages)  # [B, L, Hkv, D]
-    positions = torch.arange(n_pages * page_size, device=q.device)
-    mask = positions[None, :] < seq_lens[:, None]  # [B, L]
+    mask = None
+    if full_length != n_pages * page_size:  # some sequence ends before the padded length
+        positions = torch.arange(n_pages * page_size, device=q.device)
+        mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
     qg = q.view(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [B, Hkv, G, D]
     out = F.scaled_dot_product_attention(
-        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :], scale=scale
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
     )  # [B, Hkv, G, D]
     return out.reshape(batch, num_q_heads, head_dim)
 
@@ -123,7 +130,9 @@ def paged_decode_attention(
         return torch.zeros_like(q)
     if len(lengths) * n_pages > PADDING_WASTE_LIMIT * sum(page_counts):
         return _decode_each(q, k_cache, v_cache, block_table, lengths, scale)
-    out = _decode_padded(q, k_cache, v_cache, block_table, seq_lens, scale, n_pages)
+    out = _decode_padded(
+        q, k_cache, v_cache, block_table, seq_lens, scale, n_pages, min(lengths)
+    )
     if 0 in lengths:  # a fully masked row is NaN; a sequence without tokens reads nothing
         out[seq_lens == 0] = 0.0
     return out

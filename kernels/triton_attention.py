@@ -32,6 +32,7 @@ def _decode_split_kernel(
     stride_mlb, stride_mlh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """One (sequence, KV head, split): the GROUP query heads over one range of the cache."""
     b = tl.program_id(0)
@@ -62,13 +63,13 @@ def _decode_split_kernel(
         row = page.to(tl.int64) * stride_kp + (n % PAGE_SIZE) * stride_ks + kv_head * stride_kh
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, D]
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [BLOCK_G, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_G, BLOCK_N]
         s = tl.where(n_mask[None, :], s, NEG)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.where(n_mask[None, :], tl.exp2(s - m_new[:, None]), 0.0)
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(v_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
@@ -125,6 +126,7 @@ def _prefill_kernel(
     stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """One (sequence, query head, block of new tokens): causal attention over its pages."""
     b = tl.program_id(0)
@@ -160,14 +162,14 @@ def _prefill_kernel(
         row = page.to(tl.int64) * stride_kp + (n % PAGE_SIZE) * stride_ks + kv_head * stride_kh
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
         visible = i_mask[:, None] & n_mask[None, :] & (n[None, :] <= pos[:, None])
         s = tl.where(visible, s, NEG)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(v_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
@@ -187,7 +189,7 @@ def _sm_count(device_index: int) -> int:
 def _target_programs(device: torch.device) -> int:
     """How many decode programs keep the device busy (a few waves of SMs on CUDA)."""
     if device.type == "cuda":
-        return 4 * _sm_count(device.index or 0)
+        return 8 * _sm_count(device.index or 0)
     return 8  # interpreter: a few splits, so split-K is exercised without slowing tests
 
 
@@ -214,6 +216,11 @@ def plan_splits(
         splits = max(1, min(wanted, -(-capacity // MIN_SPLIT_TOKENS)))
     tokens = -(-max(1, -(-capacity // splits)) // block_n) * block_n
     return -(-capacity // tokens), tokens
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact products ("ieee", not TF32); 16-bit inputs use tensor cores."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _block_d(head_dim: int) -> int:
@@ -257,6 +264,7 @@ def paged_decode_attention(
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
+        DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=4,
     )
     _decode_merge_kernel[(batch, num_q_heads)](
@@ -309,6 +317,7 @@ def paged_prefill_attention(
         block_table.stride(0),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=4,
     )
     return out

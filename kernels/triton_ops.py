@@ -23,8 +23,9 @@ def _store_kv_kernel(
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
-    mask = (h[:, None] < NUM_HEADS) & (d[None, :] < HEAD_DIM) & (slot >= 0)
-    dst = slot * (NUM_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
+    slots = tl.zeros([BLOCK_H], dtype=tl.int64) + slot  # the slot, broadcast over heads
+    mask = (h[:, None] < NUM_HEADS) & (d[None, :] < HEAD_DIM) & (slots[:, None] >= 0)
+    dst = slots[:, None] * (NUM_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
     k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     tl.store(k_cache_ptr + dst, k, mask=mask)

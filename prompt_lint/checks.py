@@ -8,7 +8,7 @@ from typing import Any
 from prompt_lint.layout import TokenLayout
 from prompt_lint.providers import Provider, tool_name
 from prompt_lint.rules import RULES
-from prompt_lint.session import SessionTracker, fingerprint
+from prompt_lint.session import SessionTracker
 from prompt_lint.templates import Family
 from prompt_lint.types import Finding
 
@@ -60,7 +60,8 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
     out: list[Finding] = []
     if names != sorted(names):
         out.append(finding("PL005", "tools", "tools are not sorted by name"))
-    unsorted = [n for n, t in zip(names, tools, strict=True) if not _keys_sorted(_schema(t))]
+    unsorted = [n for i, (n, t) in enumerate(zip(names, tools, strict=True))
+                if not _schema_sorted(t, layout.segments[i].text)]
     if unsorted:
         out.append(finding("PL007", "tools", f"{len(unsorted)} tool schema(s) with unsorted "
                            f"JSON keys: {', '.join(unsorted[:5])}"))
@@ -72,9 +73,22 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
     for i, name in enumerate(names):
         compact = layout.segments[i].text  # tools come first in the layout
         old = family.tool_json.get(name)
-        if old is None or old[:24] != fingerprint(compact):
+        if old is None or old[0] != hash(compact):
             family.tool_json[name] = _tool_prints(tools[i], compact)
     return out, resolved
+
+
+_SORTED_CACHE: dict[str, bool] = {}
+
+
+def _schema_sorted(tool: Any, compact: str) -> bool:
+    """Whether the tool's schema keys are sorted (cached on its compact JSON)."""
+    found = _SORTED_CACHE.get(compact)
+    if found is None:
+        if len(_SORTED_CACHE) > 4096:
+            _SORTED_CACHE.clear()
+        found = _SORTED_CACHE[compact] = _keys_sorted(_schema(tool))
+    return found
 
 
 def _schema(tool: Any) -> Any:
@@ -84,8 +98,9 @@ def _schema(tool: Any) -> Any:
     return tool.get("input_schema") if isinstance(tool, dict) else None
 
 
-def _tool_prints(tool: Any, compact: str) -> str:
-    return fingerprint(compact) + fingerprint(canonical_json(tool))
+def _tool_prints(tool: Any, compact: str) -> tuple[int, int]:
+    """(hash of the JSON as sent, hash of its canonical form); in-process state only."""
+    return hash(compact), hash(canonical_json(tool))
 
 
 def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, family: Family,
@@ -100,10 +115,10 @@ def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, famil
     for i, (name, tool) in enumerate(zip(names, tools, strict=True)):
         old = family.tool_json.get(name)
         compact = layout.segments[i].text
-        if old is None or old[:24] == fingerprint(compact):
+        if old is None or old[0] == hash(compact):
             continue
         new = _tool_prints(tool, compact)
-        key_order_only = old[24:] == new[24:]
+        key_order_only = old[1] == new[1]
         if not key_order_only:
             resolved.discard("PL006")
         what = "key order" if key_order_only else "content"

@@ -16,7 +16,11 @@ import math
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Callable
+from itertools import compress
 from typing import NamedTuple
+
+from prompt_lint.incremental import PieceMemo
+from prompt_lint.tokens import LONG_TEXT, slot_keys
 
 
 class Span(NamedTuple):
@@ -153,13 +157,34 @@ def _detect_line(line: str) -> list[Span]:
     return spans
 
 
+def lines_with_ends(text: str) -> list[str]:
+    """`text` cut after every newline (the newline stays with its line)."""
+    parts = text.split("\n")
+    last = parts.pop()
+    return [p + "\n" for p in parts] + ([last] if last else [])
+
+
 class PatternScanner:
-    """Runs DETECTORS over texts line by line, with a bounded line cache."""
+    """Runs DETECTORS over texts line by line, with a bounded line cache; long texts
+    are scanned incrementally against the last text seen at the same slot."""
 
     def __init__(self, max_lines: int = 65536) -> None:
         self._cache: OrderedDict[str, list[Span]] = OrderedDict()
         self._texts: OrderedDict[str, list[Span]] = OrderedDict()
         self._max = max_lines
+        self._memo: PieceMemo[list[Span]] = PieceMemo(
+            lines_with_ends, lambda line: self.line_spans(line.rstrip("\n")))
+
+    def scan_at(self, text: str, slot: str) -> list[Span]:
+        """scan(text), incrementally for long texts; `slot` names where the text lives."""
+        if len(text) < LONG_TEXT:
+            return self.scan(text)
+        found = self._memo.get(text, slot_keys(text, slot))
+        out: list[Span] = []
+        for i in compress(range(len(found.values)), found.values):
+            pos = found.starts[i]
+            out += [s._replace(start=s.start + pos, end=s.end + pos) for s in found.values[i]]
+        return out
 
     def line_spans(self, line: str) -> list[Span]:
         """Spans in one line (cached)."""
@@ -194,6 +219,7 @@ class PatternScanner:
 _SCANNER = PatternScanner()
 
 
-def detect(text: str) -> list[Span]:
-    """Spans of dynamic-looking values in `text` (process-wide line cache)."""
-    return _SCANNER.scan(text)
+def detect(text: str, slot: str | None = None) -> list[Span]:
+    """Spans of dynamic-looking values in `text` (process-wide line cache); with
+    `slot` (the text's path), long texts are scanned incrementally."""
+    return _SCANNER.scan(text) if slot is None else _SCANNER.scan_at(text, slot)

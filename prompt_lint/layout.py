@@ -33,7 +33,7 @@ def token_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter
     segs = segments(body, provider)
     starts, sizes, pos = [], [], 0
     for seg in segs:
-        n = counter.count(seg.text)
+        n = counter.count_at(seg.text, seg.path)
         starts.append(pos)
         sizes.append(n)
         pos += n

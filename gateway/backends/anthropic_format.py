@@ -67,7 +67,9 @@ def _assistant_content(message: dict[str, Any]) -> list[dict[str, Any]]:
     return blocks
 
 
-def _convert_messages(messages: tuple[dict[str, Any], ...]) -> tuple[list[str], list[dict]]:
+def _convert_messages(
+    messages: tuple[dict[str, Any], ...],
+) -> tuple[list[str], list[dict[str, Any]]]:
     system: list[str] = []
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -93,7 +95,8 @@ def _convert_messages(messages: tuple[dict[str, Any], ...]) -> tuple[list[str], 
 def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
     """A Messages API body for a request that arrived in OpenAI format."""
     if req.prompt is not None:
-        system, messages = [], [{"role": "user", "content": req.prompt}]
+        system: list[str] = []
+        messages: list[dict[str, Any]] = [{"role": "user", "content": req.prompt}]
     else:
         system, messages = _convert_messages(req.messages)
     o = req.options

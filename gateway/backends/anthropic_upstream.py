@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, NamedTuple
 
@@ -22,6 +22,7 @@ from gateway.backends.upstream_http import (
     iter_sse,
     loads_event,
     make_client,
+    send,
     status_error,
     stream_error_event,
     transport_error,
@@ -152,14 +153,14 @@ class AnthropicUpstream:
             headers["x-api-key"] = self.options.api_key
         return headers
 
-    async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+    async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         body = build_body(req)
         request = self._client.build_request(
             "POST", self._endpoint, content=json.dumps(body).encode(), headers=self._headers())
         start = time.perf_counter()
         started = False
         try:
-            response = await self._client.send(request, stream=True)
+            response = await send(self._client, request)
             try:
                 if response.status_code >= 400:
                     raise status_error(response.status_code, await response.aread(), self.replica)
@@ -180,7 +181,7 @@ class AnthropicUpstream:
 
     async def _read_stream(
         self, response: httpx.Response, start: float
-    ) -> AsyncIterator[TextDelta | Final]:
+    ) -> AsyncGenerator[TextDelta | Final, None]:
         state = _StreamState()
         first: float | None = None
         async for event in iter_sse(response):

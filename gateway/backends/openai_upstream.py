@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, NamedTuple
 
@@ -23,6 +23,7 @@ from gateway.backends.upstream_http import (
     iter_sse,
     loads_event,
     make_client,
+    send,
     status_error,
     stream_error_event,
     transport_error,
@@ -176,14 +177,14 @@ class OpenAIUpstream:
             headers["authorization"] = f"Bearer {self.options.api_key}"
         return headers
 
-    async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+    async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         path, body = build_body(req, self.options)
         request = self._client.build_request(
             "POST", self._base + path, content=json.dumps(body).encode(), headers=self._headers())
         start = time.perf_counter()
         started = False
         try:
-            response = await self._client.send(request, stream=True)
+            response = await send(self._client, request)
             try:
                 if response.status_code >= 400:
                     raise status_error(response.status_code, await response.aread(), self.replica)
@@ -204,7 +205,7 @@ class OpenAIUpstream:
 
     async def _read_stream(
         self, response: httpx.Response, start: float
-    ) -> AsyncIterator[TextDelta | Final]:
+    ) -> AsyncGenerator[TextDelta | Final, None]:
         state = _StreamState()
         first: float | None = None
         async for event in iter_sse(response):

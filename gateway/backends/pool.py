@@ -11,7 +11,8 @@ streaming). `build_upstream_backend(config, metrics)` builds one pool per upstre
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Mapping, Sequence
+import weakref
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -68,7 +69,7 @@ class PoolMetrics:
         for gauge, read in ((healthy, lambda r: float(r.healthy)),
                             (inflight, lambda r: float(r.inflight)),
                             (pages, lambda r: float(r.shadow.pages))):
-            gauge.set_function(_reader(pool, read))
+            gauge.set_function(_reader(pool, registry, read))
 
     def final(self, replica: str, final: Final) -> None:
         u = final.usage
@@ -78,8 +79,15 @@ class PoolMetrics:
         self.reported.inc(u.reported_cached_tokens or 0, replica=replica)
 
 
-def _reader(pool: ReplicaPool, read: Any) -> Any:
-    return lambda: {(r.name,): read(r) for r in pool.router.replicas}
+_POOLS: weakref.WeakKeyDictionary[Registry, list[ReplicaPool]] = weakref.WeakKeyDictionary()
+
+
+def _reader(pool: ReplicaPool, registry: Registry, read: Any) -> Any:
+    """A gauge callback over every pool bound to `registry` (pools of several kinds)."""
+    pools = _POOLS.setdefault(registry, [])
+    if pool not in pools:
+        pools.append(pool)
+    return lambda: {(r.name,): read(r) for p in pools for r in p.router.replicas}
 
 
 class ReplicaPool:
@@ -121,7 +129,7 @@ class ReplicaPool:
         for r in self.router.replicas:
             await r.backend.aclose()  # type: ignore[attr-defined]
 
-    async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+    async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         tokens = self.tokenizer.encode(req)
         tried: set[str] = set()
         while True:
@@ -143,7 +151,7 @@ class ReplicaPool:
 
     async def _attempt(
         self, req: ChatRequest, tokens: list[int], route: Route
-    ) -> AsyncIterator[TextDelta | Final]:
+    ) -> AsyncGenerator[TextDelta | Final, None]:
         replica = route.replica
         predicted = route.matched if route.matched >= replica.shadow.config.min_cached_tokens else 0
         if self.metrics:
@@ -214,7 +222,7 @@ class ProviderPools:
     def kv_pages(self) -> tuple[int, int] | None:
         return None
 
-    def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+    def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         return self._pool(req).stream(req)
 
     def bind_metrics(self, registry: Registry) -> None:

@@ -72,6 +72,19 @@ def make_client(
     return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
 
 
+STALE_CONNECTION_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+async def send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """Send with streaming; retry once when a pooled keep-alive connection turns out closed
+    before any response byte arrived (the server dropped it while idle: nothing was processed).
+    """
+    try:
+        return await client.send(request, stream=True)
+    except STALE_CONNECTION_ERRORS:
+        return await client.send(request, stream=True)
+
+
 class SSEEvent(NamedTuple):
     """One server-sent event: its `event:` name ("" when absent) and joined `data:` lines."""
 
@@ -81,12 +94,12 @@ class SSEEvent(NamedTuple):
 
 async def iter_sse(response: httpx.Response) -> AsyncIterator[SSEEvent]:
     """Parse a text/event-stream body into events (comments and ids ignored)."""
-    event, data = "", []
+    event, data = "", list[str]()
     async for line in response.aiter_lines():
         if not line:
             if data:
                 yield SSEEvent(event, "\n".join(data))
-            event, data = "", []
+            event, data = "", list[str]()
         elif line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
         elif line.startswith("event:"):
@@ -117,7 +130,7 @@ def _upstream_message(payload: Any) -> str:
     if isinstance(payload, dict):
         err = payload.get("error", payload)
         if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
+            return str(err["message"])
         if isinstance(err, str):
             return err
     return ""

@@ -270,3 +270,16 @@ def test_random_arrivals_aborts_and_preemptions_keep_the_books(tiny) -> None:
     for rid, (p, n) in want.items():
         assert done[rid] == dense_greedy(tiny, p, n)
     assert_all_pages_accounted(eng)
+
+
+def test_concurrent_requests_share_pages_as_soon_as_they_are_computed(tiny) -> None:
+    shared = random_prompts(1, 48, 48, seed=12)[0]
+    a, b = shared + [1, 2], shared + [3, 4, 5]
+    eng = make(tiny, max_num_batched_tokens=24)
+    out_a, out_b = eng.generate([a, b], GREEDY)
+    # steps 1-2 prefill 48 tokens of `a` in chunks of 24; `b` joins in step 3 and finds all
+    # six 8-token pages of the shared prefix already cached, though `a` is still running
+    assert (out_a.cached_tokens, out_b.cached_tokens) == (0, 48)
+    assert out_a.token_ids == dense_greedy(tiny, a, 10)
+    assert out_b.token_ids == dense_greedy(tiny, b, 10)
+    assert_all_pages_accounted(eng)

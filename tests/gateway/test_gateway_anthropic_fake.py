@@ -133,6 +133,7 @@ async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, fiel
 async def test_sdk_raises_typed_errors(make_fake_app):
     client = async_sdk(make_fake_app())
     with pytest.raises(anthropic.BadRequestError) as err:
-        await client.messages.create(model=FAKE_MODEL, max_tokens=5, extra_body={"temperature": 1.7},
+        await client.messages.create(model=FAKE_MODEL, max_tokens=5,
+                                     extra_body={"temperature": 1.7},
                                      messages=[{"role": "user", "content": "x"}])
     assert "temperature" in str(err.value)

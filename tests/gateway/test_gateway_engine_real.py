@@ -231,3 +231,34 @@ async def test_load_64_concurrent_streams(make_real_app, real_backend):
     stats = await _wait_idle(real_backend)
     assert stats.pages_used == 0  # no page held by a finished request
     assert stats.pages_free + stats.pages_cached == stats.pages_total
+
+
+def _load_example(name: str):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"prefixgate_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_agent_loop_example_rewrite_beats_lint_off(make_real_app):
+    """The example's agent (timestamp at the top of its system prompt, tools, several turns)
+    against the real engine: rewrite's hit rate beats lint off's, turn after turn."""
+    pytest.importorskip("prompt_lint")
+    example = _load_example("openai_agent_loop")
+    app = make_real_app(lint_mode="report")
+    with serve(app) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                               timeout=300)
+        off = example.agent_run(client, "off", turns=3, max_tokens=4)
+        rewrite = example.agent_run(client, "rewrite", turns=3, max_tokens=4)
+    # Lint off: the changing timestamp near the top caps the hit at its first page or so;
+    # rewrite: every later call reuses the whole stable history.
+    assert min(t.cached_tokens for t in rewrite[1:]) > max(t.cached_tokens for t in off)
+    assert example.overall(rewrite) > example.overall(off)
+    assert all("PL001" in t.lint.split(",") for t in rewrite)  # the timestamp was found

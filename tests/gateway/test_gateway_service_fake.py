@@ -156,10 +156,11 @@ def test_client_disconnect_mid_stream_aborts_the_request(make_fake_app, fake_bac
     body = {"model": FAKE_MODEL, "stream": True, "max_tokens": 200,
             "messages": [{"role": "user", "content": long_text}]}
     with serve(app) as server:
-        with httpx.Client(base_url=server.url) as http:
-            with http.stream("POST", "/v1/chat/completions", json=body) as response:
-                assert response.status_code == 200
-                next(response.iter_lines())
+        with httpx.Client(base_url=server.url) as http, http.stream(
+            "POST", "/v1/chat/completions", json=body
+        ) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())
         deadline = time.monotonic() + 10
         while not fake_backend.aborted and time.monotonic() < deadline:
             time.sleep(0.05)

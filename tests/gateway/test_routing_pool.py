@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from upstream_helpers import (
     chat_request,
     fake_replicas,
@@ -22,8 +24,37 @@ from gateway.agent_trace import agent_trace
 from gateway.backends.pool import ReplicaPool, make_upstream
 from gateway.backends.router import Replica, Router, RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
-from gateway.shadow import ShadowCache, ShadowConfig
+from gateway.shadow import PromptTokenizer, ShadowCache, ShadowConfig
 from gateway.types import BackendError, Final
+
+text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+chat_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
+                                      "content": text})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(chat_message, min_size=1, max_size=6), st.lists(chat_message, max_size=4))
+def test_shadow_tokens_of_a_longer_prompt_extend_the_shorter(
+    head: list[dict[str, Any]], tail: list[dict[str, Any]]
+) -> None:
+    tokenizer = PromptTokenizer()
+    short = tokenizer.encode(chat_request(head))
+    full = tokenizer.encode(chat_request(head + tail))
+    assert full[:len(short)] == short  # a grown history never changes its cached prefix
+    fresh = PromptTokenizer().encode(chat_request(head + tail))  # the piece cache is invisible
+    assert fresh == full
+
+
+def test_shadow_prediction_respects_provider_minimum() -> None:
+    shadow = ShadowCache(ShadowConfig(page_size=128, min_cached_tokens=1024))
+    tokens = list(range(3000))
+    shadow.record(tokens[:1000], "t")
+    assert shadow.match_length(tokens, "t") == 896 and shadow.predict(tokens, "t") == 0
+    shadow.record(tokens[:2000], "t")
+    assert shadow.predict(tokens, "t") == 1920
+    small = ShadowCache(ShadowConfig(page_size=16, max_pages=10))
+    small.record(list(range(400)), "t")
+    assert small.pages == 10  # least recently used pages evicted past capacity
 
 
 def _router(n: int, **config: Any) -> Router:
@@ -106,7 +137,7 @@ async def test_failover_and_recovery(tmp_path: Path) -> None:
 
 
 async def test_real_timeout_and_refused_connection(tmp_path: Path) -> None:
-    slow = fake_replicas(1, delay_s=2.0)[0]
+    slow = fake_replicas(1, delay_s=1.0)[0]
     with serving(slow) as server:
         backends = [
             make_upstream("openai", UpstreamOptions(url=f"{server.url}/v1", timeout_s=0.3)),
@@ -168,3 +199,37 @@ async def test_pool_error_before_output_is_not_retried_for_client_errors() -> No
     assert info.value.status == 400 and "bad model" in info.value.message
     assert all(r.healthy for r in pool.router.replicas)  # the request's fault, not the replica's
     await pool.aclose()
+
+
+async def test_create_app_builds_one_pool_per_kind_from_config(tmp_path: Path) -> None:
+    from gateway.app import create_app
+    from gateway.config import GatewayConfig, UpstreamSpec
+
+    apps = fake_replicas(2)
+    with serving(apps[0]) as s0, serving(apps[1]) as s1:
+        config = GatewayConfig(
+            db_url=f"sqlite:///{tmp_path / 'gw.db'}", lint_mode="off",
+            upstreams=tuple(UpstreamSpec("openai", f"{s.url}/v1") for s in (s0, s1)),
+            upstream_api_keys={"openai": "sk-test"}, upstream_timeout_s=5.0)
+        app = create_app(config)
+        pool = app.state.backend
+        assert isinstance(pool, ReplicaPool) and len(pool.router.replicas) == 2
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://gw") as client:
+            for session in range(4):
+                for turn in range(2):
+                    r = await client.post("/v1/chat/completions", json={
+                        "model": "any-model", "messages": [
+                            {"role": "system", "content": f"agent {session} " * 200},
+                            *[{"role": "user", "content": f"turn {t}"} for t in range(turn + 1)]]})
+                    assert r.status_code == 200, r.text
+            metrics = (await client.get("/metrics")).text
+        rows = records(app)
+        await pool.aclose()
+        app.state.store.close()
+    for replica in pool.router.replicas:
+        assert f'prefixgate_upstream_replica_healthy{{replica="{replica.name}"}} 1' in metrics
+    second_turns = rows[1::2]  # each session's second turn follows its first to one replica
+    assert all(r.replica == first.replica for r, first in zip(second_turns, rows[::2], strict=True))
+    assert all(r.reported_cached_tokens and r.reported_cached_tokens > 0 for r in second_turns)
+    assert {r.replica for r in rows} == {r.name for r in pool.router.replicas}

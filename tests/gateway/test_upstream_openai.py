@@ -245,3 +245,23 @@ async def test_upstream_key_is_sent_but_never_shown(
     assert all(secret not in (row.error or "") for row in records(app))
     app.state.store.close()
     await pool.aclose()
+
+
+async def test_stale_keepalive_connection_is_retried_once() -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) % 2 == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
+                                            request=request)
+        return httpx.Response(200, json={
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+
+    pool = pool_over_handler(handler)
+    final = [x async for x in pool.stream(chat_request([{"role": "user", "content": "x"}]))][-1]
+    assert final.text == "fine" and len(calls) == 2
+    assert final.usage.reported_cached_tokens is None and final.usage.cached_tokens == 0
+    await pool.aclose()

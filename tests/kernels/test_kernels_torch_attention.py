@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from kernels_cases import (
@@ -104,8 +107,9 @@ def test_torch_decode_matches_naive(lens: list[int], config: tuple[int, int, tor
 
 
 def test_torch_decode_ragged_batch_takes_both_strategies() -> None:
-    """A batch of similar lengths is gathered padded; a very uneven one sequence by sequence."""
-    for lens in ([40, 45, 33], [300, 1, 2, 1, 3]):
+    """Similar lengths are gathered padded (unmasked when all fill their pages); a very uneven
+    batch goes sequence by sequence."""
+    for lens in ([40, 45, 33], [48, 48, 48], [300, 1, 2, 1, 3]):
         batch = decode_batch(lens, 3, 64, torch.float32)
         out = run_decode(kernels.paged_decode_attention, batch, backend="torch")
         assert_close(out, dense_expected(batch), ATTENTION_TOL[torch.float32])
@@ -181,3 +185,9 @@ def test_prefill_rejects_inconsistent_cu_seqlens() -> None:
         kernels.paged_prefill_attention(batch.q[:5], batch.k_cache, batch.v_cache,
                                         batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
                                         batch.scale)
+
+
+def test_importing_kernels_does_not_import_triton() -> None:
+    """Triton loads on first use, so TRITON_INTERPRET set later still takes effect."""
+    code = "import sys, kernels; assert 'triton' not in sys.modules, 'triton imported eagerly'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -234,8 +234,10 @@ class _SessionState:
 
 
 def _session_ids(rng: random.Random) -> dict[str, str]:
-    return {"user": f"u_{rng.randint(10000, 99999)}", "session": str(uuid.UUID(int=rng.getrandbits(128))),
-            "email": f"{rng.choice(['ana', 'bo', 'chen', 'dara'])}.{rng.randint(1, 999)}@example.com",
+    name = rng.choice(["ana", "bo", "chen", "dara"])
+    return {"user": f"u_{rng.randint(10000, 99999)}",
+            "session": str(uuid.UUID(int=rng.getrandbits(128))),
+            "email": f"{name}.{rng.randint(1, 999)}@example.com",
             "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJ" + _token(rng, 30) + "." + _token(rng, 43),
             "apikey": "sk-proj-" + _token(rng, 32)}
 
@@ -292,7 +294,8 @@ def _body(spec: FamilySpec, system: str, tools: list[dict[str, Any]],
     if spec.provider == "anthropic":
         model = "claude-3-5-haiku-latest" if spec.name.endswith(("1", "5")) else "claude-sonnet-4-5"
         return {"model": model, "max_tokens": 1024,
-                "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+                "system": [{"type": "text", "text": system,
+                            "cache_control": {"type": "ephemeral"}}],
                 "tools": tools, "messages": copy.deepcopy(history)}
     return {"model": "gpt-4o-mini", "tools": tools,
             "messages": [{"role": "system", "content": system}] + copy.deepcopy(history)}
@@ -325,9 +328,10 @@ def _session_requests(state: _SessionState, rng: random.Random, start: datetime,
             if call < 2 and rng.random() < 0.6:
                 tool = rng.choice(spec.tools)
                 name = str(tool.get("name") or tool["function"]["name"])
+                result = {"id": str(uuid.UUID(int=rng.getrandbits(128))), "ok": True,
+                          "at": t.isoformat()}
                 exchange = _tool_exchange(spec, f"call_{_token(rng, 12)}", name,
-                                          json.dumps({"id": str(uuid.UUID(int=rng.getrandbits(128))),
-                                                      "ok": True, "at": t.isoformat()}))
+                                          json.dumps(result))
                 state.raw_history += exchange
                 state.ideal_history += copy.deepcopy(exchange)
             else:

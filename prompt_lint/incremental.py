@@ -1,0 +1,112 @@
+"""Incremental piecewise processing of texts that mostly repeat.
+
+Prompts in a log repeat almost all their text from one request to the next
+(the same system prompt with a new timestamp). A `PieceMemo` keeps, per slot,
+the last text cut into pieces with a value per piece (token count, spans).
+For a new text it finds the common prefix and suffix with the remembered
+text (binary search over slice comparisons, so C speed), reuses the pieces
+that lie wholly inside them and recomputes only the pieces in between.
+
+A cutter must be local: a cut point depends only on the characters just
+before and after it (a newline, then anything / a non-space), so a piece
+whose boundaries and neighbouring characters are unchanged is unchanged.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
+from collections.abc import Callable
+from itertools import accumulate
+from typing import Generic, NamedTuple, TypeVar
+
+V = TypeVar("V")
+
+
+class Pieces(NamedTuple, Generic[V]):
+    """A text cut into pieces: `starts[i]` is piece i's offset, `starts[-1] == len(text)`."""
+
+    text: str
+    pieces: list[str]
+    starts: list[int]
+    values: list[V]
+
+
+_BLOCK = 512
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix: block scan, then binary search in the block
+    (each character is copied a bounded number of times)."""
+    n = min(len(a), len(b))
+    lo = 0
+    while lo + _BLOCK <= n and a[lo:lo + _BLOCK] == b[lo:lo + _BLOCK]:
+        lo += _BLOCK
+    hi = min(lo + _BLOCK, n)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def common_suffix(a: str, b: str, limit: int) -> int:
+    """Length of the longest common suffix, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    la, lb = len(a), len(b)
+    lo = 0
+    while lo + _BLOCK <= n and a[la - lo - _BLOCK:la - lo] == b[lb - lo - _BLOCK:lb - lo]:
+        lo += _BLOCK
+    hi = min(lo + _BLOCK, n)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[la - mid:la - lo] == b[lb - mid:lb - lo]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PieceMemo(Generic[V]):
+    """Bounded memo: slot -> last Pieces; `cut` splits text, `value` maps a piece."""
+
+    def __init__(self, cut: Callable[[str], list[str]], value: Callable[[str], V],
+                 max_slots: int = 1024) -> None:
+        self._cut = cut
+        self._value = value
+        self._slots: OrderedDict[object, Pieces[V]] = OrderedDict()
+        self._max = max_slots
+
+    def get(self, text: str, slots: tuple[object, ...]) -> Pieces[V]:
+        """`text` in pieces, reusing whatever the first remembered slot shares with it."""
+        before = next((p for p in map(self._slots.get, slots) if p is not None), None)
+        result = self._fresh(text) if before is None else self._reuse(before, text)
+        for slot in slots:
+            self._slots[slot] = result
+            self._slots.move_to_end(slot)
+        while len(self._slots) > self._max:
+            self._slots.popitem(last=False)
+        return result
+
+    def _fresh(self, text: str) -> Pieces[V]:
+        pieces = self._cut(text)
+        return Pieces(text, pieces, list(accumulate(map(len, pieces), initial=0)),
+                      [self._value(p) for p in pieces])
+
+    def _reuse(self, old: Pieces[V], text: str) -> Pieces[V]:
+        if old.text == text:
+            return old
+        a = common_prefix(old.text, text)
+        b = common_suffix(old.text, text, min(len(old.text), len(text)) - a)
+        starts, n = old.starts, len(old.pieces)
+        head = max(bisect_left(starts, a, 1) - 1, 0)  # pieces ending strictly before a
+        tail = max(bisect_right(starts, len(old.text) - b), head)  # first piece after the gap
+        tail = min(tail, n)
+        delta = len(text) - len(old.text)
+        middle = self._cut(text[starts[head]: starts[tail] + delta]) \
+            if starts[head] < starts[tail] + delta else []
+        pieces = old.pieces[:head] + middle + old.pieces[tail:]
+        values = old.values[:head] + [self._value(p) for p in middle] + old.values[tail:]
+        return Pieces(text, pieces, list(accumulate(map(len, pieces), initial=0)), values)

@@ -1,0 +1,124 @@
+"""Chat templates: the GGUF's template rendered by us equals transformers' apply_chat_template."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from jinja2.exceptions import SecurityError, TemplateError
+
+from engine.chat_template import ChatTemplate, tools_system_text
+from engine.loader import LoadedModel
+
+CONVERSATIONS: list[list[dict[str, Any]]] = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Count: 1 2 3 <|im_end|> ok? 日本語 👍"},
+    ],
+    [
+        {"role": "user", "content": "  leading and trailing  \n\n"},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "{\"json\": [1, 2.5, null]}"},
+    ],
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_render_equals_transformers(
+    loaded_model: LoadedModel,
+    hf_gguf_tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+) -> None:
+    tok = loaded_model.tokenizer
+    expected = hf_gguf_tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    assert tok.render_chat(messages, add_generation_prompt=add_generation_prompt) == expected
+    ids = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    assert ids == hf_gguf_tokenizer.encode(expected, add_special_tokens=False)
+
+
+@pytest.mark.slow
+def test_tools_go_into_the_system_message(
+    loaded_model: LoadedModel, hf_gguf_tokenizer: Any
+) -> None:
+    """This template ignores `tools`, so definitions are written into the system message."""
+    tok = loaded_model.tokenizer
+    messages = CONVERSATIONS[1]
+    with_tools = [
+        {"role": "system", "content": "You are terse.\n\n" + tools_system_text(TOOLS)},
+        *messages[1:],
+    ]
+    expected = hf_gguf_tokenizer.apply_chat_template(
+        with_tools, tokenize=False, add_generation_prompt=True
+    )
+    assert tok.render_chat(messages, tools=TOOLS) == expected
+    assert json.dumps(TOOLS[0], sort_keys=True) in expected
+    no_system = tok.render_chat(CONVERSATIONS[0], tools=TOOLS)
+    assert no_system.startswith("<|im_start|>system\n# Tools\n")
+
+
+def test_template_that_handles_tools_gets_them() -> None:
+    source = "{% for t in tools %}{{ t.function.name }};{% endfor %}{{ messages[0].content }}"
+    out = ChatTemplate(source).render([{"role": "user", "content": "x"}], TOOLS)
+    assert out == "get_weather;x"
+
+
+def test_messages_are_normalised() -> None:
+    source = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+    template = ChatTemplate(source)
+    out = template.render(
+        [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"text": "b"}]},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "1", "type": "function",
+                 "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+        ],
+        add_generation_prompt=False,
+    )
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    assert out == f"[user:ab][assistant:{call}]"
+
+
+def test_raise_exception_and_tojson_helpers() -> None:
+    template = ChatTemplate("{{ messages | tojson }}{% if messages|length > 1 %}"
+                            "{{ raise_exception('one message only') }}{% endif %}")
+    assert template.render([{"role": "user", "content": "é"}]) == (
+        '[{"role": "user", "content": "é"}]'
+    )
+    with pytest.raises(TemplateError, match="one message only"):
+        template.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_sandbox_blocks_python_internals() -> None:
+    evil = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(SecurityError):
+        evil.render([{"role": "user", "content": "x"}])
+    mutate = ChatTemplate("{{ messages.append(1) }}")
+    with pytest.raises(SecurityError):
+        mutate.render([{"role": "user", "content": "x"}])
+
+
+def test_bad_messages_raise() -> None:
+    template = ChatTemplate("{{ messages }}")
+    with pytest.raises(ValueError, match="role"):
+        template.render([{"content": "no role"}])
+    with pytest.raises(ValueError, match="empty"):
+        ChatTemplate("")

@@ -1,0 +1,177 @@
+"""Config and env vars, the `serve` flags, the metrics text format, and tool-call parsing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.config import ENV_VARS, GatewayConfig, UpstreamSpec, load_keys_file
+from gateway.metrics import Registry
+from gateway.serve import build_parser, config_from_args
+from gateway.tool_calls import ToolCallFilter, parse_output
+
+# ------------------------------------------------------------------------------ config
+
+
+def test_env_vars_build_the_config_and_bad_values_fail_loudly(tmp_path: Path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# key tenant\nk1 team-a\nk2=team-b\n")
+    env = {"PREFIXGATE_PORT": "9001", "PREFIXGATE_LINT_MODE": "rewrite",
+           "PREFIXGATE_KEYS_FILE": str(keys), "PREFIXGATE_API_KEYS": "k3=team-c,k4",
+           "PREFIXGATE_STORE_PROMPTS": "yes", "PREFIXGATE_OPENAI_API_KEY": "sk-up",
+           "PREFIXGATE_UPSTREAMS": "openai=http://a/v1,openai=http://b/v1"}
+    config = GatewayConfig.from_env(env)
+    assert config.port == 9001 and config.lint_mode == "rewrite" and config.store_prompts
+    assert dict(config.api_keys) == {"k1": "team-a", "k2": "team-b", "k3": "team-c",
+                                     "k4": "default"}
+    assert config.upstream_api_keys == {"openai": "sk-up"}
+    assert config.upstreams == (UpstreamSpec("openai", "http://a/v1"),
+                                UpstreamSpec("openai", "http://b/v1"))
+    for name, value in [("PREFIXGATE_PORT", "eighty"), ("PREFIXGATE_LINT_MODE", "loud"),
+                        ("PREFIXGATE_STORE_PROMPTS", "maybe")]:
+        with pytest.raises(ValueError, match=name):
+            GatewayConfig.from_env({name: value})
+    assert all(name.startswith("PREFIXGATE_") for name in ENV_VARS)
+
+
+def test_config_checks_itself():
+    with pytest.raises(ValueError, match="lint_mode"):
+        GatewayConfig(lint_mode="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="db_url"):
+        GatewayConfig(db_url="stats.db")
+    with pytest.raises(ValueError, match="kind=URL"):
+        UpstreamSpec.parse("http://x")
+    with pytest.raises(ValueError, match="http"):
+        UpstreamSpec.parse("openai=ftp://x")
+
+
+def test_keys_file_json_and_errors(tmp_path: Path):
+    good = tmp_path / "keys.json"
+    good.write_text(json.dumps({"a": "x"}))
+    assert load_keys_file(good) == {"a": "x"}
+    bad = tmp_path / "bad.txt"
+    bad.write_text("only-a-key\n")
+    with pytest.raises(ValueError, match="bad.txt:1"):
+        load_keys_file(bad)
+
+
+def test_serve_flags_override_env(tmp_path: Path):
+    args = build_parser().parse_args([
+        "--port", "8123", "--db", f"sqlite:///{tmp_path}/x.db", "--api-key", "k=alice",
+        "--api-key", "plain", "--admin-key", "root", "--lint-mode", "off", "--store-prompts",
+        "--upstream", "anthropic=https://api.example/v1"])
+    config = config_from_args(args, {"PREFIXGATE_PORT": "9000", "PREFIXGATE_LINT_MODE": "report"})
+    assert (config.port, config.lint_mode, config.admin_key) == (8123, "off", "root")
+    assert dict(config.api_keys) == {"k": "alice", "plain": "default"}
+    assert config.store_prompts and config.db_url.endswith("x.db")
+    assert config.upstreams == (UpstreamSpec("anthropic", "https://api.example/v1"),)
+    default = config_from_args(build_parser().parse_args([]), {})
+    assert default.db_url == "sqlite:///prefixgate.db" and default.upstreams == ()
+
+
+# ------------------------------------------------------------------------------ metrics
+
+SAMPLE = re.compile(
+    r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_]+="(?:[^"\\]|\\.)*",?)*\})? [-+0-9.eInf]+$')
+
+
+def test_metrics_text_format_and_values():
+    reg = Registry()
+    requests = reg.counter("x_requests_total", "Requests.", ("route",))
+    latency = reg.histogram("x_latency_seconds", "Latency.", ("route",), buckets=(0.1, 1.0))
+    gauge = reg.gauge("x_pages", "Pages.")
+    requests.inc(route="a")
+    requests.inc(2, route='b"q')
+    for value in (0.05, 0.5, 5.0):
+        latency.observe(value, route="a")
+    gauge.set(7)
+    text = reg.render()
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    assert all(SAMPLE.match(line) for line in samples), samples
+    assert 'x_requests_total{route="a"} 1' in samples
+    assert 'x_requests_total{route="b\\"q"} 2' in samples
+    buckets = [line for line in samples if line.startswith("x_latency_seconds_bucket")]
+    assert [int(line.rsplit(" ", 1)[1]) for line in buckets] == [1, 2, 3]  # cumulative
+    assert 'x_latency_seconds_sum{route="a"} 5.55' in samples
+    assert "x_pages 7" in samples
+    assert reg.counter("x_requests_total", "Requests.", ("route",)) is requests
+    with pytest.raises(ValueError, match="another shape"):
+        reg.gauge("x_requests_total", "no")
+    with pytest.raises(ValueError, match="labels"):
+        requests.inc(other="x")
+    with pytest.raises(ValueError, match="decrease"):
+        requests.inc(-1, route="a")
+
+
+# ------------------------------------------------------------------------------ tool calls
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>',
+    '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+    '<tool_call>```json\n{"name": "f", "arguments": {"a": 1}}\n```</tool_call>',
+    '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
+    '<tool_call>{"name": "f", "parameters": {"a": 1}}',  # stopped before the closing tag
+    '<tool_call>{"name": "f", "arguments": {"a": 1}} trailing</tool_call>',
+])
+def test_tool_call_formats_parse(text: str):
+    parsed = parse_output("Sure. " + text, "rid")
+    assert parsed.text == "Sure."
+    assert len(parsed.tool_calls) == 1
+    call = parsed.tool_calls[0]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "f"
+    assert json.loads(call["function"]["arguments"]) == {"a": 1}
+
+
+@pytest.mark.parametrize("text", [
+    "no call here", "<tool_call>not json</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
+    '<tool_call>\n{"name', "a < b and <tool> tags",
+])
+def test_unparseable_output_stays_text(text: str):
+    parsed = parse_output(text, "rid")
+    assert parsed == parse_output(text, "rid") and parsed.tool_calls == ()
+    assert parsed.text == text
+
+
+def test_two_calls_get_distinct_ids():
+    text = ('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
+            '<tool_call>{"name": "b", "arguments": {"x": [1]}}</tool_call>')
+    calls = parse_output(text, "rid").tool_calls
+    assert [c["function"]["name"] for c in calls] == ["a", "b"]
+    assert calls[0]["id"] != calls[1]["id"]
+
+
+@given(st.text(alphabet="ab<>_/ltoc{}\" ", max_size=60), st.lists(st.integers(1, 7), max_size=12),
+       st.booleans())
+def test_filter_streams_exactly_the_parsed_text(body: str, cuts: list[int], call: bool):
+    """Reference: parse_output on the whole text. Streaming any split of the same text through
+    the filter sends that visible text (never a byte of a complete tool call)."""
+    text = body + '<tool_call>{"name": "f", "arguments": {}}</tool_call>' if call else body
+    pieces, rest = [], text
+    for cut in cuts:
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+    pieces.append(rest)
+    filt = ToolCallFilter()
+    sent = "".join(filt.feed(p) for p in pieces)
+    tail, parsed = filt.finish(text, "rid")
+    reference = parse_output(text, "rid")
+    assert parsed == reference
+    if reference.tool_calls:
+        assert (sent + tail).rstrip() == reference.text
+    else:
+        assert sent + tail == text
+
+
+def test_serve_refuses_bad_config_with_status_2(capsys, monkeypatch):
+    from gateway.serve import main
+
+    monkeypatch.setenv("PREFIXGATE_PORT", "not-a-port")
+    assert main([]) == 2
+    assert "PREFIXGATE_PORT" in capsys.readouterr().err
