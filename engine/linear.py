@@ -22,12 +22,12 @@ QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "fp16")
 
 
 class DenseLinear(nn.Module):
-    """W [out, in] stored as a (frozen) parameter in the model dtype."""
+    """W [out, in] stored as a (frozen, initially uninitialised) parameter in the model dtype."""
 
     def __init__(self, out_features: int, in_features: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.weight = nn.Parameter(
-            torch.zeros(out_features, in_features, dtype=dtype), requires_grad=False
+            torch.empty(out_features, in_features, dtype=dtype), requires_grad=False
         )
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]

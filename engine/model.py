@@ -23,7 +23,7 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 def _vector(size: int, dtype: torch.dtype) -> nn.Parameter:
-    return nn.Parameter(torch.zeros(size, dtype=dtype), requires_grad=False)
+    return nn.Parameter(torch.empty(size, dtype=dtype), requires_grad=False)
 
 
 class DecoderLayer(nn.Module):
@@ -97,7 +97,8 @@ class LlamaModel(nn.Module):
 
     `forward` runs one engine step over T new tokens of B sequences (ragged, described by `meta`),
     writing their K/V into the per-layer paged caches and returning the final hidden states.
-    Weights start as zeros; fill them with `load_weights`, then optionally `quantize`.
+    Weights start uninitialised; fill them with `load_weights` (or copy into every parameter),
+    then optionally `quantize`.
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
@@ -108,7 +109,7 @@ class LlamaModel(nn.Module):
         self.dtype = dtype
         self.quantization: Quantization = "none"
         self.embed = nn.Parameter(
-            torch.zeros(config.vocab_size, config.hidden_size, dtype=dtype), requires_grad=False
+            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), requires_grad=False
         )
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_layers))
         self.norm = _vector(config.hidden_size, dtype)

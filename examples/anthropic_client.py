@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         with client.messages.stream(
             model=MODEL, max_tokens=args.max_tokens, system=SYSTEM,
             messages=[{"role": "user", "content": "Is there a reading club?"}],
+            extra_body={"temperature": 0},
         ) as stream:
             for text in stream.text_stream:
                 print(text, end="", flush=True)

@@ -15,10 +15,12 @@ def store_kv(
 ) -> None:
     """Scatter k, v [T, Hkv, D] into the flat slots of the caches; negative slots are skipped."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k[keep].to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        slots, k, v = slots[keep], k[keep], v[keep]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 
 
 def rms_norm(
@@ -42,16 +44,29 @@ def rotary_cache(
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    """x [T, H, D], cos/sin [T, 1, D/2] float32 -> rotated x in x's dtype."""
+def _as_complex_pairs(xf: torch.Tensor) -> torch.Tensor:
+    """float32 [..., D] -> complex64 [..., D/2] view of the pairs (x[2i], x[2i+1])."""
+    pairs = xf.unflatten(-1, (-1, 2))  # [..., D/2, 2]
+    if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-2]):
+        pairs = pairs.contiguous()  # a complex view needs even offsets and strides
+    return torch.view_as_complex(pairs)
+
+
+def _rotate_interleaved(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D], rot [T, 1, D/2] complex (cos + i sin) -> rotated x in x's dtype."""
+    rotated = _as_complex_pairs(x.float()) * rot  # [T, H, D/2] complex
+    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D], cos/sin [T, 1, D/2] float32; pairs (x[i], x[i + D/2])."""
     xf = x.float()
-    if layout == "interleaved":
-        pairs = xf.unflatten(-1, (-1, 2))  # [T, H, D/2, 2]
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
-    else:
-        a, b = xf.chunk(2, dim=-1)
-        out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    half = x.shape[-1] // 2
+    a, b = xf[..., :half], xf[..., half:]
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    first, second = out[..., :half], out[..., half:]
+    torch.mul(a, cos, out=first).addcmul_(b, sin, value=-1.0)  # a cos - b sin
+    torch.mul(b, cos, out=second).addcmul_(a, sin)  # b cos + a sin
     return out.to(x.dtype)
 
 
@@ -63,8 +78,13 @@ def rotary(
     layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by their positions; out of place."""
-    cos, sin = cos_sin_cache[positions.long()].float().unsqueeze(1).chunk(2, dim=-1)
-    return _rotate(q, cos, sin, layout), _rotate(k, cos, sin, layout)
+    cos_sin = cos_sin_cache[positions.long()].float()  # [T, D]
+    half = cos_sin.shape[-1] // 2
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]  # [T, 1, D/2]
+    if layout == "interleaved":
+        rot = torch.complex(cos, sin)  # [T, 1, D/2]
+        return _rotate_interleaved(q, rot), _rotate_interleaved(k, rot)
+    return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -98,6 +98,8 @@ class PieceMemo(Generic[V]):
     def _reuse(self, old: Pieces[V], text: str) -> Pieces[V]:
         if old.text == text:
             return old
+        if not text or not old.text:
+            return self._fresh(text)
         a = common_prefix(old.text, text)
         b = common_suffix(old.text, text, min(len(old.text), len(text)) - a)
         starts, n = old.starts, len(old.pieces)

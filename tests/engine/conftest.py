@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,3 +36,15 @@ def hf_gguf_model() -> Any:
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     )
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def torch_single_thread() -> Iterator[None]:
+    """One intra-op thread for the module: on a shared 2-core CPU, two OpenMP threads that wait
+    on each other run the real model several times slower. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

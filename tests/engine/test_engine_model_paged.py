@@ -17,7 +17,7 @@ from engine.dense_reference import dense_logits, greedy_generate
 from engine.loader import LoadedModel
 from engine.model import LlamaModel
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("torch_single_thread")]
 
 PAGE_SIZE = 16
 LOGITS_ATOL = 2e-3  # float32 paged vs dense; observed ~1e-4 on logits of magnitude ~30

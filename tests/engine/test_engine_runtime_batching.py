@@ -14,6 +14,7 @@ import pytest
 from engine_runtime_support import STOP, dense_greedy, one_torch_thread, random_prompts, tiny_model
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.cli import main as cli_main
 from engine.loader import LoadedModel
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
@@ -283,3 +284,17 @@ def test_concurrent_requests_share_pages_as_soon_as_they_are_computed(tiny) -> N
     assert out_a.token_ids == dense_greedy(tiny, a, 10)
     assert out_b.token_ids == dense_greedy(tiny, b, 10)
     assert_all_pages_accounted(eng)
+
+
+def test_generate_cli_prints_text_and_usage(tiny, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("engine.llm_engine.load_model", lambda *args, **kwargs: tiny)
+    prompt = "hello"
+    assert cli_main([prompt, "--raw", "--max-tokens", "6"]) == 0
+    captured = capsys.readouterr()
+    want = dense_greedy(tiny, list(prompt.encode()), 6)
+    assert captured.out.rstrip("\n") == tiny.tokenizer.decode([t for t in want if t != STOP])
+    assert f"prompt_tokens=5 cached_tokens=0 completion_tokens={len(want)}" in captured.err
+    assert cli_main(["", "--raw"]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert cli_main(["hi", "--top-p", "0"]) == 2
+    assert "top_p" in capsys.readouterr().err

@@ -19,7 +19,7 @@ import pytest
 from engine.loader import LoadedModel
 from engine.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("torch_single_thread")]
 
 CORPUS_SEED = 20241129
 CORPUS_MIN_BYTES = 200_000

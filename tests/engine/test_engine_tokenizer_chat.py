@@ -11,6 +11,8 @@ from jinja2.exceptions import SecurityError, TemplateError
 from engine.chat_template import ChatTemplate, tools_system_text
 from engine.loader import LoadedModel
 
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
 CONVERSATIONS: list[list[dict[str, Any]]] = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [

@@ -39,7 +39,8 @@ class FakeBackend:
     """Echoes the last user message word by word, with a page-aligned prefix cache per namespace.
 
     A user message containing `CALL name {json}` makes it answer with a tool call in the
-    documented `<tool_call>` format; `FAIL nnn` raises BackendError(nnn) before any output.
+    documented `<tool_call>` format; `FAIL nnn` raises BackendError(nnn) before any output;
+    `BREAK ...` raises BackendError(502) after its first two words.
     """
 
     name: str = "embedded"
@@ -99,6 +100,8 @@ class FakeBackend:
         filt = ToolCallFilter()
         try:
             for i, piece in enumerate(pieces):
+                if i == 3 and text.startswith("echo: BREAK"):
+                    raise BackendError(502, "upstream cut the stream")
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 visible = filt.feed(piece)

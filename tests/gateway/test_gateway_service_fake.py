@@ -167,3 +167,43 @@ def test_client_disconnect_mid_stream_aborts_the_request(make_fake_app, fake_bac
     assert len(fake_backend.aborted) == 1 and not fake_backend.finished
     rows = records(app)
     assert [(r.status, r.stream) for r in rows] == [(499, True)]
+
+
+def test_client_gone_during_a_non_streaming_request_aborts_it(make_fake_app, fake_backend):
+    fake_backend.delay = 0.05
+    app = make_fake_app()
+    long_text = " ".join(f"w{i}" for i in range(200))
+    body = {"model": FAKE_MODEL, "max_tokens": 200,
+            "messages": [{"role": "user", "content": long_text}]}
+    with serve(app) as server:
+        with httpx.Client(base_url=server.url, timeout=0.5) as http, pytest.raises(
+            httpx.ReadTimeout
+        ):
+            http.post("/v1/chat/completions", json=body)
+        deadline = time.monotonic() + 10
+        while not fake_backend.aborted and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert len(fake_backend.aborted) == 1 and not fake_backend.finished
+    assert [(r.status, r.stream) for r in records(app)] == [(499, False)]
+
+
+async def test_backend_failure_mid_stream_is_an_sse_error_event(make_fake_app):
+    app = make_fake_app()
+    body = {"model": FAKE_MODEL, "stream": True,
+            "messages": [{"role": "user", "content": "BREAK one two three four"}]}
+    async with asgi_client(app) as http:
+        response = await http.post("/v1/chat/completions", json=body)
+        anth = await http.post("/v1/messages", json={**body, "max_tokens": 9})
+    events = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: {")]
+    assert events[1]["choices"][0]["delta"]["content"] == "echo:"
+    assert events[-1]["error"]["message"] == "upstream cut the stream"
+    assert response.text.endswith("data: [DONE]\n\n")
+    assert "event: error" in anth.text and '"type": "error"' in anth.text
+    assert [r.status for r in records(app)] == [502, 502]
+    client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="none", max_retries=0,
+                                http_client=asgi_client(app))
+    with pytest.raises(openai.APIError, match="upstream cut the stream"):
+        stream = await client.chat.completions.create(**body)
+        async for _ in stream:
+            pass

@@ -123,3 +123,17 @@ def test_silu_and_mul_matches_naive(shape: tuple[int, ...], dtype: torch.dtype) 
 def test_silu_and_mul_rejects_odd_width() -> None:
     with pytest.raises(ValueError, match="must be even"):
         kernels.silu_and_mul(randn(2, 5))
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("lead", [0, 1])  # 1: odd storage offsets
+def test_rotary_on_views_of_a_fused_qkv(layout: str, lead: int) -> None:
+    """The engine passes q and k as views into one QKV projection output."""
+    qkv = randn(5, lead + 9 * 64 + 2 * 3 * 64)[:, lead:]
+    q, k = qkv[:, : 9 * 64].view(5, 9, 64), qkv[:, 9 * 64 : 12 * 64].view(5, 3, 64)
+    positions = torch.tensor([4, 5, 6, 7, 8])
+    cache = kernels.rotary_cache(16, 64, 10000.0)
+    q_rot, k_rot = kernels.rotary(q, k, positions, cache, layout=layout)
+    want_q, want_k = naive.rotary(q, k, positions, 64, 10000.0, layout)
+    assert_close(q_rot, want_q, ROTARY_TOL[torch.float32])
+    assert_close(k_rot, want_k, ROTARY_TOL[torch.float32])
