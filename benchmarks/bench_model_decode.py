@@ -1,11 +1,10 @@
 """Single-stream decode speed of the engine's model for each weight format, side by side.
 
-For fp32, bf16, fp16 (fbgemm, weight-only) and int8 (fbgemm, per-channel int8 weights with
-dynamic per-tensor int8 activations) this measures the paged decode step (T=1, batch 1) at a
-fixed context, the weight bytes a step streams, and accuracy against fp32: the largest logit
-difference over a few prompts and whether greedy continuations stay identical.
+For fp32, bf16 and fp16 (fbgemm: fp16 weights, fp32 math) this measures the paged decode step
+(T=1, batch 1) at a fixed context, the weight bytes one step streams, and accuracy against
+fp32: the largest logit difference over a few prompts and whether greedy continuations match.
 
-    .venv/bin/python benchmarks/bench_model_decode.py [--quick]
+    .venv/bin/python benchmarks/bench_model_decode.py [--quick] [--threads N]
 """
 
 from __future__ import annotations
@@ -98,7 +97,7 @@ def build(option: str, weights: dict[str, torch.Tensor], config: object) -> Llam
     dtype = torch.bfloat16 if option == "bf16" else torch.float32
     model = LlamaModel(config, dtype=dtype)  # type: ignore[arg-type]
     model.load_weights(weights)
-    if option in ("int8", "fp16"):
+    if option == "fp16":
         model.quantize(option)  # type: ignore[arg-type]
     return model.eval()
 
@@ -107,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and prompts")
     parser.add_argument("--context", type=int, default=128, help="tokens in the cache")
-    parser.add_argument("--options", default="fp32,bf16,fp16,int8")
+    parser.add_argument("--options", default="fp32,bf16,fp16")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     steps, new_tokens = (10, 8) if args.quick else (40, 24)
     prompts = PROMPTS[:2] if args.quick else PROMPTS
     contents = read_gguf(default_model_path())

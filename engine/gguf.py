@@ -14,9 +14,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from engine.gguf_file import GGUFFile, TensorInfo
 from engine.model_config import ModelConfig
 from engine.tokenizer import TokenizerSpec
 
@@ -43,24 +44,19 @@ class GGUFContents(NamedTuple):
     tokenizer: TokenizerSpec
 
 
-def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
+def field_value(reader: GGUFFile, key: str, default: Any = None) -> Any:
     """A metadata value as a Python object (str, number or list), or `default` when absent."""
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    if field.types and field.types[0] == GGUFValueType.ARRAY and not field.data:
-        return []
-    return field.contents()
+    return reader.metadata.get(key, default)
 
 
-def _require(reader: GGUFReader, key: str) -> Any:
+def _require(reader: GGUFFile, key: str) -> Any:
     value = field_value(reader, key)
     if value is None:
         raise ValueError(f"GGUF metadata key {key!r} is missing")
     return value
 
 
-def read_config(reader: GGUFReader, name: str) -> ModelConfig:
+def read_config(reader: GGUFFile, name: str) -> ModelConfig:
     """ModelConfig from the `<arch>.*` metadata keys (Llama-family architectures)."""
     arch = _require(reader, "general.architecture")
     if arch != "llama":
@@ -88,6 +84,40 @@ def read_config(reader: GGUFReader, name: str) -> ModelConfig:
     )
 
 
+def _dequantize_q8_0(data: np.ndarray) -> np.ndarray:
+    """Q8_0 blocks of 32: fp16 scale d, 32 int8 q; value = d * q."""
+    blocks = data.reshape(-1, 34)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # [N, 1]
+    q = blocks[:, 2:].view(np.int8).astype(np.float32)  # [N, 32]
+    return (q * d).reshape(data.shape[0], -1)
+
+
+def _dequantize_q4_1(data: np.ndarray) -> np.ndarray:
+    """Q4_1 blocks of 32: fp16 scale d, fp16 min m, 16 bytes of nibbles (low nibbles are
+    elements 0-15, high nibbles 16-31); value = d * q + m."""
+    blocks = data.reshape(-1, 20)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [N, 1]
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)  # [N, 1]
+    packed = blocks[:, 4:]  # [N, 16]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)  # [N, 32]
+    return (q * d + m).reshape(data.shape[0], -1)
+
+
+_FAST_DEQUANT = {
+    GGMLQuantizationType.Q8_0: _dequantize_q8_0,
+    GGMLQuantizationType.Q4_1: _dequantize_q4_1,
+}
+
+
+def dequantize_tensor(tensor: TensorInfo) -> np.ndarray:
+    """float32 [rows, row elements] values of a GGUF tensor (vectorised for Q8_0 and Q4_1,
+    `gguf.quants.dequantize` for every other type)."""
+    fast = _FAST_DEQUANT.get(tensor.qtype)
+    if fast is not None:
+        return fast(tensor.data)
+    return dequantize(tensor.data, tensor.qtype)
+
+
 def canonical_name(gguf_name: str) -> str | None:
     """Canonical weight name for a GGUF tensor name (None for tensors the model does not use)."""
     stem = gguf_name.removesuffix(".weight")
@@ -99,19 +129,19 @@ def canonical_name(gguf_name: str) -> str | None:
     return None
 
 
-def iter_weights(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(reader: GGUFFile) -> Iterator[tuple[str, torch.Tensor]]:
     """(canonical name, float32 tensor [out, in] or [n]) for every tensor the model uses."""
     for tensor in reader.tensors:
         name = canonical_name(tensor.name)
         if name is None:
             continue
-        array = dequantize(tensor.data, tensor.tensor_type)
-        expected = tuple(int(d) for d in reversed(tensor.shape))
-        array = np.array(array.reshape(expected), dtype=np.float32, order="C")  # owned, writable
+        array = dequantize_tensor(tensor).reshape(tensor.shape)
+        if not (array.flags.writeable and array.flags.c_contiguous):
+            array = np.array(array, dtype=np.float32, order="C")  # own a writable copy
         yield name, torch.from_numpy(array)
 
 
-def read_tokenizer(reader: GGUFReader, name: str) -> TokenizerSpec:
+def read_tokenizer(reader: GGUFFile, name: str) -> TokenizerSpec:
     """TokenizerSpec from `tokenizer.ggml.*` (byte-level BPE vocabularies only)."""
     model = _require(reader, "tokenizer.ggml.model")
     if model != "gpt2":
@@ -138,7 +168,7 @@ def read_gguf(path: str | Path) -> GGUFContents:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    reader = GGUFReader(str(path))
+    reader = GGUFFile(path)
     name = str(field_value(reader, "general.name", path.stem))
     return GGUFContents(
         config=read_config(reader, name),

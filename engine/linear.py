@@ -1,12 +1,14 @@
 """Linear projections y = x @ W.T in the weight storage formats the CPU decode path can use.
 
 - `DenseLinear`: W in the model dtype (the float32 correctness reference).
-- `Int8DynamicLinear`: W as symmetric per-output-channel int8; activations are quantised per
-  tensor on the fly (fbgemm `quantized::linear_dynamic`, AVX2). 4x fewer weight bytes than fp32.
-- `Fp16DynamicLinear`: W stored as fp16, computed in fp32 (fbgemm `linear_dynamic_fp16`).
+- `Fp16DynamicLinear`: W stored as fp16, computed in fp32 (fbgemm `linear_dynamic_fp16`): half
+  the weight bytes of fp32, logits within ~0.03 of the fp32 model on SmolLM2-135M.
 
 Decode on a CPU is bound by streaming weights from memory, so fewer bytes per weight is what
-makes single-stream decode fast. Quantised formats keep float32 inputs and outputs.
+makes single-stream decode fast. Measured and rejected (see benchmarks/bench_model_decode.py):
+bf16 weights (no AVX512-BF16 here: ~2x slower than fp32), `torch._weight_int8pack_mm` (no fast
+AVX2 path: ~10x slower than fp32), and fbgemm dynamic int8 (per-tensor int8 activations: logit
+errors up to ~15 on this model, and the quantized-tensor API is deprecated).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-Quantization = Literal["none", "int8", "fp16"]
-QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "fp16")
+Quantization = Literal["none", "fp16"]
+QUANTIZATIONS: tuple[str, ...] = ("none", "fp16")
 
 
 class DenseLinear(nn.Module):
@@ -39,30 +41,6 @@ class DenseLinear(nn.Module):
 
     def weight_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
-
-
-class Int8DynamicLinear(nn.Module):
-    """W as per-channel symmetric int8 (scale = max|row| / 127), packed for fbgemm."""
-
-    def __init__(self, weight: Tensor) -> None:  # weight [out, in] float
-        super().__init__()
-        w = weight.detach().float()
-        scales = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [out]
-        zero_points = torch.zeros(w.shape[0], dtype=torch.long)
-        qweight = torch.quantize_per_channel(w, scales.double(), zero_points, 0, torch.qint8)
-        self._packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self._shape = tuple(w.shape)
-
-    def forward(self, x: Tensor) -> Tensor:  # [T, in] float32 -> [T, out] float32
-        return torch.ops.quantized.linear_dynamic(x.contiguous(), self._packed, True)
-
-    def dequantized(self) -> Tensor:
-        qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
-        return qweight.dequantize()
-
-    def weight_bytes(self) -> int:
-        out_features, in_features = self._shape
-        return out_features * in_features + 8 * out_features  # int8 values + double scales
 
 
 class Fp16DynamicLinear(nn.Module):
@@ -86,15 +64,13 @@ class Fp16DynamicLinear(nn.Module):
         return 2 * out_features * in_features
 
 
-AnyLinear = DenseLinear | Int8DynamicLinear | Fp16DynamicLinear
+AnyLinear = DenseLinear | Fp16DynamicLinear
 
 
 def quantize_linear(weight: Tensor, quantization: Quantization) -> nn.Module:
     """A quantised projection module for W [out, in] (float32 weights only)."""
     if weight.dtype != torch.float32:
         raise ValueError(f"quantization needs float32 weights, got {weight.dtype}")
-    if quantization == "int8":
-        return Int8DynamicLinear(weight)
     if quantization == "fp16":
         return Fp16DynamicLinear(weight)
     raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")

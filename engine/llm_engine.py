@@ -176,7 +176,7 @@ class Engine:
         (or finished, with its `RequestOutput`)."""
         out = self.scheduler.schedule()
         if not out.scheduled:
-            if self.scheduler.has_unfinished():
+            if self.scheduler.has_unfinished() and not out.preempted:
                 raise RuntimeError("scheduler made no progress with requests pending")
             return []
         start = time.perf_counter()

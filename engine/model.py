@@ -149,7 +149,7 @@ class LlamaModel(nn.Module):
 
     @torch.no_grad()
     def quantize(self, quantization: Quantization) -> None:
-        """Swap every projection and the LM head to `quantization` ("int8" or "fp16").
+        """Swap every projection and the LM head to `quantization` ("fp16": fp16 weights).
 
         Only float32 models can be quantised; the embedding table stays float32 (a decode step
         reads one row of it). Irreversible: load again for the float32 reference.
@@ -176,7 +176,11 @@ class LlamaModel(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, Tensor]) -> None:
-        """Copy canonical-named weights (see the module comment) into the fused parameters."""
+        """Take canonical-named weights (see the module comment) into the (fused) parameters.
+
+        Tensors already in the model dtype are used without copying, so the caller must not
+        modify them afterwards.
+        """
         if self.quantization != "none":
             raise ValueError("load_weights must run before quantize")
         self._copy(self.embed, weights, "embed")
@@ -196,21 +200,21 @@ class LlamaModel(nn.Module):
     def _copy(param: Tensor, weights: Mapping[str, Tensor], name: str) -> None:
         if name not in weights:
             raise KeyError(f"weight {name!r} missing from the checkpoint")
-        src = weights[name]
+        LlamaModel._assign(param, weights[name], name)
+
+    @staticmethod
+    def _assign(param: Tensor, src: Tensor, name: str) -> None:
+        """Point `param` at `src` (no copy when dtypes match; the caller hands over `src`)."""
         if tuple(src.shape) != tuple(param.shape):
             raise ValueError(
                 f"weight {name!r} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
             )
-        param.copy_(src)
+        param.data = src.detach().to(param.dtype).contiguous()
 
     @classmethod
     def _copy_fused(cls, param: Tensor, weights: Mapping[str, Tensor], names: list[str]) -> None:
-        row = 0
-        for name in names:
-            if name not in weights:
-                raise KeyError(f"weight {name!r} missing from the checkpoint")
-            rows = weights[name].shape[0]
-            cls._copy(param[row : row + rows], weights, name)
-            row += rows
-        if row != param.shape[0]:
-            raise ValueError(f"fused weights {names} have {row} rows, expected {param.shape[0]}")
+        missing = [n for n in names if n not in weights]
+        if missing:
+            raise KeyError(f"weights {missing} missing from the checkpoint")
+        fused = torch.cat([weights[n].to(param.dtype) for n in names], dim=0)
+        cls._assign(param, fused, "+".join(names))

@@ -144,18 +144,23 @@ def parse_count(text: str) -> int:
 
 
 def _shape_from_model(path: str | None) -> ModelShape:
+    """Shape of a .gguf file or a Hugging Face folder (metadata only, no weights read)."""
     from engine.loader import default_model_path
 
     source = default_model_path() if path is None else Path(path)
     if source.is_dir():
-        from engine.hf_folder import read_hf_config  # type: ignore[attr-defined]
+        from engine.hf_folder import read_config as read_hf_config
 
-        return shape_from_config(read_hf_config(source))
-    from gguf import GGUFReader
+        raw = json.loads((source / "config.json").read_text(encoding="utf-8"))
+        return shape_from_config(read_hf_config(raw, source.name))
+    if not source.is_file():
+        raise FileNotFoundError(f"model path {source} is neither a .gguf file nor a folder")
+    from engine.gguf import field_value, read_config
+    from engine.gguf_file import GGUFFile
 
-    from engine.gguf import read_config
-
-    return shape_from_config(read_config(GGUFReader(str(source)), source.stem))
+    reader = GGUFFile(source)
+    name = str(field_value(reader, "general.name", source.stem))
+    return shape_from_config(read_config(reader, name))
 
 
 def _parser() -> argparse.ArgumentParser:

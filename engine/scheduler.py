@@ -114,7 +114,7 @@ class Scheduler:
                 bm.release(seq, keep_computed=False)
                 break
             bm.count_admission(seq)
-            if seq.num_output_tokens == 0:
+            if seq.num_preemptions == 0:  # a recompute reusing its own pages is no cache hit
                 seq.cached_tokens = seq.num_computed_tokens
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING

@@ -110,16 +110,16 @@ def overall(turns: list[Turn]) -> float:
 
 def print_table(results: dict[str, list[Turn]]) -> None:
     modes = list(results)
-    print(f"{'call':>4} | " + " | ".join(f"{m:^28}" for m in modes))
-    print(f"{'':>4} | " + " | ".join(f"{'prompt':>7} {'cached':>7} {'hit':>6}   " for _ in modes))
+    print(f"{'call':>4} | " + " | ".join(f"{m:^24}" for m in modes))
+    print(f"{'':>4} | " + " | ".join(f"{'prompt':>7} {'cached':>7} {'hit':>6}  " for _ in modes))
     for i in range(max(len(r) for r in results.values())):
         cells = []
         for m in modes:
             t = results[m][i] if i < len(results[m]) else None
-            cells.append(f"{t.prompt_tokens:>7} {t.cached_tokens:>7} {t.hit_rate:>6.1%}   "
-                         if t else " " * 28)
+            cells.append(f"{t.prompt_tokens:>7} {t.cached_tokens:>7} {t.hit_rate:>6.1%}  "
+                         if t else " " * 24)
         print(f"{i + 1:>4} | " + " | ".join(cells))
-    print(f"{'all':>4} | " + " | ".join(f"{'':>15} {overall(results[m]):>6.1%}   "
+    print(f"{'all':>4} | " + " | ".join(f"{'':>15} {overall(results[m]):>6.1%}  "
                                          for m in modes))
     lint = sorted({i for t in results[modes[-1]] for i in t.lint.split(",") if i})
     print(f"lint findings (rule ids): {', '.join(lint) or 'none'}")

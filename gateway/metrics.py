@@ -88,6 +88,14 @@ class Gauge(_Series):
         with self.lock:
             self.values[key] = float(value)
 
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        key = self._key(labels)
+        with self.lock:
+            self.values[key] = self.values.get(key, 0.0) + amount
+
+    def dec(self, amount: float = 1.0, **labels: str) -> None:
+        self.inc(-amount, **labels)
+
     def set_function(self, callback: Callable[[], dict[LabelValues, float]]) -> None:
         """Read the values at scrape time: callback() -> {label values tuple: value}."""
         self.callback = callback

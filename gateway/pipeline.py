@@ -9,6 +9,7 @@ backend stream, which aborts the engine request (status 499 in the record).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -112,6 +113,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
     """Serve one request on `route`."""
     ticket = Ticket(route)
+    gw.metrics.in_flight.inc()
     try:
         req = await _prepare(gw, request, ticket)
         stream = gw.backend.stream(req)
@@ -121,6 +123,8 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
     except ClientDisconnect:
         _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
         return Response(status_code=CLIENT_CLOSED)
+    except Exception as exc:  # noqa: BLE001 - a bug must not take the gateway down
+        return _error_response(gw, ticket, _internal(exc))
     if req.stream:
         return _streaming_response(gw, ticket, req, first, stream)
     return await _json_response(gw, request, ticket, req, first, stream)
@@ -167,9 +171,14 @@ async def _json_response(
         final = await _until_final(request, first, stream)
     except BackendError as err:
         return _error_response(gw, ticket, err)
-    except asyncio.CancelledError:
-        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
+    except Exception as exc:  # noqa: BLE001
+        return _error_response(gw, ticket, _internal(exc))
+    except BaseException:  # cancelled (server shutdown): still one record
+        _record(gw, ticket, CLIENT_CLOSED, None, error="cancelled")
         raise
+    if final is None:
+        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
+        return Response(status_code=CLIENT_CLOSED)
     _record(gw, ticket, 200, final)
     body = ticket.route.render(req, final, int(time.time()))
     headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
@@ -178,8 +187,9 @@ async def _json_response(
 
 async def _until_final(
     request: Request, first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final]
-) -> Final:
-    """Drain the stream to its Final; a client disconnect cancels (aborts) the backend."""
+) -> Final | None:
+    """Drain the stream to its Final; None when the client disconnected first (the backend
+    stream is then cancelled, which aborts the engine request)."""
     async def drain() -> Final:
         item = first
         while not isinstance(item, Final):
@@ -192,7 +202,9 @@ async def _until_final(
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
             task.cancel()
-            raise asyncio.CancelledError("client disconnected")
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
         return task.result()
     except StopAsyncIteration:
         raise BackendError(502, "backend ended without a result") from None
@@ -256,7 +268,8 @@ async def _sse_body(
     gw: Gateway, ticket: Ticket, chunks: Chunks, head: bytes,
     first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
 ) -> AsyncIterator[bytes]:
-    status, final, error = CLIENT_CLOSED, None, "client disconnected"
+    status, final = CLIENT_CLOSED, None
+    error: str | None = "client disconnected"
     try:
         if head:
             yield head
@@ -276,10 +289,19 @@ async def _sse_body(
     except BackendError as err:
         status, error = err.status, err.message
         yield _stream_error(ticket, err)
+    except Exception as exc:  # noqa: BLE001
+        internal = _internal(exc)
+        status, error = internal.status, internal.message
+        yield _stream_error(ticket, internal)
     finally:
         _record(gw, ticket, status, final, error=error)
         with anyio.CancelScope(shield=True):
             await _close(stream)
+
+
+def _internal(exc: BaseException) -> BackendError:
+    log.exception("request failed inside the gateway", exc_info=exc)
+    return BackendError(500, f"internal gateway error: {type(exc).__name__}")
 
 
 def _stream_error(ticket: Ticket, err: BackendError) -> bytes:
@@ -296,6 +318,7 @@ def _record(
     if ticket.recorded:
         return
     ticket.recorded = True
+    gw.metrics.in_flight.dec()
     latency = time.perf_counter() - ticket.started
     usage = final.usage if final else None
     backend = gw.backend.name

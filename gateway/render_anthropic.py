@@ -75,7 +75,7 @@ class MessageEvents:
 
     def start(self, early: Usage | None = None) -> bytes:
         self.early = early
-        message = {
+        message: dict[str, Any] = {
             "id": message_id(self.req), "type": "message", "role": "assistant",
             "model": self.req.model, "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": usage_body(early, output_tokens=0),

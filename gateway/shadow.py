@@ -13,7 +13,6 @@ instead of the tokenizer (agents resend their whole history every turn).
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
@@ -36,16 +35,16 @@ def _encoding() -> tiktoken.Encoding:
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
-    return "" if content is None else str(content)
+    # Structured parts: repr is deterministic for JSON-decoded data, and several times
+    # cheaper than json.dumps; the shadow needs stable text, not exact provider bytes.
+    return "" if content is None else repr(content)
 
 
 def message_piece(message: dict[str, Any]) -> str:
     """The text of one message as the shadow cache sees it (role, content, tool calls)."""
     parts = [f"<|{message.get('role', '')}|>", _content_text(message.get("content"))]
     if message.get("tool_calls"):
-        parts.append(json.dumps(message["tool_calls"], ensure_ascii=False, separators=(",", ":")))
+        parts.append(repr(message["tool_calls"]))
     if message.get("tool_call_id"):
         parts.append(f"<|tool_call_id={message['tool_call_id']}|>")
     return "\n".join(parts)
@@ -56,8 +55,7 @@ def prompt_pieces(req: ChatRequest) -> list[str]:
     if req.prompt is not None:
         text = req.prompt
         return [text[i:i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
-    tools = [json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in req.tools]
-    return tools + [message_piece(m) for m in req.messages]
+    return [repr(t) for t in req.tools] + [message_piece(m) for m in req.messages]
 
 
 class PromptTokenizer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -171,23 +172,29 @@ class RecordStore:
                 marker.done.set()
 
     def _collect(self) -> tuple[list[RequestRecord], list[_Flush], bool]:
+        """One batch: wait for a first item, then keep collecting for up to one flush
+        interval (a flush marker, a full batch or stop ends it early), so that at low request
+        rates records are still written in batches rather than one transaction each (a
+        per-record ORM commit costs the request path milliseconds of GIL time)."""
         batch: list[RequestRecord] = []
         markers: list[_Flush] = []
         try:
             item = self._queue.get(timeout=self._interval)
         except queue.Empty:
             return batch, markers, False
+        deadline = time.monotonic() + self._interval
         while True:
             if item is _STOP:
                 return batch, markers, True
             if isinstance(item, _Flush):
                 markers.append(item)
-            else:
-                batch.append(item)  # type: ignore[arg-type]
+                return batch, markers, False
+            batch.append(item)  # type: ignore[arg-type]
             if len(batch) >= self._batch_size:
                 return batch, markers, False
+            left = deadline - time.monotonic()
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
                 return batch, markers, False
 

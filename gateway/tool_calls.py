@@ -1,16 +1,19 @@
 """Tool calling for models whose chat template knows nothing of tools (the embedded engine).
 
-The documented format, told to the model at the end of the system message:
+The documented format (the Hermes/ChatML convention): the model calls a tool by answering
 
     <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
 
-- Tools are rendered as one JSON line per function inside `<tools>...</tools>`, after the
-  system prompt, so the stable part of the prompt stays first (good for the prefix cache).
-- An assistant message with `tool_calls` is rendered as its text followed by one `<tool_call>`
-  block per call; a `tool` message becomes a user turn `<tool_response>...</tool_response>`.
-- Parsing is lenient: a missing closing tag at the end of the output, code fences around the
-  JSON, `arguments` given as a JSON string or under `parameters`, and text before the call are all
-  accepted. Output that does not parse stays ordinary text.
+(whitespace and newlines around the JSON allowed; several calls are several blocks).
+- Rendering: the engine's chat template (engine.chat_template) writes the tool definitions into
+  the system message, after the system prompt, so the stable part stays first (good for the
+  prefix cache), and renders an assistant message's `tool_calls` as `<tool_call>` blocks.
+  `render_messages` below is a template-free rendering of the same convention for backends
+  without a tokenizer (the tests' fake backend).
+- Parsing (`parse_output`, `ToolCallFilter` for streams) is lenient: a missing closing tag at
+  the end of the output, code fences around the JSON, `arguments` given as a JSON string or
+  under `parameters`, and text before the call are all accepted. Output that does not parse
+  stays ordinary text, and so does everything when the request had no tools.
 """
 
 from __future__ import annotations

@@ -3,6 +3,23 @@
 Every op takes ``backend=None | "triton" | "torch"``; ``None`` picks Triton for CUDA tensors
 and the torch path otherwise. Triton is imported only when a Triton kernel is first used, so
 ``TRITON_INTERPRET=1`` set before that point runs the kernels on CPU tensors.
+
+KV cache layout: ``[num_pages, page_size, num_kv_heads, head_dim]``, contiguous, page size a
+power of two >= 8; slot of (page, offset) = ``page * page_size + offset``.
+
+    paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale) -> [B, Hq, D]
+        q [B, Hq, D]; block_table [B, max_pages] int32; seq_lens [B] int32 (current token
+        already stored)
+    paged_prefill_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale)
+        q [T, Hq, D] ragged by cu_seqlens_q [B+1] int32; seq_lens [B] int32 total tokens,
+        new ones included and stored -> [T, Hq, D], causal over prefix + chunk
+    store_kv(k, v, k_cache, v_cache, slot_mapping)   # in place; slot < 0 skips the token
+    rms_norm(x, weight, eps, residual=None) -> normed, or (norm(x + residual), x + residual)
+    rotary(q, k, positions, cos_sin_cache, layout="interleaved" | "half") -> (q_rot, k_rot)
+    rotary_cache(max_positions, head_dim, theta, dtype=float32) -> [max_positions, head_dim]
+    silu_and_mul(x) -> silu(x[..., :F]) * x[..., F:]
+
+``kernels.naive`` holds the slow, obviously-correct references the tests compare against.
 """
 
 from .attention import paged_decode_attention, paged_prefill_attention, store_kv

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-NEG = -1.0e30  # "minus infinity" that stays finite under subtraction
+NEG = tl.constexpr(-1.0e30)  # "minus infinity" that stays finite under subtraction
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256  # a decode split covers at least this many cache positions
 
@@ -125,36 +125,40 @@ def _prefill_kernel(
     stride_kp, stride_ks, stride_kh,
     stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One (sequence, query head, block of new tokens): causal attention over its pages."""
+    """One (sequence, KV head, block of BLOCK_T new tokens): causal attention over its pages.
+
+    The GROUP query heads sharing the KV head are folded into the rows, so each K/V block is
+    loaded once for all of them: row r is token r // BLOCK_G, query head r % BLOCK_G.
+    """
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    m_block = tl.program_id(2)
+    kv_head = tl.program_id(1)
+    t_block = tl.program_id(2)
     q_start = tl.load(cu_seqlens_ptr + b)
     n_new = tl.load(cu_seqlens_ptr + b + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + b)
     prefix = seq_len - n_new
-    kv_head = h // GROUP
 
-    i = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    r = tl.arange(0, BLOCK_T * BLOCK_G)
+    i = t_block * BLOCK_T + r // BLOCK_G  # index of the new token within its sequence
+    g = r % BLOCK_G
     d = tl.arange(0, BLOCK_D)
-    i_mask = i < n_new
+    row_mask = (i < n_new) & (g < GROUP)
     d_mask = d < HEAD_DIM
-    pos = prefix + i  # absolute positions of these new tokens
+    pos = prefix + i  # absolute position of each row's token
+    q_rows = (q_start + i).to(tl.int64) * stride_qt + (kv_head * GROUP + g) * stride_qh
     q = tl.load(
-        q_ptr + (q_start + i)[:, None] * stride_qt + h * stride_qh + d[None, :],
-        mask=i_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )  # [BLOCK_M, BLOCK_D]
-    # keys up to the last row's position; nothing at all when this block has no rows
-    kv_end = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)
-    kv_end = tl.where(m_block * BLOCK_M < n_new, kv_end, 0)
+        q_ptr + q_rows[:, None] + d[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0
+    )  # [BLOCK_T * BLOCK_G, BLOCK_D]
+    # keys up to the last token's position; nothing at all when this block has no tokens
+    kv_end = tl.minimum(seq_len, prefix + (t_block + 1) * BLOCK_T)
+    kv_end = tl.where(t_block * BLOCK_T < n_new, kv_end, 0)
 
-    m_i = tl.full([BLOCK_M], NEG, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_T * BLOCK_G], NEG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_T * BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_T * BLOCK_G, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, kv_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < kv_end
@@ -162,8 +166,8 @@ def _prefill_kernel(
         row = page.to(tl.int64) * stride_kp + (n % PAGE_SIZE) * stride_ks + kv_head * stride_kh
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
-        visible = i_mask[:, None] & n_mask[None, :] & (n[None, :] <= pos[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        visible = row_mask[:, None] & n_mask[None, :] & (n[None, :] <= pos[:, None])
         s = tl.where(visible, s, NEG)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.where(visible, tl.exp2(s - m_new[:, None]), 0.0)
@@ -174,16 +178,17 @@ def _prefill_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_rows = (q_start + i).to(tl.int64) * stride_ot + (kv_head * GROUP + g) * stride_oh
     tl.store(
-        o_ptr + (q_start + i)[:, None] * stride_ot + h * stride_oh + d[None, :],
+        o_ptr + o_rows[:, None] + d[None, :],
         out.to(o_ptr.dtype.element_ty),
-        mask=i_mask[:, None] & d_mask[None, :],
+        mask=row_mask[:, None] & d_mask[None, :],
     )
 
 
 @functools.cache
 def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
 def _target_programs(device: torch.device) -> int:
@@ -304,10 +309,15 @@ def paged_prefill_attention(
     max_new = _max_new_tokens(cu_seqlens_q, total)
     if total == 0 or max_new == 0:
         return out
+    group = num_q_heads // num_kv_heads
+    block_g = triton.next_power_of_2(group)
     block_d = _block_d(head_dim)
-    block_m = 64 if q.is_cuda else 32
+    rows = 64 if q.is_cuda else 32  # query rows (token x head) per program
+    block_t = max(1, rows // block_g)
     block_n = 64 if block_d <= 64 else 32
-    grid = (seq_lens.shape[0], num_q_heads, -(-max_new // block_m))
+    if block_t * block_g < 16:  # tl.dot needs at least 16 rows
+        block_t = 16 // block_g
+    grid = (seq_lens.shape[0], num_kv_heads, -(-max_new // block_t))
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_table, cu_seqlens_q, seq_lens,
         scale * LOG2E,
@@ -315,8 +325,8 @@ def paged_prefill_attention(
         out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0),
-        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=4,
     )

@@ -94,7 +94,7 @@ class EmbeddedBackend:
 
         ids = self.prompt_ids(req)
         params = self.sampling_params(req)
-        filt = ToolCallFilter() if req.tools else None
+        filt = ToolCallFilter() if req.tools and not _tool_choice_none(req) else None
         first = True
         try:
             async for delta in self.engine.stream(ids, params, namespace=req.namespace,
@@ -149,6 +149,12 @@ class EmbeddedBackend:
             prefill_saved_ms=self._saved_ms(out.cached_tokens),
         )
         return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage)
+
+
+def _tool_choice_none(req: ChatRequest) -> bool:
+    """tool_choice "none" (OpenAI) or {"type": "none"} (Anthropic): output stays plain text."""
+    choice = req.body.get("tool_choice")
+    return choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
 
 
 def _param_of(message: str) -> str:

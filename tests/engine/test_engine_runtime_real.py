@@ -16,13 +16,9 @@ from engine.loader import LoadedModel
 
 pytestmark = pytest.mark.slow
 
-NEW = 8
+NEW = 6
 GREEDY = SamplingParams(max_tokens=NEW, temperature=0.0)
-SYSTEM = (
-    "You are a careful assistant for a small bakery. Answer in one short sentence. Opening "
-    "hours are 7am to 3pm, Tuesday to Sunday. We sell sourdough, rye, croissants and "
-    "cinnamon buns; orders for more than a dozen items need a day's notice."
-)
+SYSTEM = "You help a bakery. Open 7am-3pm, Tuesday to Sunday. We sell rye and buns."
 QUESTIONS = ["When do you open on Sunday?", "Do you sell rye bread?", "Can I order 30 buns?"]
 
 
@@ -49,19 +45,20 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def test_cached_chunked_preempted_batch_equals_dense(loaded_model, prompts, reference) -> None:
-    # 5 pages of 16 tokens cannot hold three ~45-token prompts at once: preemption; chunks of
-    # 32 tokens: chunked prefill; shared system prompt: prefix caching between the requests
-    assert all(len(p) + NEW <= 5 * 16 for p in prompts)
-    eng = Engine(
-        EngineConfig(num_pages=5, max_num_batched_tokens=32, max_num_seqs=3), model=loaded_model
+def test_chunked_preempted_batch_equals_dense(loaded_model, prompts, reference) -> None:
+    # a pool one page larger than the largest request holds any one of them but not all
+    # three: preemption by recompute; 16-token chunks: chunked prefill
+    largest = max(-(-(len(p) + NEW) // 16) for p in prompts)
+    config = EngineConfig(
+        num_pages=largest + 1, max_num_batched_tokens=16, enable_prefix_caching=False
     )
+    eng = Engine(config, model=loaded_model)
     outs = eng.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == reference
     stats = eng.stats()
-    assert stats.preemptions > 0 and stats.prefix_cache_hit_tokens > 0
+    assert stats.preemptions > 0
     eng.check()
-    assert stats.pages_used == 0 and stats.running == stats.waiting == 0
+    assert stats.pages_free == stats.pages_total
 
 
 def test_prefix_cache_hit_is_the_shared_full_pages(loaded_model, prompts, reference) -> None:

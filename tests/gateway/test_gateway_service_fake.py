@@ -102,6 +102,7 @@ async def test_records_and_metrics_match_the_responses(make_fake_app):
     assert _metric(text, 'prefixgate_request_duration_seconds_count{route="chat.completions"}') == 4
     assert "# TYPE prefixgate_time_to_first_token_seconds histogram" in text
     assert _metric(text, "prefixgate_kv_pages_total") == 1000
+    assert _metric(text, "prefixgate_requests_in_flight") == 0
     rows = records(app)
     assert [r.status for r in rows] == [200, 200, 200, 400]
     assert [r.cached_tokens for r in rows[:3]] == [
@@ -207,3 +208,18 @@ async def test_backend_failure_mid_stream_is_an_sse_error_event(make_fake_app):
         stream = await client.chat.completions.create(**body)
         async for _ in stream:
             pass
+
+
+async def test_rewrite_on_the_anthropic_route(make_fake_app, fake_backend: FakeBackend):
+    pytest.importorskip("prompt_lint")
+    app = make_fake_app(lint_mode="rewrite")
+    body = {"model": FAKE_MODEL, "max_tokens": 8,
+            "system": [{"type": "text", "text": "Today is 2026-11-29 14:03:07. Be brief."}],
+            "messages": [{"role": "user", "content": "hello"}]}
+    async with asgi_client(app) as http:
+        response = await http.post("/v1/messages", json=body)
+    assert response.status_code == 200 and response.headers["x-prefixgate-lint"]
+    served = fake_backend.seen[-1]
+    assert "14:03:07" not in served.messages[0]["content"]
+    assert "14:03:07" in served.messages[-1]["content"]
+    assert served.body["system"] != body["system"]  # the body a proxy would forward, rewritten

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import ast
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,7 +187,26 @@ def test_prefill_rejects_inconsistent_cu_seqlens() -> None:
                                         batch.scale)
 
 
-def test_importing_kernels_does_not_import_triton() -> None:
+def top_level_imports(path: Path) -> set[str]:
+    """Module names a file imports at module level (``from . import x`` counts as ``.x``)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            sep = "" if base.endswith(".") else "."
+            names.add(base)
+            names.update(f"{base}{sep}{alias.name}" for alias in node.names)
+    return names
+
+
+def test_triton_is_imported_only_by_the_triton_modules() -> None:
     """Triton loads on first use, so TRITON_INTERPRET set later still takes effect."""
-    code = "import sys, kernels; assert 'triton' not in sys.modules, 'triton imported eagerly'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    package = Path(kernels.__file__).parent
+    for path in package.glob("*.py"):
+        if path.name.startswith("triton_"):
+            continue
+        imports = top_level_imports(path)
+        eager = {n for n in imports if n.split(".")[0] == "triton" or ".triton_" in n}
+        assert not eager, f"{path.name} imports {eager} at module level"

@@ -112,3 +112,14 @@ def test_triton_prefill_head_dims_and_dtypes(config: tuple[int, int, int, torch.
     out = prefill(batch, backend="triton")
     assert out.dtype == dtype
     assert_close(out, prefill(batch, naive.paged_prefill_attention), ATTENTION_TOL[dtype])
+
+
+@pytest.mark.parametrize("page_size", [8, 64])
+def test_triton_attention_other_page_sizes(page_size: int) -> None:
+    lens, n_new = [1, 40, 130], [1, 9, 17]
+    decode_batch = make_paged_batch(lens, [1, 1, 1], 3, 1, 64, page_size, torch.float32, seed=3)
+    assert_close(decode(decode_batch, backend="triton"),
+                 decode(decode_batch, naive.paged_decode_attention), ATTENTION_TOL[torch.float32])
+    batch = make_paged_batch(lens, n_new, 3, 1, 64, page_size, torch.float32, seed=4)
+    assert_close(prefill(batch, backend="triton"), prefill(batch, naive.paged_prefill_attention),
+                 ATTENTION_TOL[torch.float32])
