@@ -30,7 +30,8 @@ SYSTEM = [
 def ask(client: anthropic.Anthropic, question: str, max_tokens: int) -> None:
     msg = client.messages.create(
         model=MODEL, max_tokens=max_tokens, system=SYSTEM,
-        messages=[{"role": "user", "content": question}])
+        messages=[{"role": "user", "content": question}],
+        extra_body={"temperature": 0})  # this SDK version has no temperature argument
     u = msg.usage
     print(f"Q: {question}\nA: {msg.content[0].text!r}  [stop: {msg.stop_reason}]")
     print(f"   input_tokens={u.input_tokens} cache_read_input_tokens={u.cache_read_input_tokens} "

@@ -271,6 +271,7 @@ def paged_decode_attention(
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=4,
+        enable_fp_fusion=True,
     )
     _decode_merge_kernel[(batch, num_q_heads)](
         mid_o, mid_lse, out, splits,
@@ -279,6 +280,7 @@ def paged_decode_attention(
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
         num_warps=2,
+        enable_fp_fusion=True,
     )
     return out
 
@@ -329,6 +331,7 @@ def paged_prefill_attention(
         BLOCK_G=block_g, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION=_dot_precision(q.dtype),
         num_warps=4,
+        enable_fp_fusion=True,
     )
     return out
 

@@ -1,7 +1,8 @@
 """Triton kernels for the per-token ops: KV store, RMSNorm (+ residual), rotary, SiLU-and-mul.
 
 Imported lazily by the public wrappers, which check shapes, dtypes and devices first. Math
-is done in float32 and written back in the tensors' own dtype, like the torch path.
+is done in float32 and written back in the tensors' own dtype, like the torch path. Launches
+pass ``enable_fp_fusion=True`` explicitly (Triton 3.9 warns when it is left to the default).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def store_kv(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        enable_fp_fusion=True,
     )
 
 
@@ -86,6 +88,7 @@ def rms_norm(
         _rms_norm_kernel[(x2.shape[0],)](
             x2, res2, weight.contiguous(), out, res_out, eps, hidden,
             HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden),
+            enable_fp_fusion=True,
         )
     if residual is None:
         return out.view(x.shape)
@@ -134,6 +137,7 @@ def _rotate(
         x.stride(0), x.stride(1), out.stride(0), out.stride(1), cache.stride(0),
         HALF=head_dim // 2, INTERLEAVED=layout == "interleaved",
         BLOCK=triton.next_power_of_2(head_dim // 2),
+        enable_fp_fusion=True,
     )
     return out
 
@@ -173,5 +177,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], width), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(max(width, 1)))
     if x2.shape[0] > 0 and width > 0:
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(width, block))](x2, out, width, BLOCK=block)
+        grid = (x2.shape[0], triton.cdiv(width, block))
+        _silu_and_mul_kernel[grid](x2, out, width, BLOCK=block, enable_fp_fusion=True)
     return out.view(*x.shape[:-1], width)
