@@ -13,7 +13,7 @@ Reported: total wall time, prompt tokens computed vs total, mean TTFT, mean TPOT
 tokens/s; then single-stream decode TPOT beside the memory-bandwidth floor
 (streamed weight bytes / copy bandwidth measured in this run).
 
-    python benchmarks/bench_engine.py [--quick] [--threads N] [--quantization int8]
+    python benchmarks/bench_engine.py [--quick] [--threads N] [--quantization fp16]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.linear import QUANTIZATIONS
 from engine.loader import LoadedModel, default_model_path, load_model
 
 RESULTS = Path(__file__).parent / "results" / "bench_engine.json"
@@ -146,11 +147,13 @@ class Trace:
 def run_engine(
     loaded: LoadedModel, caching: bool, sessions: int, turns: int, gen: int
 ) -> SystemResult:
-    eng = Engine(EngineConfig(enable_prefix_caching=caching, num_pages=2048), model=loaded)
+    eng = Engine(EngineConfig(enable_prefix_caching=caching, num_pages=1024), model=loaded)
     trace = Trace(sessions, turns, loaded.tokenizer)
     params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
     owner: dict[str, Session] = {}
-    result = SystemResult("prefixgate engine, prefix cache " + ("on" if caching else "off"))
+    weights = getattr(loaded.model, "quantization", "none")
+    name = f"prefixgate engine ({weights}), cache " + ("on" if caching else "off")
+    result = SystemResult(name)
     bar = tqdm(total=sessions * turns, desc=result.name, leave=False)
     start = time.perf_counter()
     for s in trace.sessions:
@@ -337,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 sessions x 2 turns, 8 tokens")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--quantization", default="none", choices=["none", "int8", "fp16"],
+    parser.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
                         help="weights of the engine runs of the trace")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args(argv)
@@ -345,26 +348,21 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     sessions, turns, gen = (2, 2, 8) if args.quick else (4, 5, 32)
 
-    loaded = load_model(None)
-    if args.quantization != "none":
-        loaded.model.quantize(args.quantization)
+    loaded = load_model(None, quantization=args.quantization)
     results = [run_engine(loaded, True, sessions, turns, gen),
                run_engine(loaded, False, sessions, turns, gen)]  # fmt: skip
     if not args.skip_transformers:
         results.append(run_transformers(loaded.tokenizer, sessions, turns, gen))
     results.append(run_llama_cpp(loaded.tokenizer, sessions, turns, gen))
 
-    def quantised(kind: str) -> Callable[[], LoadedModel]:
-        def factory() -> LoadedModel:
-            m = load_model(None)
-            m.model.quantize(kind)
-            return m
+    labels = {"none": "fp32 weights", "fp16": "fp16 weights, fp32 math"}
 
-        return factory
+    def variant(kind: str) -> Callable[[], LoadedModel]:
+        if kind == args.quantization:
+            return lambda: loaded
+        return lambda: load_model(None, quantization=kind)
 
-    variants: dict[str, Callable[[], LoadedModel]] = {"fp32": lambda: load_model(None)}
-    if hasattr(loaded.model, "quantize"):
-        variants["int8 weight-only"] = quantised("int8")
+    variants = {labels.get(kind, kind): variant(kind) for kind in QUANTIZATIONS}
     decode = decode_rows(variants, 16 if args.quick else 64)
 
     table = format_table(results, decode)

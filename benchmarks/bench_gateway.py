@@ -360,7 +360,7 @@ def run_routing(quick: bool) -> dict[str, Any]:
     sessions, turns = (12, 5) if quick else (32, 10)
     trace = agent_trace(sessions=sessions, turns=turns, system_words=800, task_words=300,
                         output_words=120, seed=2)
-    prefill_us = 20.0  # simulated prefill per uncached token
+    prefill_us = 100.0  # simulated prefill per uncached token (about 10k tokens/s)
     runs = [asyncio.run(replay(p, 4, trace, prefill_us)) for p in ("prefix", "round_robin")]
     return {"sessions": sessions, "turns": turns, "requests": len(trace),
             "prefill_us_per_token": prefill_us, "runs": runs}

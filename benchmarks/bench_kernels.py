@@ -10,7 +10,10 @@ batch 64 / 4k context >= 60% of copy bandwidth and >= 2x gathered SDPA.
 Without CUDA it says so, then times the CPU torch path (the engine's CPU runtime path) at the
 engine's shapes (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64, page size 16).
 
-    python benchmarks/bench_kernels.py [--quick]
+Run: ``.venv/bin/python benchmarks/bench_kernels.py [--quick] [--threads N]``; writes
+``benchmarks/results/bench_kernels.json`` (CUDA) or ``bench_kernels_cpu.json`` (CPU table).
+Every Triton row also records its largest difference from the torch path (``max_abs_err``),
+so a GPU run doubles as a correctness check of the compiled kernels.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from kernels_workloads import (
+    ENGINE,
+    LLAMA8B,
+    AttnShape,
+    decode_bytes,
+    gathered_sdpa_decode,
+    gathered_sdpa_prefill,
+    make_inputs,
+)
 from tqdm import tqdm
 
 import kernels
@@ -33,24 +44,6 @@ from kernels import torch_attention
 RESULTS = Path(__file__).resolve().parent / "results"
 DECODE_BW_TARGET = 0.60  # fraction of copy bandwidth
 DECODE_SDPA_TARGET = 2.0  # speedup over gathered SDPA
-
-
-@dataclass(frozen=True)
-class AttnShape:
-    """One attention workload: heads, head dim, page size, batch and context per sequence."""
-
-    name: str
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    page_size: int
-    batch: int
-    context: int  # tokens per sequence (decode: in cache; prefill: prefix + new)
-    new_tokens: int = 1  # prefill: new tokens per sequence
-
-    def __post_init__(self) -> None:
-        if self.num_q_heads % self.num_kv_heads or not 1 <= self.new_tokens <= self.context:
-            raise ValueError(f"inconsistent shape {self}")
 
 
 @dataclass(frozen=True)
@@ -65,36 +58,6 @@ class Row:
     gbps: float | None = None
     frac_of_copy: float | None = None
     max_abs_err: float | None = None
-
-
-@dataclass(frozen=True)
-class PagedInputs:
-    """A paged cache holding ``batch`` sequences in shuffled pages, plus their block table."""
-
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    scale: float
-
-
-def make_inputs(shape: AttnShape, dtype: torch.dtype, device: torch.device) -> PagedInputs:
-    """Random K/V in a random page order (pages of one sequence are not adjacent)."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    pages_per_seq = -(-shape.context // shape.page_size)
-    num_pages = shape.batch * pages_per_seq
-    cache_shape = (num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
-    k_cache = torch.randn(cache_shape, dtype=dtype, device=device)
-    v_cache = torch.randn(cache_shape, dtype=dtype, device=device)
-    order = torch.randperm(num_pages, generator=gen).to(torch.int32)
-    block_table = order.view(shape.batch, pages_per_seq).to(device)
-    n_q = shape.batch * shape.new_tokens
-    q = torch.randn(n_q, shape.num_q_heads, shape.head_dim, dtype=dtype, device=device)
-    seq_lens = torch.full((shape.batch,), shape.context, dtype=torch.int32, device=device)
-    cu = torch.arange(0, n_q + 1, shape.new_tokens, dtype=torch.int32, device=device)
-    return PagedInputs(q, k_cache, v_cache, block_table, seq_lens, cu, shape.head_dim**-0.5)
 
 
 # ---------------------------------------------------------------- timing
@@ -139,39 +102,7 @@ def copy_bandwidth_gbps(device: torch.device, timer: Timer, nbytes: int = 1 << 3
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
-# ---------------------------------------------------------------- baselines
-
-
-def gathered_sdpa_decode(x: PagedInputs) -> torch.Tensor:
-    """The obvious baseline: gather every sequence's pages, then SDPA with GQA."""
-    k = x.k_cache[x.block_table.long()].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
-    v = x.v_cache[x.block_table.long()].flatten(1, 2).transpose(1, 2)
-    mask = torch.arange(k.shape[2], device=x.q.device)[None, :] < x.seq_lens[:, None]
-    out = F.scaled_dot_product_attention(
-        x.q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], scale=x.scale, enable_gqa=True
-    )  # [B, Hq, 1, D]
-    return out.squeeze(2)
-
-
-def gathered_sdpa_prefill(x: PagedInputs, shape: AttnShape) -> torch.Tensor:
-    """Gather pages, then causal SDPA per batch (equal chunks, so one batched call)."""
-    k = x.k_cache[x.block_table.long()].flatten(1, 2)[:, : shape.context].transpose(1, 2)
-    v = x.v_cache[x.block_table.long()].flatten(1, 2)[:, : shape.context].transpose(1, 2)
-    q = x.q.view(shape.batch, shape.new_tokens, shape.num_q_heads, shape.head_dim).transpose(1, 2)
-    prefix = shape.context - shape.new_tokens
-    pos = torch.arange(prefix, shape.context, device=q.device)
-    mask = torch.arange(shape.context, device=q.device)[None, :] <= pos[:, None]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=x.scale, enable_gqa=True)
-    return out.transpose(1, 2).reshape(x.q.shape)
-
-
 # ---------------------------------------------------------------- CUDA suite
-
-
-def decode_bytes(shape: AttnShape, elem: int) -> int:
-    kv = 2 * shape.batch * shape.context * shape.num_kv_heads * shape.head_dim
-    q_and_out = 2 * shape.batch * shape.num_q_heads * shape.head_dim
-    return (kv + q_and_out) * elem
 
 
 def bench_decode(
@@ -265,10 +196,6 @@ def bench_small_ops(
     return rows
 
 
-ENGINE = dict(num_q_heads=9, num_kv_heads=3, head_dim=64, page_size=16)
-LLAMA8B = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16)
-
-
 def cuda_shapes(quick: bool) -> tuple[list[AttnShape], list[AttnShape]]:
     decode = [
         AttnShape("smollm2 b64 ctx4096", batch=64, context=4096, **ENGINE),
@@ -335,17 +262,22 @@ def run_cuda(quick: bool, dtype: torch.dtype) -> dict[str, object]:
 
 
 def decode_targets(rows: list[Row]) -> dict[str, object]:
-    """The issue's decode targets on the batch-64, 4k-context engine and Llama shapes."""
+    """The issue's decode targets on the batch-64, 4k-context engine and Llama shapes.
+
+    The SDPA baseline is the faster of the two gathered-pages paths: plain gather + SDPA
+    with ``enable_gqa``, and the torch path (gather + SDPA with GQA folded into the queries).
+    """
     out: dict[str, object] = {}
     for shape in ("smollm2 b64 ctx4096", "llama8b b64 ctx4096"):
         by_impl = {r.impl: r for r in rows if r.op == "decode" and r.shape == shape}
         if "triton" not in by_impl:
             continue
-        tri, sdpa = by_impl["triton"], by_impl["sdpa_gathered"]
-        frac, speedup = tri.frac_of_copy or 0.0, sdpa.ms / tri.ms
+        tri = by_impl["triton"]
+        baseline_ms = min(by_impl["sdpa_gathered"].ms, by_impl["torch"].ms)
+        frac, speedup = tri.frac_of_copy or 0.0, baseline_ms / tri.ms
         out[shape] = {
             "frac_of_copy": frac,
-            "speedup_vs_sdpa_gathered": speedup,
+            "speedup_vs_gathered_sdpa": speedup,
             "met": frac >= DECODE_BW_TARGET and speedup >= DECODE_SDPA_TARGET,
         }
     return out

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from engine.config import EngineConfig
+from engine.linear import QUANTIZATIONS
 from engine.llm_engine import Engine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -26,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    p.add_argument("--quantization", default="none", choices=["none", "int8", "fp16"])
+    p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
+                   help="fp16: fp16 projection weights (faster CPU decode)")
     return p
 
 

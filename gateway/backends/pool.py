@@ -169,7 +169,8 @@ class ReplicaPool:
                         replica.served += 1
                         item = self._complete(item, replica, tokens, predicted)
                     elif item.usage is not None:
-                        usage = dataclasses.replace(item.usage, predicted_cached_tokens=predicted)
+                        scaled = in_upstream_tokens(predicted, tokens, item.usage.prompt_tokens)
+                        usage = dataclasses.replace(item.usage, predicted_cached_tokens=scaled)
                         item = dataclasses.replace(item, usage=usage)
                     yield item
         except BackendError as err:
@@ -182,13 +183,22 @@ class ReplicaPool:
             replica.inflight -= 1
 
     def _complete(self, final: Final, replica: Replica, tokens: list[int], predicted: int) -> Final:
+        prompt = final.usage.prompt_tokens
         usage = dataclasses.replace(
-            final.usage, predicted_cached_tokens=predicted,
-            prompt_tokens=final.usage.prompt_tokens or len(tokens))
+            final.usage, predicted_cached_tokens=in_upstream_tokens(predicted, tokens, prompt),
+            prompt_tokens=prompt or len(tokens))
         final = dataclasses.replace(final, usage=usage, replica=replica.name)
         if self.metrics:
             self.metrics.final(replica.name, final)
         return final
+
+
+def in_upstream_tokens(predicted: int, tokens: list[int], upstream_prompt: int) -> int:
+    """The shadow's prediction (tiktoken tokens) in the upstream's own token units: the same
+    fraction of the prompt, so predicted and reported hits compare whatever the tokenizer."""
+    if not upstream_prompt or not tokens:
+        return predicted
+    return min(upstream_prompt, round(predicted * upstream_prompt / len(tokens)))
 
 
 def _unique(names: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ from engine_runtime_support import (
     tiny_model,
 )
 
-from engine import AsyncEngine, Engine, EngineConfig, SamplingParams, StreamDelta
+from engine import AsyncEngine, Engine, EngineConfig, RequestError, SamplingParams, StreamDelta
 from engine.loader import LoadedModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -147,3 +147,23 @@ async def test_shutdown_aborts_in_flight_streams(tiny) -> None:
     aeng.engine.check()
     with pytest.raises(RuntimeError, match="shut down"):
         await collect(aeng, [1, 2], params)
+
+
+async def test_a_failing_step_raises_request_error_and_the_loop_survives(aeng) -> None:
+    real_run = aeng.engine.runner.run
+    calls = {"n": 0}
+
+    def flaky(inputs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated device fault")
+        return real_run(inputs)
+
+    aeng.engine.runner.run = flaky
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    with pytest.raises(RequestError, match="simulated device fault") as info:
+        await collect(aeng, [1, 2, 3, 4], params)
+    assert info.value.output.finish_reason == "error"
+    after = await aeng.generate([1, 2, 3, 4], params)  # the loop thread keeps serving
+    assert after.completion_tokens == 6
+    assert aeng.stats().pages_used == 0

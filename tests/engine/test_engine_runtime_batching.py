@@ -16,6 +16,7 @@ from engine_runtime_support import STOP, dense_greedy, one_torch_thread, random_
 from engine import Engine, EngineConfig, SamplingParams
 from engine.cli import main as cli_main
 from engine.loader import LoadedModel
+from engine.plan import plan_memory, shape_from_config
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -298,3 +299,16 @@ def test_generate_cli_prints_text_and_usage(tiny, capsys, monkeypatch) -> None:
     assert "empty" in capsys.readouterr().err
     assert cli_main(["hi", "--top-p", "0"]) == 2
     assert "top_p" in capsys.readouterr().err
+
+
+def test_page_pool_is_sized_from_the_memory_budget_with_the_plan_formula(tiny) -> None:
+    budget = 80 << 20  # 64 MiB runtime allowance + activations + some pages of 8 tokens
+    eng = Engine(EngineConfig(memory_budget_bytes=budget, page_size=8), model=tiny)
+    shape = shape_from_config(tiny.config)
+    per_token = 2 * 2 * 2 * 16 * 4  # K and V x 2 layers x 2 kv heads x head_dim 16 x fp32
+    assert eng.runner.kv_cache.nbytes == eng.num_pages * 8 * per_token
+    plan = plan_memory(shape, "float32", context_len=eng.num_pages * 8)
+    assert tiny.weight_bytes + plan.kv_cache + plan.overhead <= budget
+    assert budget - (tiny.weight_bytes + plan.kv_cache + plan.overhead) < 8 * per_token
+    with pytest.raises(ValueError, match="no room for the KV cache"):
+        Engine(EngineConfig(memory_budget_bytes=1 << 20), model=tiny)

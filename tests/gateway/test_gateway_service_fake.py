@@ -138,7 +138,7 @@ async def test_lint_report_and_rewrite_modes(make_fake_app, fake_backend: FakeBa
         assert rewritten.status_code == 200
         served = fake_backend.seen[-1].messages
         assert "2026-11-29T14:03:07" not in served[0]["content"]
-        assert "2026-11-29T14:03:07" in served[-1]["content"]  # moved, not lost
+        assert "2026-11-29T14:03:07Z" in served[-1]["content"]  # moved whole, not lost
         off = await http.post("/v1/chat/completions", json=STAMPED,
                               headers={"x-prefixgate-lint-mode": "off"})
         assert off.headers["x-prefixgate-lint"] == ""

@@ -233,3 +233,12 @@ async def test_create_app_builds_one_pool_per_kind_from_config(tmp_path: Path) -
     assert all(r.replica == first.replica for r, first in zip(second_turns, rows[::2], strict=True))
     assert all(r.reported_cached_tokens and r.reported_cached_tokens > 0 for r in second_turns)
     assert {r.replica for r in rows} == {r.name for r in pool.router.replicas}
+
+
+def test_prediction_is_rescaled_to_upstream_tokens() -> None:
+    from gateway.backends.pool import in_upstream_tokens
+
+    tokens = list(range(1000))
+    assert in_upstream_tokens(500, tokens, 1200) == 600  # half the prompt, in upstream units
+    assert in_upstream_tokens(500, tokens, 0) == 500  # upstream did not say: shadow units
+    assert in_upstream_tokens(1000, tokens, 990) == 990
