@@ -143,6 +143,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
     owns_backend = backend is None
     if backend is None:
         backend = _default_backend(config, registry)
+    elif callable(bind := getattr(backend, "bind_metrics", None)):
+        bind(registry)  # a pool built outside the app reports on the app's /metrics
     store = RecordStore(config.db_url, batch_size=config.stats_batch_size,
                         flush_interval_s=config.stats_flush_interval_s)
     gw = Gateway(config=config, backend=backend, store=store, metrics=GatewayMetrics(registry))

@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.pool import StaticPool
 
 log = logging.getLogger("prefixgate.stats")
 MAX_WRITE_ATTEMPTS = 5
@@ -81,11 +82,13 @@ def make_engine(url: str) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
     database = parsed.database
-    if database and database != ":memory:":
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if not database or database == ":memory:":
+        # one shared connection, or every connection would open its own empty database
+        return create_engine(url, connect_args={"check_same_thread": False},
+                             poolclass=StaticPool)
+    Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False})
-    if database and database != ":memory:":
-        event.listen(engine, "connect", _sqlite_pragmas)
+    event.listen(engine, "connect", _sqlite_pragmas)
     return engine
 
 
