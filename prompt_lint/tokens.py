@@ -121,7 +121,8 @@ class TokenCounter:
         if k >= len(parts):
             return tokens[-1]
         partial = parts[k][: end - starts[k]]
-        return tokens[k] + (len(self._encoding.encode_ordinary(partial)) if partial else 0)
+        # a prefix of one chunk is one chunk, so count() (cached) is exact here
+        return tokens[k] + (self.count(partial) if partial else 0)
 
     def count(self, text: str) -> int:
         """Number of tokens in `text` (whole texts are cached too: history repeats)."""
