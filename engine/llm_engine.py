@@ -246,8 +246,10 @@ class Engine:
         namespace: str = "",
     ) -> list[RequestOutput]:
         """Run prompts (text or token-id lists) to completion with continuous batching;
-        outputs in prompt order. `params` is one SamplingParams for all or one per prompt.
-        Raises RuntimeError if a step fails."""
+        outputs in prompt order. `params` is one SamplingParams for all or one per prompt;
+        namespace is the tenant's prefix-cache namespace (cached_tokens counts reuse within it).
+        Requests queued earlier with `add_request` advance too, but their updates are not
+        returned here. Raises RuntimeError if a step fails."""
         batch = self._as_prompt_list(prompts)
         per = list(params) if isinstance(params, list | tuple) else [params] * len(batch)
         if len(per) != len(batch):

@@ -12,6 +12,7 @@ import kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.linear import QUANTIZATIONS, DenseLinear, Quantization, quantize_linear
 from engine.model_config import ModelConfig
+from kernels.checks import step_scope
 
 # Canonical weight names (what engine.gguf and engine.hf_folder produce), per layer i:
 #   layers.{i}.attn_norm, layers.{i}.q, layers.{i}.k, layers.{i}.v, layers.{i}.o,
@@ -136,10 +137,13 @@ class LlamaModel(nn.Module):
             )
         hidden = F.embedding(input_ids, self.embed)  # [T, hidden]
         residual: Tensor | None = None
-        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
-            hidden, residual = layer(
-                hidden, residual, positions, meta, k_cache, v_cache, self.cos_sin
-            )
+        # Every layer sees the same metadata tensors: the kernels check them and derive their
+        # index plans (rotary angles, page reads, slots) once in this scope, not once per layer.
+        with step_scope():
+            for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
+                hidden, residual = layer(
+                    hidden, residual, positions, meta, k_cache, v_cache, self.cos_sin
+                )
         normed, _ = kernels.rms_norm(hidden, self.norm, self.config.rms_eps, residual)
         return normed
 

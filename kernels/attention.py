@@ -22,6 +22,7 @@ from .checks import (
     check_same_dtype,
     check_seq_lens_fit,
     check_tensor,
+    memoized,
 )
 
 
@@ -121,6 +122,14 @@ def _check_cu_seqlens(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, total:
     """On CPU, check cu_seqlens_q is a non-decreasing split of q that fits in seq_lens."""
     if cu_seqlens_q.is_cuda:
         return
+    memoized(
+        ("cu_seqlens", total),
+        (cu_seqlens_q, seq_lens),
+        lambda: _check_cu_values(cu_seqlens_q, seq_lens, total),
+    )
+
+
+def _check_cu_values(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, total: int) -> None:
     bounds = cu_seqlens_q.tolist()
     if bounds[0] != 0 or bounds[-1] != total:
         raise ValueError(f"cu_seqlens_q must start at 0 and end at T={total}, got {bounds}")
@@ -136,7 +145,7 @@ def _check_slots(slot_mapping: torch.Tensor, capacity: int) -> None:
     """On CPU, check every slot is below the cache capacity (negative slots are skips)."""
     if slot_mapping.is_cuda or slot_mapping.numel() == 0:
         return
-    top = int(slot_mapping.max())
+    top = memoized("slots_max", (slot_mapping,), lambda: int(slot_mapping.max()))
     if top >= capacity:
         raise ValueError(f"slot {top} >= cache capacity {capacity} (num_pages * page_size)")
 

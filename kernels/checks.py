@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
@@ -94,9 +97,17 @@ def check_block_table(block_table: torch.Tensor, seq_lens: torch.Tensor, batch: 
 
 
 def check_seq_lens_fit(seq_lens: torch.Tensor, max_pages: int, page_size: int) -> None:
-    """On CPU, check every length is within what the block table can address."""
+    """On CPU, check every length is within what the block table can address (once per scope)."""
     if seq_lens.is_cuda or seq_lens.numel() == 0:
         return
+    memoized(
+        ("seq_lens_fit", max_pages, page_size),
+        (seq_lens,),
+        lambda: _check_seq_lens_values(seq_lens, max_pages, page_size),
+    )
+
+
+def _check_seq_lens_values(seq_lens: torch.Tensor, max_pages: int, page_size: int) -> None:
     lo, hi = int(seq_lens.min()), int(seq_lens.max())
     if lo < 0:
         raise ValueError(f"seq_lens must be >= 0, got min {lo}")
@@ -104,3 +115,58 @@ def check_seq_lens_fit(seq_lens: torch.Tensor, max_pages: int, page_size: int) -
         raise ValueError(
             f"seq_lens max {hi} exceeds block_table capacity {max_pages} pages x {page_size}"
         )
+
+
+# --- per-step memo -----------------------------------------------------------------------------
+# A decode step runs the same ops once per layer over the same metadata tensors (block table,
+# lengths, slots, positions). Inside ``step_scope`` the value checks and the index plans derived
+# from those tensors are computed once per tensor object and reused by every later layer.
+
+_scope = threading.local()
+_T = TypeVar("_T")
+
+
+class StepMemo:
+    """Values derived from metadata tensors, keyed by a tag and the tensors' identities.
+
+    Holding the tensors keeps their ids from being reused while the memo lives.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Hashable, ...], tuple[tuple[torch.Tensor, ...], object]] = {}
+
+    def get(
+        self, tag: Hashable, tensors: tuple[torch.Tensor, ...], compute: Callable[[], _T]
+    ) -> _T:
+        key = (tag, *(id(t) for t in tensors))
+        hit = self._entries.get(key)
+        if hit is not None:
+            return hit[1]  # type: ignore[return-value]
+        value = compute()
+        self._entries[key] = (tensors, value)
+        return value
+
+
+@contextmanager
+def step_scope() -> Iterator[StepMemo]:
+    """Check and preprocess each metadata tensor once for the ops run inside this scope.
+
+    The caller promises not to modify, inside the scope, any index tensor it passes to the ops
+    (block tables, lengths, slots, positions, cu_seqlens): results derived from them are reused.
+    Shape and dtype checks still run on every call. Scopes nest; the inner one starts empty.
+    """
+    previous = getattr(_scope, "memo", None)
+    memo = StepMemo()
+    _scope.memo = memo
+    try:
+        yield memo
+    finally:
+        _scope.memo = previous
+
+
+def memoized(tag: Hashable, tensors: tuple[torch.Tensor, ...], compute: Callable[[], _T]) -> _T:
+    """``compute()``, or inside ``step_scope`` its value from an earlier call with these tensors."""
+    memo: StepMemo | None = getattr(_scope, "memo", None)
+    if memo is None:
+        return compute()
+    return memo.get(tag, tensors, compute)

@@ -13,6 +13,7 @@ from .checks import (
     check_last_dim_contiguous,
     check_same_device,
     check_tensor,
+    memoized,
 )
 
 ROTARY_LAYOUTS = ("interleaved", "half")
@@ -124,7 +125,9 @@ def rotary(
     if cos_sin_cache.shape[1] != head_dim:
         raise ValueError(f"cos_sin_cache width {cos_sin_cache.shape[1]} != head_dim {head_dim}")
     if not positions.is_cuda and positions.numel():
-        lo, hi = int(positions.min()), int(positions.max())
+        lo, hi = memoized(
+            "positions_range", (positions,), lambda: (int(positions.min()), int(positions.max()))
+        )
         if lo < 0 or hi >= cos_sin_cache.shape[0]:
             raise ValueError(
                 f"positions must lie in [0, {cos_sin_cache.shape[0]}), got [{lo}, {hi}]"

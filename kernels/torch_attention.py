@@ -10,9 +10,12 @@ are G query rows of one problem), so K/V are never repeated.
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from .checks import memoized
 
 _local = threading.local()
 
@@ -57,57 +60,118 @@ def gather_kv(
     return k_buf.view(out_shape), v_buf.view(out_shape)
 
 
+class _SeqPages(NamedTuple):
+    """Where one sequence's K/V lives: its pages, or a run of consecutive pages."""
+
+    index: int  # b, the row of q and of the output
+    length: int  # tokens in cache
+    pages: torch.Tensor  # [n] int64 page ids
+    first_page: int  # >= 0: the pages are first_page.. consecutively (read a view, no gather)
+
+
+class _DecodePlan(NamedTuple):
+    """How one decode step reads the cache; the same for every layer of the step."""
+
+    seqs: list[_SeqPages]  # per-sequence reads (empty when the batch is padded)
+    pages: torch.Tensor | None  # [B, n_pages] int64, padded batch only
+    mask: torch.Tensor | None  # [B, 1, 1, L] bool, padded batch with unequal lengths
+    empty_rows: torch.Tensor | None  # [B] bool: sequences with no tokens (padded batch)
+
+
+def _seq_pages(
+    block_table: torch.Tensor, b: int, length: int, page_size: int, num_pages: int
+) -> _SeqPages:
+    count = -(-length // page_size)
+    row = block_table[b, :count]
+    ids = row.tolist()
+    first = ids[0]
+    consecutive = ids == list(range(first, first + count)) and first >= 0
+    in_range = consecutive and first + count <= num_pages
+    return _SeqPages(b, length, row.long(), first if in_range else -1)
+
+
+def _decode_plan(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, num_pages: int
+) -> _DecodePlan:
+    lengths = seq_lens.tolist()
+    page_counts = [-(-n // page_size) for n in lengths]
+    n_pages = max(page_counts)
+    padded = len(lengths) > 1 and len(lengths) * n_pages <= PADDING_WASTE_LIMIT * sum(page_counts)
+    if n_pages == 0 or not padded:
+        seqs = [
+            _seq_pages(block_table, b, n, page_size, num_pages)
+            for b, n in enumerate(lengths)
+            if n > 0
+        ]
+        return _DecodePlan(seqs, None, None, None)
+    pages = block_table[:, :n_pages].clamp(0, num_pages - 1).long()  # padding may hold junk
+    mask = None
+    if min(lengths) != n_pages * page_size:  # some sequence ends before the padded length
+        positions = torch.arange(n_pages * page_size, device=seq_lens.device)
+        mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    empty = seq_lens == 0 if 0 in lengths else None
+    return _DecodePlan([], pages, mask, empty)
+
+
 def _decode_padded(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
+    plan: _DecodePlan,
     scale: float,
-    n_pages: int,
-    full_length: int,
 ) -> torch.Tensor:
-    """All sequences at once, padded to n_pages and masked by length.
-
-    ``full_length`` is the shortest sequence length: when every sequence fills all n_pages,
-    no mask is needed.
-    """
+    """All sequences at once, padded to the longest and masked by length."""
+    assert plan.pages is not None
     batch, num_q_heads, head_dim = q.shape
-    num_pages, page_size, num_kv_heads, _ = k_cache.shape
-    pages = block_table[:, :n_pages].clamp(0, num_pages - 1)  # unused entries may hold junk
-    k, v = gather_kv(k_cache, v_cache, pages)  # [B, L, Hkv, D]
-    mask = None
-    if full_length != n_pages * page_size:  # some sequence ends before the padded length
-        positions = torch.arange(n_pages * page_size, device=q.device)
-        mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    num_kv_heads = k_cache.shape[2]
+    k, v = gather_kv(k_cache, v_cache, plan.pages)  # [B, L, Hkv, D]
     qg = q.view(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [B, Hkv, G, D]
     out = F.scaled_dot_product_attention(
-        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=plan.mask, scale=scale
     )  # [B, Hkv, G, D]
-    return out.reshape(batch, num_q_heads, head_dim)
+    out = out.reshape(batch, num_q_heads, head_dim)
+    if plan.empty_rows is not None:  # a fully masked row is NaN; an empty sequence reads nothing
+        out[plan.empty_rows] = 0.0
+    return out
+
+
+def _attend_one(
+    q_row: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: _SeqPages, scale: float
+) -> torch.Tensor:
+    """q_row [Hq, D] over one sequence's cached tokens -> [Hkv, G, D]."""
+    num_q_heads, head_dim = q_row.shape
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    n = seq.pages.shape[0]
+    if seq.first_page >= 0:  # consecutive pages: a view of the cache, no copy
+        span = slice(seq.first_page, seq.first_page + n)
+        k = k_cache[span].view(n * page_size, num_kv_heads, head_dim)
+        v = v_cache[span].view(n * page_size, num_kv_heads, head_dim)
+    else:
+        k, v = gather_kv(k_cache, v_cache, seq.pages)  # [n * page, Hkv, D]
+    qg = q_row.view(num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [Hkv, G, D]
+    k, v = k[: seq.length].transpose(0, 1), v[: seq.length].transpose(0, 1)  # [Hkv, L, D]
+    if q_row.dtype == torch.float32 and not q_row.is_cuda:
+        # A few query rows per KV head: two small bmm's beat SDPA's per-call setup on CPU.
+        scores = torch.bmm(qg, k.transpose(1, 2)).mul_(scale)  # [Hkv, G, L]
+        return torch.bmm(torch.softmax(scores, dim=-1), v)  # [Hkv, G, D]
+    return F.scaled_dot_product_attention(qg, k, v, scale=scale)
 
 
 def _decode_each(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    lengths: list[int],
+    plan: _DecodePlan,
     scale: float,
 ) -> torch.Tensor:
-    """One sequence at a time, each gathering only its own pages."""
-    _, num_q_heads, head_dim = q.shape
-    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    """One sequence at a time, each reading only its own pages."""
+    batch, num_q_heads, head_dim = q.shape
+    if batch == 1 and len(plan.seqs) == 1:  # single stream: no output buffer to fill
+        return _attend_one(q[0], k_cache, v_cache, plan.seqs[0], scale).reshape(q.shape)
     out = torch.zeros_like(q)
-    for b, length in enumerate(lengths):
-        if length == 0:
-            continue
-        k, v = gather_kv(k_cache, v_cache, block_table[b, : -(-length // page_size)])
-        qg = q[b].view(num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [Hkv, G, D]
-        o = F.scaled_dot_product_attention(
-            qg, k[:length].transpose(0, 1), v[:length].transpose(0, 1), scale=scale
-        )
-        out[b] = o.reshape(num_q_heads, head_dim)
+    for seq in plan.seqs:
+        o = _attend_one(q[seq.index], k_cache, v_cache, seq, scale)
+        out[seq.index] = o.reshape(num_q_heads, head_dim)
     return out
 
 
@@ -119,23 +183,21 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """q [B, Hq, D] over paged K/V -> [B, Hq, D] in q's dtype (inputs already checked)."""
+    """q [B, Hq, D] over paged K/V -> [B, Hq, D] in q's dtype (inputs already checked).
+
+    The read plan (lengths, page ids, mask) is derived once per ``step_scope`` for all layers.
+    """
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    page_size = k_cache.shape[1]
-    lengths = seq_lens.tolist()
-    page_counts = [-(-n // page_size) for n in lengths]
-    n_pages = max(page_counts)
-    if n_pages == 0:
-        return torch.zeros_like(q)
-    if len(lengths) * n_pages > PADDING_WASTE_LIMIT * sum(page_counts):
-        return _decode_each(q, k_cache, v_cache, block_table, lengths, scale)
-    out = _decode_padded(
-        q, k_cache, v_cache, block_table, seq_lens, scale, n_pages, min(lengths)
+    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    plan = memoized(
+        ("decode_plan", page_size, num_pages),
+        (block_table, seq_lens),
+        lambda: _decode_plan(block_table, seq_lens, page_size, num_pages),
     )
-    if 0 in lengths:  # a fully masked row is NaN; a sequence without tokens reads nothing
-        out[seq_lens == 0] = 0.0
-    return out
+    if plan.pages is not None:
+        return _decode_padded(q, k_cache, v_cache, plan, scale)
+    return _decode_each(q, k_cache, v_cache, plan, scale)
 
 
 def _causal_mask(n_new: int, total: int, device: torch.device) -> torch.Tensor:

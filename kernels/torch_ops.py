@@ -5,6 +5,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .checks import memoized
+
+
+def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """slot_mapping [T] -> (int64 slots to write, bool keep mask [T] or None when all kept)."""
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        return slots[keep], keep
+    return slots, None
+
 
 def store_kv(
     k: torch.Tensor,
@@ -15,10 +26,9 @@ def store_kv(
 ) -> None:
     """Scatter k, v [T, Hkv, D] into the flat slots of the caches; negative slots are skipped."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    slots = slot_mapping.long()
-    if bool((slots < 0).any()):
-        keep = slots >= 0
-        slots, k, v = slots[keep], k[keep], v[keep]
+    slots, keep = memoized("kept_slots", (slot_mapping,), lambda: _kept_slots(slot_mapping))
+    if keep is not None:
+        k, v = k[keep], v[keep]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 
@@ -29,9 +39,11 @@ def rms_norm(
     """Normalise over the last dim in float32; with a residual, normalise x + residual."""
     if residual is not None:
         x = x + residual
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
-    normed = normed.to(x.dtype)
+    shape = (x.shape[-1],)
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        normed = F.rms_norm(x, shape, weight, eps)  # one fused op: the decode hot path
+    else:
+        normed = F.rms_norm(x.float(), shape, weight.float(), eps).to(x.dtype)
     return normed if residual is None else (normed, x)
 
 
@@ -78,13 +90,31 @@ def rotary(
     layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by their positions; out of place."""
+    if layout == "interleaved":
+        rot = memoized(
+            "rotary_complex",
+            (positions, cos_sin_cache),
+            lambda: _rotation(positions, cos_sin_cache),
+        )  # [T, 1, D/2] complex
+        return _rotate_interleaved(q, rot), _rotate_interleaved(k, rot)
+    cos, sin = memoized(
+        "rotary_cos_sin", (positions, cos_sin_cache), lambda: _cos_sin(positions, cos_sin_cache)
+    )
+    return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+
+
+def _cos_sin(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T] -> cos, sin [T, 1, D/2] float32."""
     cos_sin = cos_sin_cache[positions.long()].float()  # [T, D]
     half = cos_sin.shape[-1] // 2
-    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]  # [T, 1, D/2]
-    if layout == "interleaved":
-        rot = torch.complex(cos, sin)  # [T, 1, D/2]
-        return _rotate_interleaved(q, rot), _rotate_interleaved(k, rot)
-    return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+    return cos_sin[:, None, :half], cos_sin[:, None, half:]
+
+
+def _rotation(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """positions [T] -> cos + i sin [T, 1, D/2] complex64."""
+    return torch.complex(*_cos_sin(positions, cos_sin_cache))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 from prompt_lint.layout import TokenLayout
-from prompt_lint.providers import Provider, tool_name
+from prompt_lint.providers import Provider
 from prompt_lint.rules import RULES
 from prompt_lint.session import SessionTracker
 from prompt_lint.templates import Family
+from prompt_lint.toolset import ToolSet, tool_set
 from prompt_lint.types import Finding
 
 OPENAI_MIN_TOKENS = 1024
@@ -39,29 +40,21 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
-def _keys_sorted(value: Any) -> bool:
-    if isinstance(value, dict):
-        keys = list(value)
-        return keys == sorted(keys) and all(_keys_sorted(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_keys_sorted(v) for v in value)
-    return True
-
-
 def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
-                  family: Family | None) -> tuple[list[Finding], set[str]]:
+                  family: Family | None,
+                  toolset: ToolSet | None = None) -> tuple[list[Finding], set[str]]:
     """PL004-PL007; returns findings and the rules a rewrite resolves.
 
     The family's tool state (last order, JSON per tool name) is updated on
     every call, frozen learner or not: it is "the previous request", not a
     learned template."""
     tools = body.get("tools") or []
-    names = [tool_name(t, provider) or "" for t in tools]
+    toolset = toolset or tool_set(tools)
+    names = list(toolset.labels)
     out: list[Finding] = []
     if names != sorted(names):
         out.append(finding("PL005", "tools", "tools are not sorted by name"))
-    unsorted = [n for i, (n, t) in enumerate(zip(names, tools, strict=True))
-                if not _schema_sorted(t, layout.segments[i].text)]
+    unsorted = [n for n, ok in zip(names, toolset.schema_sorted, strict=True) if not ok]
     if unsorted:
         out.append(finding("PL007", "tools", f"{len(unsorted)} tool schema(s) with unsorted "
                            f"JSON keys: {', '.join(unsorted[:5])}"))
@@ -76,26 +69,6 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
         if old is None or old[0] != hash(compact):
             family.tool_json[name] = _tool_prints(tools[i], compact)
     return out, resolved
-
-
-_SORTED_CACHE: dict[str, bool] = {}
-
-
-def _schema_sorted(tool: Any, compact: str) -> bool:
-    """Whether the tool's schema keys are sorted (cached on its compact JSON)."""
-    found = _SORTED_CACHE.get(compact)
-    if found is None:
-        if len(_SORTED_CACHE) > 4096:
-            _SORTED_CACHE.clear()
-        found = _SORTED_CACHE[compact] = _keys_sorted(_schema(tool))
-    return found
-
-
-def _schema(tool: Any) -> Any:
-    function = tool.get("function") if isinstance(tool, dict) else None
-    if isinstance(function, dict):
-        return function.get("parameters")
-    return tool.get("input_schema") if isinstance(tool, dict) else None
 
 
 def _tool_prints(tool: Any, compact: str) -> tuple[int, int]:

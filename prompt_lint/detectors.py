@@ -20,6 +20,7 @@ from itertools import compress
 from typing import NamedTuple
 
 from prompt_lint.incremental import PieceMemo
+from prompt_lint.memo import caching
 from prompt_lint.tokens import LONG_TEXT, slot_keys
 
 
@@ -141,10 +142,41 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 
+#: Cheap necessary conditions per detector label: (substrings of which the line must
+#: hold one, whether the line must hold a digit). A detector whose pattern (and
+#: validator) cannot match without them is skipped; results are unchanged.
+_NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "JWT": (("eyJ",), False),
+    "API key": (("sk-", "pk_", "sk_", "rk_", "ghp_", "gho_", "ghs_", "xox", "AIza", "AKIA"),
+                False),
+    "UUID": (("-",), False),
+    "email": (("@",), False),
+    "RFC 2822 date": ((":",), True),
+    "ISO 8601 timestamp": (("-",), True),
+    "date and time": (("/", "."), True),
+    "written date": ((), True),
+    "weekday and time": ((":",), True),
+    "Unix epoch (ms)": (("1",), True),
+    "Unix epoch": (("1",), True),
+    "clock time": ((":",), True),
+    "labelled id": ((":", "=", "#"), False),
+    "nonce": ((":", "=", "#"), False),
+    "request counter": (("#",), True),
+    "hex digest": ((), True),  # the validator wants a digit
+    "high-entropy token": ((), True),  # the validator wants at least two digits
+}
+_PLAN: tuple[tuple[Detector, tuple[str, ...], bool], ...] = tuple(
+    (d, *_NEEDS.get(d.label, ((), False))) for d in DETECTORS)
+_DIGIT = re.compile(r"\d")
+
+
 def _detect_line(line: str) -> list[Span]:
     taken: list[tuple[int, int]] = []
     spans: list[Span] = []
-    for det in DETECTORS:
+    has_digit = _DIGIT.search(line) is not None
+    for det, needs, digit in _PLAN:
+        if (digit and not has_digit) or (needs and not any(n in line for n in needs)):
+            continue
         for m in det.pattern.finditer(line):
             if det.valid is not None and not det.valid(m):
                 continue
@@ -188,7 +220,7 @@ class PatternScanner:
 
     def line_spans(self, line: str) -> list[Span]:
         """Spans in one line (cached)."""
-        spans = self._cache.get(line)
+        spans = self._cache.get(line) if caching() else None
         if spans is None:
             spans = _detect_line(line)
             self._cache[line] = spans
@@ -198,7 +230,7 @@ class PatternScanner:
 
     def scan(self, text: str) -> list[Span]:
         """All spans in `text`, offsets relative to `text` (whole texts cached too)."""
-        found = self._texts.get(text)
+        found = self._texts.get(text) if caching() else None
         if found is None:
             found = self._scan(text)
             self._texts[text] = found

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import Generic, NamedTuple, TypeVar
 
+from prompt_lint.memo import caching
+
 V = TypeVar("V")
 
 
@@ -32,18 +34,22 @@ class Pieces(NamedTuple, Generic[V]):
     values: list[V]
 
 
-_BLOCK = 512
+_BLOCK = 64
 
 
 def common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix: block scan, then binary search in the block
-    (each character is copied a bounded number of times)."""
+    """Length of the longest common prefix: galloping (compare prefixes of doubling
+    length, C-speed slice equality), then binary search between the last two lengths."""
     n = min(len(a), len(b))
-    lo = 0
-    while lo + _BLOCK <= n and a[lo:lo + _BLOCK] == b[lo:lo + _BLOCK]:
-        lo += _BLOCK
-    hi = min(lo + _BLOCK, n)
-    while lo < hi:
+    lo, step = 0, _BLOCK
+    while lo < n:
+        hi = min(lo + step, n)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
+    while lo < hi:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
         mid = (lo + hi + 1) // 2
         if a[lo:mid] == b[lo:mid]:
             lo = mid
@@ -53,13 +59,17 @@ def common_prefix(a: str, b: str) -> int:
 
 
 def common_suffix(a: str, b: str, limit: int) -> int:
-    """Length of the longest common suffix, at most `limit`."""
+    """Length of the longest common suffix, at most `limit` (galloping, as common_prefix)."""
     n = min(len(a), len(b), limit)
     la, lb = len(a), len(b)
-    lo = 0
-    while lo + _BLOCK <= n and a[la - lo - _BLOCK:la - lo] == b[lb - lo - _BLOCK:lb - lo]:
-        lo += _BLOCK
-    hi = min(lo + _BLOCK, n)
+    lo, step = 0, _BLOCK
+    while lo < n:
+        hi = min(lo + step, n)
+        if a[la - hi:la - lo] != b[lb - hi:lb - lo]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[la - mid:la - lo] == b[lb - mid:lb - lo]:
@@ -67,6 +77,23 @@ def common_suffix(a: str, b: str, limit: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+_LAST_BOUNDS: list[tuple[str, str, int, int]] = []
+
+
+def shared_bounds(old: str, new: str) -> tuple[int, int]:
+    """(common prefix, common suffix not overlapping it) of `old` and `new`; the last
+    pair is remembered by identity (strings are immutable), so the memos of one
+    request (tokens, patterns) that hold the same previous text compare it once."""
+    if _LAST_BOUNDS and caching():
+        last_old, last_new, a, b = _LAST_BOUNDS[0]
+        if last_old is old and last_new is new:
+            return a, b
+    a = common_prefix(old, new)
+    b = common_suffix(old, new, min(len(old), len(new)) - a)
+    _LAST_BOUNDS[:] = [(old, new, a, b)]
+    return a, b
 
 
 class PieceMemo(Generic[V]):
@@ -81,6 +108,8 @@ class PieceMemo(Generic[V]):
 
     def get(self, text: str, slots: tuple[object, ...]) -> Pieces[V]:
         """`text` in pieces, reusing whatever the first remembered slot shares with it."""
+        if not caching():
+            return self._fresh(text)
         before = next((p for p in map(self._slots.get, slots) if p is not None), None)
         result = self._fresh(text) if before is None else self._reuse(before, text)
         for slot in slots:
@@ -100,8 +129,7 @@ class PieceMemo(Generic[V]):
             return old
         if not text or not old.text:
             return self._fresh(text)
-        a = common_prefix(old.text, text)
-        b = common_suffix(old.text, text, min(len(old.text), len(text)) - a)
+        a, b = shared_bounds(old.text, text)
         starts, n = old.starts, len(old.pieces)
         head = max(bisect_left(starts, a, 1) - 1, 0)  # pieces ending strictly before a
         tail = max(bisect_right(starts, len(old.text) - b), head)  # first piece after the gap

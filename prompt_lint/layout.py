@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from prompt_lint.providers import Provider, Segment, detect_provider, segments
 from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
+from prompt_lint.toolset import ToolSet
 
 
 class TokenLayout(NamedTuple):
@@ -28,16 +30,14 @@ class TokenLayout(NamedTuple):
         return self.total if found is None else found
 
 
-def token_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter) -> TokenLayout:
+def token_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter,
+                 toolset: ToolSet | None = None) -> TokenLayout:
     """Tokenize each segment of `body` (through the counter's chunk cache)."""
-    segs = segments(body, provider)
-    starts, sizes, pos = [], [], 0
-    for seg in segs:
-        n = counter.count_at(seg.text, seg.path)
-        starts.append(pos)
-        sizes.append(n)
-        pos += n
-    return TokenLayout(segs, starts, sizes, pos, {s.path: i for i, s in enumerate(segs)})
+    segs = segments(body, provider, toolset)
+    sizes = counter.count_segments(segs)
+    starts = list(accumulate(sizes, initial=0))
+    total = starts.pop()
+    return TokenLayout(segs, starts, sizes, total, {s.path: i for i, s in enumerate(segs)})
 
 
 def request_tokens(body: dict[str, Any], provider: Provider | None = None,

@@ -16,12 +16,11 @@ from prompt_lint.layout import TokenLayout, token_layout
 from prompt_lint.providers import (
     Provider,
     Segment,
+    check_request,
     compact_json,
     detect_provider,
     scan_targets,
     segments,
-    tool_name,
-    validate,
 )
 from prompt_lint.rules import DYNAMIC_KINDS
 from prompt_lint.session import SessionTracker, fingerprint
@@ -42,18 +41,17 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
                  encoding: str | None = None) -> LintReport:
     """Lint one OpenAI or Anthropic request body; see the package docstring."""
     prov = provider or detect_provider(body)
-    validate(body, prov)
+    toolset = check_request(body, prov)
     counter = shared_counter(encoding or DEFAULT_ENCODING)
-    layout = token_layout(body, prov, counter)
-    targets = scan_targets(body, layout.segments)
+    layout = token_layout(body, prov, counter, toolset)
+    targets = scan_targets(body, layout.segments, toolset)
     spans = {t.path: detect(t.text, t.path) for t in targets}
     findings = _pattern_findings(targets, spans, layout, counter)
     match = FamilyMatch(None, [])
     if learner is not None:
-        names = [tool_name(t, prov) or "" for t in body.get("tools") or []]
-        match = learner.observe(targets, spans, names)
+        match = learner.observe(targets, spans, list(toolset.labels))
         findings += _learned_findings(match, targets, spans, layout, counter)
-    tool_found, resolved = tool_findings(body, prov, layout, match.family)
+    tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset)
     findings += tool_found
     tracker = session if isinstance(session, SessionTracker) else (
         learner.sessions if learner is not None else None)
@@ -75,11 +73,10 @@ def learn_request(body: dict[str, Any], learner: TemplateLearner,
     """Feed one request to the learner without linting it (first pass over a
     log); returns its family id."""
     prov = provider or detect_provider(body)
-    validate(body, prov)
-    targets = scan_targets(body, segments(body, prov))
-    spans = {t.path: detect(t.text) for t in targets}
-    names = [tool_name(t, prov) or "" for t in body.get("tools") or []]
-    match = learner.observe(targets, spans, names)
+    toolset = check_request(body, prov)
+    targets = scan_targets(body, segments(body, prov, toolset), toolset)
+    spans = {t.path: detect(t.text, t.path) for t in targets}
+    match = learner.observe(targets, spans, list(toolset.labels))
     return match.family.id if match.family else None
 
 

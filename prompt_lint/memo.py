@@ -115,10 +115,11 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 JSON_MEMO: LRU[bytes, str] = LRU(16384, max_weight=32 << 20)
 
 
-def _compact(value: Any) -> str:
+def encode_compact(value: Any) -> str:
+    """`json.dumps(value, ensure_ascii=False, separators=(",", ":"))` (no memo)."""
     return _ENCODER.encode(value)
 
 
 def compact_json_cached(value: Any) -> str:
     """`json.dumps(value, ensure_ascii=False, separators=(",", ":"))`, memoised by value."""
-    return memo_by_value(JSON_MEMO, value, _compact)
+    return memo_by_value(JSON_MEMO, value, encode_compact)

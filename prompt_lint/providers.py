@@ -10,9 +10,12 @@ segments' tokens.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from prompt_lint.memo import compact_json_cached
+
+if TYPE_CHECKING:
+    from prompt_lint.toolset import ToolSet
 
 Provider = Literal["openai", "anthropic"]
 PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
@@ -68,6 +71,11 @@ def detect_provider(body: dict[str, Any]) -> Provider:
 
 def validate(body: Any, provider: Provider) -> None:
     """Raise RequestError naming the first problem in `body`."""
+    check_request(body, provider)
+
+
+def check_request(body: Any, provider: Provider) -> ToolSet:
+    """validate(), returning the body's ToolSet (see `prompt_lint.toolset`)."""
     if not isinstance(body, dict):
         raise RequestError(f"request must be a JSON object, got {type(body).__name__}")
     messages = body.get("messages")
@@ -78,12 +86,16 @@ def validate(body: Any, provider: Provider) -> None:
     tools = body.get("tools", [])
     if not isinstance(tools, list):
         raise RequestError("'tools' must be a list")
-    for i, tool in enumerate(tools):
-        if tool_name(tool, provider) is None:
-            raise RequestError(f"tools[{i}] has no name")
+    from prompt_lint.toolset import tool_set  # toolset builds on this module
+
+    toolset = tool_set(tools)
+    unnamed = toolset.first_unnamed()
+    if unnamed is not None:
+        raise RequestError(f"tools[{unnamed}] has no name")
     system = body.get("system")
     if provider == "anthropic" and system is not None and not isinstance(system, str | list):
         raise RequestError("'system' must be a string or a list of text blocks")
+    return toolset
 
 
 def _validate_message(message: Any, i: int, provider: Provider) -> None:
@@ -128,10 +140,15 @@ def compact_json(value: Any) -> str:
     return compact_json_cached(value)
 
 
-def segments(body: dict[str, Any], provider: Provider) -> list[Segment]:
-    """The request's token layout: tools, system prompt, then messages."""
-    out = [Segment(f"tools[{i}]", compact_json(t), False, -1)
-           for i, t in enumerate(body.get("tools") or [])]
+def segments(body: dict[str, Any], provider: Provider,
+             toolset: ToolSet | None = None) -> list[Segment]:
+    """The request's token layout: tools, system prompt, then messages (`toolset`:
+    the body's ToolSet when the caller has it already)."""
+    if toolset is None:
+        from prompt_lint.toolset import tool_set
+
+        toolset = tool_set(body.get("tools") or [])
+    out = list(toolset.segments)
     system = body.get("system")
     if provider == "anthropic" and system is not None:
         out += _content_segments("system", system, True, -1)
@@ -160,15 +177,15 @@ def _content_segments(path: str, content: Any, scan: bool, message: int) -> list
     return out
 
 
-def scan_targets(body: dict[str, Any], layout: list[Segment]) -> list[Segment]:
+def scan_targets(body: dict[str, Any], layout: list[Segment],
+                 toolset: ToolSet | None = None) -> list[Segment]:
     """Template strings to scan: tool descriptions, then system-prompt text.
 
     `layout` is `segments(body, provider)`; tool descriptions carry the
     index of their tool segment in `message` so token offsets can be found.
     """
-    out = []
-    for i, tool in enumerate(body.get("tools") or []):
-        found = tool_description_path(tool, i)
-        if found is not None:
-            out.append(Segment(found[0], found[1], True, -1))
-    return out + [s for s in layout if s.scan]
+    if toolset is None:
+        from prompt_lint.toolset import tool_set
+
+        toolset = tool_set(body.get("tools") or [])
+    return list(toolset.descriptions) + [s for s in layout if s.scan]

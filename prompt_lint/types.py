@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prompt_lint.rules import Severity
@@ -33,10 +33,13 @@ class Finding:
 
     def to_json(self, show_values: bool = True) -> dict[str, Any]:
         """The finding as a JSON-ready dict (value masked unless `show_values`)."""
-        data = asdict(self)
+        data = {name: getattr(self, name) for name in _FINDING_FIELDS}  # asdict, flat
         if not show_values:
             data["value"] = mask_value(self.value, self.kind)
         return data
+
+
+_FINDING_FIELDS = tuple(f.name for f in fields(Finding))
 
 
 def mask_value(value: str, kind: str) -> str:

@@ -1,0 +1,172 @@
+"""Cross-request memos change nothing: the cached path equals the uncached path.
+
+Reference: the same calls with `set_caching(False)` (every memo bypassed:
+JSON texts, tool sets, chunk tokens, line spans, piece reuse, masked lines),
+and for the detector prefilter a plain run of every pattern.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import Linted
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lint_corpus import CorpusRequest
+
+from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
+from prompt_lint.detectors import DETECTORS, Span, _detect_line
+from prompt_lint.memo import LRU, compact_json_cached, set_caching
+from prompt_lint.providers import segments, tool_description_path, tool_name
+from prompt_lint.toolset import keys_sorted, tool_schema, tool_set
+
+
+def _online(corpus: list[CorpusRequest]) -> list[tuple[Any, ...]]:
+    learner = TemplateLearner()
+    out = []
+    for req in corpus:
+        report = lint_request(req.body, learner=learner)
+        result = rewrite_request(req.body, report=report, learner=learner)
+        out.append((report, json.dumps(result.body), result.moved))
+    return out
+
+
+def _two_pass(corpus: list[CorpusRequest]) -> list[Any]:
+    learner = TemplateLearner()
+    for req in corpus:
+        learn_request(req.body, learner)
+    learner.freeze()
+    return [lint_request(req.body, learner=learner) for req in corpus]
+
+
+def test_online_lint_and_rewrite_equal_uncached(corpus: list[CorpusRequest],
+                                                online: Linted) -> None:
+    cached = _online(corpus)
+    warm = _online(corpus)  # every memo is warm now
+    set_caching(False)
+    try:
+        plain = _online(corpus)
+    finally:
+        set_caching(True)
+    assert [r[0] for r in plain] == online.reports
+    assert cached == plain
+    assert warm == plain
+    assert sum(len(r[0].findings) for r in plain) > 0
+
+
+def test_two_pass_equals_uncached(corpus: list[CorpusRequest]) -> None:
+    part = corpus[:90]  # the uncached path tokenizes everything: keep it short
+    cached = _two_pass(part)
+    set_caching(False)
+    try:
+        plain = _two_pass(part)
+    finally:
+        set_caching(True)
+    assert cached == plain
+    assert any(r.findings for r in plain)
+
+
+def test_segments_equal_uncached(corpus: list[CorpusRequest]) -> None:
+    cached = [segments(r.body, r.provider) for r in corpus]
+    set_caching(False)
+    try:
+        plain = [segments(r.body, r.provider) for r in corpus]
+    finally:
+        set_caching(True)
+    assert cached == plain
+
+
+def _naive_detect(line: str) -> list[Span]:
+    """Every detector, no prefilter (the definition _detect_line must keep)."""
+    taken: list[tuple[int, int]] = []
+    spans: list[Span] = []
+    for det in DETECTORS:
+        for m in det.pattern.finditer(line):
+            if det.valid is not None and not det.valid(m):
+                continue
+            start, end = m.span(det.group)
+            if any(start < e and s < end for s, e in taken):
+                continue
+            taken.append((start, end))
+            spans.append(Span(det.kind, start, end, line[start:end], det.label))
+    spans.sort(key=lambda s: s.start)
+    return spans
+
+
+def _corpus_lines(corpus: list[CorpusRequest]) -> list[str]:
+    lines = set()
+    for req in corpus:
+        for seg in segments(req.body, req.provider):
+            lines.update(seg.text.split("\n"))
+    return sorted(lines)
+
+
+def test_prefilter_keeps_every_detection(corpus: list[CorpusRequest]) -> None:
+    lines = _corpus_lines(corpus)
+    found = [_detect_line(line) for line in lines]
+    assert found == [_naive_detect(line) for line in lines]
+    assert sum(map(len, found)) > 50
+
+
+_LINE = st.lists(st.sampled_from(
+    ["2026-11-29T14:03:07Z", "29/11/2026 14:03", "Mon, 29 Nov 2026 14:03:07 +0000",
+     "Monday, November 29, 2026", "at 9:30 PM", "1764424987", "1764424987123",
+     "user_id: u_42", "nonce=9fK2pQ7xLm3Nv8Rt5Wy1Zb4Hc", "sk-proj-abcdefghijklmnopqrst",
+     "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcdefghijkl", "a@b.example.com",
+     "deadbeef-dead-beef-dead-beefdeadbeef", "Request #12", "v1.2.3", "x", " ", "-", ":",
+     "#", "=", "/", ".", "١٢:٣٠", "AbCdEfGhIjKlMnOpQrStUv", "0123456789abcdef0123"]),
+    max_size=8).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_LINE, st.text(max_size=80)))
+def test_prefilter_property(line: str) -> None:
+    assert _detect_line(line) == _naive_detect(line)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                    | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=12))
+def test_compact_json_memo_is_exact(value: Any) -> None:
+    for _ in range(2):  # miss, then hit
+        assert compact_json_cached(value) == json.dumps(value, ensure_ascii=False,
+                                                        separators=(",", ":"))
+
+
+def test_compact_json_memo_tells_look_alikes_apart() -> None:
+    for a, b in [({"a": 1, "b": 2}, {"b": 2, "a": 1}), ([1], [True]), ([1.0], [1]),
+                 ({"x": 0.0}, {"x": -0.0}), ({"1": 1}, {1: 1})]:
+        assert compact_json_cached(a) == json.dumps(a, ensure_ascii=False, separators=(",", ":"))
+        assert compact_json_cached(b) == json.dumps(b, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_tool_set_matches_direct_computation(corpus: list[CorpusRequest]) -> None:
+    for req in corpus:
+        tools = req.body.get("tools") or []
+        for _ in range(2):
+            ts = tool_set(tools)
+            assert ts.names == tuple(tool_name(t, req.provider) for t in tools)
+            assert [s.text for s in ts.segments] == [
+                json.dumps(t, ensure_ascii=False, separators=(",", ":")) for t in tools]
+            assert [(s.path, s.text) for s in ts.descriptions] == [
+                d for i, t in enumerate(tools) if (d := tool_description_path(t, i))]
+            assert ts.schema_sorted == tuple(keys_sorted(tool_schema(t)) for t in tools)
+
+
+def test_lru_respects_both_caps() -> None:
+    memo: LRU[str, str] = LRU(3, max_weight=10)
+    for key in "abcd":
+        memo.put(key, key.upper(), 2)
+    assert len(memo) == 3 and memo.get("a") is None and memo.get("d") == "D"
+    memo.get("b")  # b is now the most recent
+    memo.put("e", "E", 7)  # over the weight cap: the oldest entries go first
+    assert memo.weight <= 10
+    assert memo.get("e") == "E" and memo.get("c") is None
+    memo.put("huge", "H", 11)  # heavier than the whole cap: not stored
+    assert memo.get("huge") is None
+    with pytest.raises(ValueError):
+        LRU(0)
