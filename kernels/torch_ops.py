@@ -39,11 +39,11 @@ def rms_norm(
     """Normalise over the last dim in float32; with a residual, normalise x + residual."""
     if residual is not None:
         x = x + residual
-    shape = (x.shape[-1],)
-    if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        normed = F.rms_norm(x, shape, weight, eps)  # one fused op: the decode hot path
-    else:
-        normed = F.rms_norm(x.float(), shape, weight.float(), eps).to(x.dtype)
+    xf, wf = x.float(), weight.float()  # no copies for float32 inputs
+    # sum of squares as a dot product: on CPU a few small ops beat torch.rms_norm's setup cost
+    # at one token per step
+    mean_sq = torch.linalg.vecdot(xf, xf).unsqueeze_(-1).mul_(1.0 / x.shape[-1])  # [..., 1]
+    normed = torch.mul(xf, mean_sq.add_(eps).rsqrt_()).mul_(wf).to(x.dtype)
     return normed if residual is None else (normed, x)
 
 
@@ -96,11 +96,34 @@ def rotary(
             (positions, cos_sin_cache),
             lambda: _rotation(positions, cos_sin_cache),
         )  # [T, 1, D/2] complex
+        qk = _adjacent_heads(q, k)
+        if qk is not None:  # q and k are neighbouring views of one fused projection: one pass
+            rotated = _rotate_interleaved(qk, rot)  # [T, Hq + Hkv, D]
+            return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
         return _rotate_interleaved(q, rot), _rotate_interleaved(k, rot)
     cos, sin = memoized(
         "rotary_cos_sin", (positions, cos_sin_cache), lambda: _cos_sin(positions, cos_sin_cache)
     )
     return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+
+
+def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """[T, Hq + Hkv, D] view over q [T, Hq, D] and k [T, Hkv, D] when k's heads directly follow
+    q's in memory (the Q and K parts of one fused QKV row), else None."""
+    if q.dtype != k.dtype or q.device != k.device or q.shape[0] < 1:
+        return None
+    head_dim = q.shape[2]
+    rows = (head_dim, 1)
+    if q.stride()[1:] != rows or k.stride()[1:] != rows:
+        return None
+    if q.shape[0] > 1 and q.stride(0) != k.stride(0):  # a single row's stride is arbitrary
+        return None
+    if k.storage_offset() != q.storage_offset() + q.shape[1] * head_dim:
+        return None
+    if q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr():
+        return None
+    shape = (q.shape[0], q.shape[1] + k.shape[1], head_dim)
+    return q.as_strided(shape, q.stride(), q.storage_offset())
 
 
 def _cos_sin(

@@ -61,8 +61,13 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
     resolved = {"PL004", "PL005", "PL007"}
     if family is None:
         return out, resolved
+    if family.last_tools is toolset and len(set(names)) == len(names):
+        # the very tool list this family saw last (memoised ToolSet): nothing changed
+        family.tool_names = names
+        return out, resolved
     out += _tool_changes(tools, names, layout, family, resolved)
     family.tool_names = names
+    family.last_tools = toolset
     for i, name in enumerate(names):
         compact = layout.segments[i].text  # tools come first in the layout
         old = family.tool_json.get(name)
@@ -103,14 +108,14 @@ def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, famil
 def history_findings(body: dict[str, Any], layout: TokenLayout, tracker: SessionTracker,
                      key: str) -> list[Finding]:
     """PL009: compare this request's non-system history with the session's last one."""
-    texts: dict[int, list[str]] = {}
-    for seg in layout.segments:
-        if seg.message >= 0:
-            texts.setdefault(seg.message, []).append(seg.text)
+    # a message's segments run from its header segment to the next message's header
+    texts = [seg.text for seg in layout.segments]
     history, indexes = [], []
-    for i, message in enumerate(body["messages"]):
+    messages = body["messages"]
+    heads = [layout.paths[f"messages[{i}]"] for i in range(len(messages))] + [len(texts)]
+    for i, message in enumerate(messages):
         if message.get("role") not in {"system", "developer"}:
-            history.append(str(hash(tuple(texts.get(i, ())))))
+            history.append(str(hash(tuple(texts[heads[i]:heads[i + 1]]))))
             indexes.append(i)
     changed = tracker.compare_and_record(key, history, indexes)
     if changed is None:

@@ -98,12 +98,15 @@ def check_request(body: Any, provider: Provider) -> ToolSet:
     return toolset
 
 
+_ANTHROPIC_ROLES = frozenset({"user", "assistant"})
+_OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
 def _validate_message(message: Any, i: int, provider: Provider) -> None:
     if not isinstance(message, dict):
         raise RequestError(f"messages[{i}] must be an object")
     role = message.get("role")
-    allowed = {"user", "assistant"} if provider == "anthropic" else {
-        "system", "developer", "user", "assistant", "tool", "function"}
+    allowed = _ANTHROPIC_ROLES if provider == "anthropic" else _OPENAI_ROLES
     if role not in allowed:
         raise RequestError(f"messages[{i}].role {role!r} is not valid for {provider}")
     content = message.get("content")
@@ -154,13 +157,31 @@ def segments(body: dict[str, Any], provider: Provider,
         out += _content_segments("system", system, True, -1)
     for i, message in enumerate(body["messages"]):
         role = message.get("role", "")
-        out.append(Segment(f"messages[{i}]", f"<|{role}|>\n", False, i))
-        scan = role in _SYSTEM_ROLES
-        out += _content_segments(f"messages[{i}].content", message.get("content"), scan, i)
+        head, body_path = _message_paths(i)
+        out.append(Segment(head, f"<|{role}|>\n", False, i))
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append(Segment(body_path, content, role in _SYSTEM_ROLES, i))
+        else:
+            out += _content_segments(body_path, content, role in _SYSTEM_ROLES, i)
         if message.get("tool_calls"):
             out.append(Segment(f"messages[{i}].tool_calls",
                                compact_json(message["tool_calls"]), False, i))
     return out
+
+
+_PATHS: list[tuple[str, str]] = []
+_MAX_PATHS = 65536
+
+
+def _message_paths(i: int) -> tuple[str, str]:
+    """("messages[i]", "messages[i].content"), built once per index (at most 65536 kept)."""
+    if i < len(_PATHS):
+        return _PATHS[i]
+    paths = (f"messages[{i}]", f"messages[{i}].content")
+    if i == len(_PATHS) and i < _MAX_PATHS:
+        _PATHS.append(paths)
+    return paths
 
 
 def _content_segments(path: str, content: Any, scan: bool, message: int) -> list[Segment]:

@@ -87,6 +87,7 @@ class Family:
     requests: int = 0
     tool_names: list[str] | None = None
     tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
+    last_tools: object | None = None  # the ToolSet of the last request (identity check)
 
 
 class FamilyMatch(NamedTuple):
