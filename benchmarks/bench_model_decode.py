@@ -38,6 +38,7 @@ class Row(NamedTuple):
     option: str
     ms_per_token: float  # median over rounds
     best_ms: float  # fastest round
+    cpu_ms: float  # median process CPU time per token / threads (robust to a shared machine)
     streamed_mb: float
     max_logit_diff: float
     greedy_equal: str
@@ -85,21 +86,28 @@ def greedy(model: LlamaModel, prompt: list[int], new_tokens: int) -> tuple[list[
 @torch.inference_mode()
 def decode_rounds(
     models: dict[str, LlamaModel], context: int, steps: int, rounds: int
-) -> dict[str, list[float]]:
-    """ms/token per option, measured in interleaved rounds so machine noise hits all alike."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU ms/token per option, in interleaved rounds so machine noise hits all alike.
+
+    CPU time is the process's CPU time divided by the torch thread count: on a machine shared
+    with other jobs it leaves out the time this process waited for a core.
+    """
     runners = {name: PagedRunner(m, context + rounds * steps + 8) for name, m in models.items()}
     for runner in runners.values():
         runner.step([11] * context, 0)
         runner.step([11], context)  # warm-up
     times: dict[str, list[float]] = {name: [] for name in models}
+    cpu: dict[str, list[float]] = {name: [] for name in models}
+    threads = torch.get_num_threads()
     for r in tqdm(range(rounds), desc="decode rounds"):
         for name, runner in runners.items():
             start = context + 1 + r * steps
-            begin = time.perf_counter()
+            begin, cpu_begin = time.perf_counter(), time.process_time()
             for i in range(steps):
                 runner.step([11], start + i)
             times[name].append((time.perf_counter() - begin) / steps * 1e3)
-    return times
+            cpu[name].append((time.process_time() - cpu_begin) / steps / threads * 1e3)
+    return times, cpu
 
 
 def build(option: str, weights: dict[str, torch.Tensor], config: object) -> LlamaModel:
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     encoded = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     options = args.options.split(",")
     models = {o: build(o, contents.weights, contents.config) for o in tqdm(options, desc="build")}
-    times = decode_rounds(models, args.context, steps, rounds)
+    times, cpu = decode_rounds(models, args.context, steps, rounds)
     reference: list[tuple[list[int], torch.Tensor]] = []
     rows: list[Row] = []
     for option, model in tqdm(models.items(), desc="accuracy"):
@@ -137,15 +145,18 @@ def main(argv: list[str] | None = None) -> int:
         diff = max(float((r[1] - o[1]).abs().max()) for r, o in zip(reference, runs, strict=True))
         same = sum(r[0] == o[0] for r, o in zip(reference, runs, strict=True))
         mb = model.streamed_weight_bytes() / 1e6
-        ms = sorted(times[option])
-        rows.append(Row(option, ms[len(ms) // 2], ms[0], mb, diff, f"{same}/{len(runs)}"))
+        ms, cpu_ms = sorted(times[option]), sorted(cpu[option])
+        rows.append(
+            Row(option, ms[len(ms) // 2], ms[0], cpu_ms[len(ms) // 2], mb, diff,
+                f"{same}/{len(runs)}")
+        )
     threads = torch.get_num_threads()
     print(f"\nsingle-stream decode, context {args.context}, torch threads {threads}")
-    print(f"{'option':<8}{'median ms':>10}{'best ms':>9}{'MB/step':>9}{'max|dlogit|':>13}"
-          f"{'greedy==ref':>13}")
+    print(f"{'option':<8}{'median ms':>10}{'best ms':>9}{'cpu ms':>8}{'MB/step':>9}"
+          f"{'max|dlogit|':>13}{'greedy==ref':>13}")
     for r in rows:
-        print(f"{r.option:<8}{r.ms_per_token:>10.1f}{r.best_ms:>9.1f}{r.streamed_mb:>9.0f}"
-              f"{r.max_logit_diff:>13.3f}{r.greedy_equal:>13}")
+        print(f"{r.option:<8}{r.ms_per_token:>10.1f}{r.best_ms:>9.1f}{r.cpu_ms:>8.1f}"
+              f"{r.streamed_mb:>9.0f}{r.max_logit_diff:>13.3f}{r.greedy_equal:>13}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     payload = {"context": args.context, "threads": torch.get_num_threads(), "rounds": rounds,
                "reference": rows[0].option, "rows": [r._asdict() for r in rows]}

@@ -42,10 +42,18 @@ def _check_attention_inputs(
     if q.shape[2] != head_dim:
         raise ValueError(f"q head_dim {q.shape[2]} != cache head_dim {head_dim}")
     check_heads(q.shape[1], num_kv_heads)
-    check_block_table(block_table, seq_lens, seq_lens.shape[0] if seq_lens.dim() == 1 else -1)
-    check_seq_lens_fit(seq_lens, block_table.shape[1], page_size)
+    memoized(
+        ("block_table", page_size),
+        (block_table, seq_lens),
+        lambda: _check_metadata(block_table, seq_lens, page_size),
+    )
     if not isinstance(scale, float | int) or scale <= 0:
         raise ValueError(f"scale must be a positive number, got {scale!r}")
+
+
+def _check_metadata(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> None:
+    check_block_table(block_table, seq_lens, seq_lens.shape[0] if seq_lens.dim() == 1 else -1)
+    check_seq_lens_fit(seq_lens, block_table.shape[1], page_size)
 
 
 def paged_decode_attention(

@@ -43,7 +43,9 @@ def rms_norm(
     # sum of squares as a dot product: on CPU a few small ops beat torch.rms_norm's setup cost
     # at one token per step
     mean_sq = torch.linalg.vecdot(xf, xf).unsqueeze_(-1).mul_(1.0 / x.shape[-1])  # [..., 1]
-    normed = torch.mul(xf, mean_sq.add_(eps).rsqrt_()).mul_(wf).to(x.dtype)
+    normed = torch.mul(xf, mean_sq.add_(eps).rsqrt_()).mul_(wf)
+    if normed.dtype != x.dtype:
+        normed = normed.to(x.dtype)
     return normed if residual is None else (normed, x)
 
 

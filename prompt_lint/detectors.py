@@ -165,8 +165,14 @@ _NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
     "hex digest": ((), True),  # the validator wants a digit
     "high-entropy token": ((), True),  # the validator wants at least two digits
 }
-_PLAN: tuple[tuple[Detector, tuple[str, ...], bool], ...] = tuple(
-    (d, *_NEEDS.get(d.label, ((), False))) for d in DETECTORS)
+
+def _needs_pattern(needs: tuple[str, ...]) -> re.Pattern[str] | None:
+    return re.compile("|".join(map(re.escape, needs))) if needs else None
+
+
+_PLAN: tuple[tuple[Detector, re.Pattern[str] | None, bool], ...] = tuple(
+    (d, _needs_pattern(_NEEDS.get(d.label, ((), False))[0]),
+     _NEEDS.get(d.label, ((), False))[1]) for d in DETECTORS)
 _DIGIT = re.compile(r"\d")
 
 
@@ -175,7 +181,7 @@ def _detect_line(line: str) -> list[Span]:
     spans: list[Span] = []
     has_digit = _DIGIT.search(line) is not None
     for det, needs, digit in _PLAN:
-        if (digit and not has_digit) or (needs and not any(n in line for n in needs)):
+        if (digit and not has_digit) or (needs is not None and needs.search(line) is None):
             continue
         for m in det.pattern.finditer(line):
             if det.valid is not None and not det.valid(m):

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from itertools import accumulate
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from prompt_lint.incremental import PieceMemo, Pieces
 from prompt_lint.memo import caching
@@ -116,13 +116,14 @@ class TokenCounter:
     def count_segments(self, segments: Sequence[Segment]) -> list[int]:
         """count_at(seg.text, seg.path) for each segment (short texts straight from the
         whole-text cache)."""
-        counts = self._counts if caching() else {}
-        out = []
-        for seg in segments:
-            text = seg.text
-            n = counts.get(text) if len(text) < LONG_TEXT else None
-            out.append(self.count_at(text, seg.path) if n is None else n)
-        return out
+        counts: dict[str, int] = self._counts if caching() else {}
+        out: list[int | None] = list(map(counts.get, [seg.text for seg in segments]))
+        k = -1
+        while None in out:  # misses (and long texts not counted whole before)
+            k = out.index(None, k + 1)
+            seg = segments[k]
+            out[k] = self.count_at(seg.text, seg.path)
+        return cast(list[int], out)
 
     def count_prefixes_at(self, text: str, slot: str, ends: list[int]) -> list[int]:
         """count_prefixes(text, ends), incrementally for long texts."""

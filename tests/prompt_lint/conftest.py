@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from lint_corpus import CorpusRequest, build_corpus  # noqa: E402
+from lint_linted import Linted  # noqa: E402
 
-from prompt_lint import LintReport, TemplateLearner, learn_request, lint_request  # noqa: E402
-
-
-class Linted(NamedTuple):
-    """The corpus with one report per request and the learner that made them."""
-
-    corpus: list[CorpusRequest]
-    reports: list[LintReport]
-    learner: TemplateLearner
+from prompt_lint import TemplateLearner, learn_request, lint_request  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import pytest
-from conftest import Linted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lint_corpus import CorpusRequest
@@ -42,7 +41,7 @@ def _two_pass(corpus: list[CorpusRequest]) -> list[Any]:
 
 
 def test_online_lint_and_rewrite_equal_uncached(corpus: list[CorpusRequest],
-                                                online: Linted) -> None:
+                                                online: Any) -> None:
     cached = _online(corpus)
     warm = _online(corpus)  # every memo is warm now
     set_caching(False)

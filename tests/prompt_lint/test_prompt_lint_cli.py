@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Linted
+from lint_linted import Linted
 
 from prompt_lint.cli import fix_main, lint_main
 

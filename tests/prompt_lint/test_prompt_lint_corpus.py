@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from conftest import Linted
 from lint_corpus import Label
+from lint_linted import Linted
 
 from prompt_lint import Finding
 

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import Linted
+from lint_linted import Linted
 
 from prompt_lint import TemplateLearner, request_tokens, rewrite_request
 from prompt_lint.lint import lint_request
