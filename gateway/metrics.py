@@ -7,6 +7,7 @@ the same shape). `GET /metrics` serves `registry.render()` (text format 0.0.4).
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -44,11 +45,17 @@ class _Series:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _key(self, labels: dict[str, str]) -> LabelValues:
-        if set(labels) != set(self.label_names):
-            raise ValueError(
-                f"metric {self.name} takes labels {self.label_names}, got {tuple(labels)}"
-            )
-        return tuple(str(labels[n]) for n in self.label_names)
+        names = self.label_names
+        if len(labels) == len(names):
+            try:  # the hot path: exactly the declared labels, already strings
+                key = tuple([labels[n] for n in names])
+            except KeyError:
+                pass
+            else:
+                if all(type(v) is str for v in key):
+                    return key
+                return tuple([str(v) for v in key])
+        raise ValueError(f"metric {self.name} takes labels {names}, got {tuple(labels)}")
 
 
 @dataclass
@@ -121,10 +128,12 @@ class Histogram(_Series):
     def observe(self, value: float, **labels: str) -> None:
         key = self._key(labels)
         with self.lock:
-            counts = self.counts.setdefault(key, [0] * (len(self.buckets) + 1))
-            for i, bound in enumerate(self.buckets):
-                if value <= bound:
-                    counts[i] += 1
+            counts = self.counts.get(key)
+            if counts is None:
+                counts = self.counts[key] = [0] * (len(self.buckets) + 1)
+            first = bisect.bisect_left(self.buckets, value) if value == value else len(counts)
+            for i in range(first, len(self.buckets)):
+                counts[i] += 1  # cumulative: every bucket whose bound is >= value
             counts[-1] += 1
             self.sums[key] = self.sums.get(key, 0.0) + value
 

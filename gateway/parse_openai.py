@@ -118,6 +118,23 @@ def _prompt(value: Any) -> str:
 
 
 def _message(msg: Any, i: int) -> dict[str, Any]:
+    if isinstance(msg, dict):  # the common, valid case: no error paths built
+        role = msg.get("role")
+        content = msg.get("content")
+        if type(content) is str and msg.get("name") is None and not msg.get("tool_calls"):
+            if role in _PLAIN_ROLES:
+                return msg
+            if role == "tool":
+                call_id = msg.get("tool_call_id")
+                if type(call_id) is str and call_id:
+                    return msg
+    return _checked_message(msg, i)
+
+
+_PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
+def _checked_message(msg: Any, i: int) -> dict[str, Any]:
     path = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise invalid(f"'{path}' must be an object", path)

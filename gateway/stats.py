@@ -12,10 +12,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import (
     Boolean,
@@ -76,6 +77,23 @@ class RequestRecord(Base):
     prompt_text: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+RECORD_COLUMNS = frozenset(c.name for c in RequestRecord.__table__.columns) - {"id"}
+_INSERT = RequestRecord.__table__.insert()
+
+
+_DEFAULTS = {c.name: c.default.arg if c.default is not None and c.default.is_scalar else None
+             for c in RequestRecord.__table__.columns if c.name in RECORD_COLUMNS}
+
+
+def _row(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A full row for the executemany insert: every row has the same keys, missing ones take
+    the column's default (`ts`: now)."""
+    row = {**_DEFAULTS, **record}
+    if row["ts"] is None:
+        row["ts"] = _utcnow()
+    return row
+
+
 def make_engine(url: str) -> Engine:
     """An SQLAlchemy engine; SQLite files get their folder created and WAL journaling."""
     parsed = make_url(url)
@@ -130,8 +148,14 @@ class RecordStore:
         self._thread = threading.Thread(target=self._run, name="prefixgate-stats", daemon=True)
         self._thread.start()
 
-    def add(self, record: RequestRecord) -> None:
-        """Queue one record; never blocks on the database."""
+    def add(self, record: RequestRecord | Mapping[str, Any]) -> None:
+        """Queue one record; never blocks on the database. A record may be a `RequestRecord`
+        or a plain mapping of its column values (the request path's cheap form: the writer
+        thread inserts those with one executemany, no ORM objects)."""
+        if not isinstance(record, RequestRecord):
+            unknown = record.keys() - RECORD_COLUMNS
+            if unknown:
+                raise ValueError(f"not RequestRecord columns: {sorted(unknown)}")
         if self._closed:
             self._write([record])
             return
@@ -174,12 +198,12 @@ class RecordStore:
             for marker in markers:
                 marker.done.set()
 
-    def _collect(self) -> tuple[list[RequestRecord], list[_Flush], bool]:
+    def _collect(self) -> tuple[list[RequestRecord | Mapping[str, Any]], list[_Flush], bool]:
         """One batch: wait for a first item, then keep collecting for up to one flush
         interval (a flush marker, a full batch or stop ends it early), so that at low request
         rates records are still written in batches rather than one transaction each (a
         per-record ORM commit costs the request path milliseconds of GIL time)."""
-        batch: list[RequestRecord] = []
+        batch: list[RequestRecord | Mapping[str, Any]] = []
         markers: list[_Flush] = []
         try:
             item = self._queue.get(timeout=self._interval)
@@ -201,11 +225,16 @@ class RecordStore:
             except queue.Empty:
                 return batch, markers, False
 
-    def _write(self, batch: list[RequestRecord]) -> None:
+    def _write(self, batch: list[RequestRecord | Mapping[str, Any]]) -> None:
+        objects = [r for r in batch if isinstance(r, RequestRecord)]
+        rows = [_row(r) for r in batch if not isinstance(r, RequestRecord)]
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
             try:
                 with self._sessions() as session, session.begin():
-                    session.add_all(batch)
+                    if rows:
+                        session.execute(_INSERT, rows)
+                    if objects:
+                        session.add_all(objects)
                 self.written += len(batch)
                 return
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the writer

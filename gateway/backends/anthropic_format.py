@@ -9,7 +9,6 @@ the total never exceeds Anthropic's limit of 4.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -117,11 +116,23 @@ def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
 
 
 def _blocks(container: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    """The block list at container[key], turning a plain string into one text block."""
+    """The block list at container[key], owned by `container`: a plain string becomes one
+    text block, a list is copied with its last block (the one a marker may be put on), so the
+    caller's body is never changed (copy on write instead of a deep copy of the whole body)."""
     value = container.get(key)
     if isinstance(value, str) and value:
         container[key] = value = [{"type": "text", "text": value}]
+    elif isinstance(value, list):
+        container[key] = value = _own_last(value)
     return value if isinstance(value, list) else []
+
+
+def _own_last(items: list[Any]) -> list[Any]:
+    """A copy of `items` whose last element, when a dict, is a copy too."""
+    out = list(items)
+    if out and isinstance(out[-1], dict):
+        out[-1] = dict(out[-1])
+    return out
 
 
 def count_breakpoints(body: dict[str, Any]) -> int:
@@ -141,11 +152,15 @@ def _markable(block: dict[str, Any] | None) -> bool:
 
 
 def _history_end(body: dict[str, Any]) -> dict[str, Any] | None:
-    messages = body.get("messages") or []
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     if not users or users[-1] == 0:
         return None
-    blocks = _blocks(messages[users[-1] - 1], "content")
+    k = users[-1] - 1
+    messages[k] = message = dict(messages[k])  # `messages` is already the output's own list
+    blocks = _blocks(message, "content")
     return blocks[-1] if blocks else None
 
 
@@ -158,12 +173,17 @@ def _system_end(body: dict[str, Any]) -> dict[str, Any] | None:
 
 def _tools_end(body: dict[str, Any]) -> dict[str, Any] | None:
     tools = body.get("tools")
-    return tools[-1] if isinstance(tools, list) and tools else None
+    if not isinstance(tools, list) or not tools:
+        return None
+    body["tools"] = tools = _own_last(tools)
+    return tools[-1]
 
 
 def place_cache_breakpoints(body: dict[str, Any]) -> dict[str, Any]:
     """A copy of `body` with `cache_control` at the stable boundary (at most 4 in total)."""
-    out = copy.deepcopy(body)
+    out = dict(body)
+    if isinstance(out.get("messages"), list):
+        out["messages"] = list(out["messages"])  # the finders replace the message they mark
     budget = MAX_BREAKPOINTS - count_breakpoints(out)
     for find in (_history_end, _system_end, _tools_end):
         if budget <= 0:

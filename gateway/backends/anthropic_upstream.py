@@ -137,6 +137,9 @@ class AnthropicUpstream:
         self._client = make_client(options, transport)
         base = options.url.rstrip("/")
         self._endpoint = base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+        # parsed once: building a request from strings re-parses the URL and headers each time
+        self._endpoint_url = httpx.URL(self._endpoint)
+        self._header_obj = httpx.Headers(self._headers())
 
     def models(self) -> list[str]:
         return list(self._models)
@@ -156,7 +159,8 @@ class AnthropicUpstream:
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         body = build_body(req)
         request = self._client.build_request(
-            "POST", self._endpoint, content=json.dumps(body).encode(), headers=self._headers())
+            "POST", self._endpoint_url, content=json.dumps(body).encode(),
+            headers=self._header_obj)
         start = time.perf_counter()
         started = False
         try:

@@ -9,6 +9,7 @@ vLLM, SGLang) or `usage.prompt_cache_hit_tokens` (DeepSeek).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -66,7 +67,13 @@ def derive_prompt_cache_key(namespace: str, family: str) -> str:
 def _wants_cache_key(options: UpstreamOptions) -> bool:
     if options.derive_prompt_cache_key is not None:
         return options.derive_prompt_cache_key
-    return httpx.URL(options.url).host.endswith("openai.com")
+    return _is_openai(options.url)
+
+
+@functools.lru_cache(maxsize=256)
+def _is_openai(url: str) -> bool:
+    """True for api.openai.com URLs (parsed once per URL, not once per request)."""
+    return httpx.URL(url).host.endswith("openai.com")
 
 
 def _sampling_fields(req: ChatRequest) -> dict[str, Any]:
@@ -161,6 +168,10 @@ class OpenAIUpstream:
         self._models = list(models)
         self._client = make_client(options, transport)
         self._base = options.url.rstrip("/")
+        # parsed once: building a request from strings re-parses the URL and headers each time
+        self._urls = {path: httpx.URL(self._base + path)
+                      for path in ("/chat/completions", "/completions")}
+        self._header_obj = httpx.Headers(self._headers())
 
     def models(self) -> list[str]:
         return list(self._models)
@@ -180,7 +191,7 @@ class OpenAIUpstream:
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         path, body = build_body(req, self.options)
         request = self._client.build_request(
-            "POST", self._base + path, content=json.dumps(body).encode(), headers=self._headers())
+            "POST", self._urls[path], content=json.dumps(body).encode(), headers=self._header_obj)
         start = time.perf_counter()
         started = False
         try:

@@ -1,0 +1,137 @@
+"""The request path's cheap forms behave like the plain ones they replace: copy-on-write cache
+breakpoints (vs a deep copy), plain-dict stats rows (vs ORM objects), bisected histogram
+buckets (vs a naive scan), counter-based request ids, the valid-message fast path."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from gateway.backends.anthropic_format import place_cache_breakpoints
+from gateway.errors import GatewayError
+from gateway.metrics import Registry
+from gateway.parse_openai import parse_chat
+from gateway.pipeline import new_request_id
+from gateway.stats import RecordStore, RequestRecord
+from gateway.validate import ParseContext
+
+block = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image"]), "text": st.text(max_size=4)},
+    optional={"cache_control": st.just({"type": "ephemeral"})})
+content = st.one_of(st.text(max_size=4), st.lists(block, max_size=3))
+message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]),
+                                 "content": content})
+tool = st.fixed_dictionaries({"name": st.text(min_size=1, max_size=3)},
+                             optional={"cache_control": st.just({"type": "ephemeral"})})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(message, min_size=1, max_size=5), st.one_of(st.none(), content),
+       st.lists(tool, max_size=3))
+def test_breakpoints_never_touch_the_callers_body(
+    messages: list[Any], system: Any, tools: list[Any]
+) -> None:
+    body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": 8}
+    if system is not None:
+        body["system"] = system
+    if tools:
+        body["tools"] = tools
+    before = copy.deepcopy(body)
+    out = place_cache_breakpoints(body)
+    assert body == before  # the client's body is unchanged
+    # only cache_control markers were added, and string content became one text block
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "cache_control"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    def as_blocks(b: dict[str, Any]) -> dict[str, Any]:
+        b = copy.deepcopy(b)
+        for container, key in [(b, "system")] + [(m, "content") for m in b["messages"]]:
+            if isinstance(container.get(key), str) and container[key]:
+                container[key] = [{"type": "text", "text": container[key]}]
+        return strip(b)
+
+    assert strip(as_blocks(out)) == as_blocks(before)
+    marks = str(out).count("cache_control") - str(before).count("cache_control")
+    assert 0 <= marks <= 4
+
+
+def test_plain_rows_and_orm_records_store_alike(tmp_path: Path) -> None:
+    store = RecordStore(f"sqlite:///{tmp_path / 's.db'}", batch_size=4, flush_interval_s=0.01)
+    store.add(RequestRecord(request_id="orm", tenant="t", model="m", backend="b",
+                            provider="openai", route="chat.completions", status=200))
+    for i in range(10):
+        store.add({"request_id": f"row{i}", "tenant": "t", "model": "m", "backend": "b",
+                   "provider": "openai", "route": "chat.completions", "status": 200})
+    with pytest.raises(ValueError, match="not RequestRecord columns"):
+        store.add({"request_id": "x", "no_such_column": 1})
+    store.close()
+    store.add({"request_id": "late", "tenant": "t", "model": "m", "backend": "b",
+               "provider": "openai", "route": "r", "status": 499})  # after close: still kept
+    with store.session() as session:
+        rows = list(session.scalars(select(RequestRecord).order_by(RequestRecord.id)))
+    assert sorted(r.request_id for r in rows) == sorted(
+        ["orm", "late", *(f"row{i}" for i in range(10))])
+    for r in rows:  # column defaults apply to plain rows exactly as to ORM objects
+        assert (r.prompt_tokens, r.cached_tokens, r.completion_tokens) == (0, 0, 0)
+        assert (r.latency_ms, r.prefill_saved_ms, r.lint_ids, r.stream) == (0.0, 0.0, "", False)
+        assert r.ts is not None and r.predicted_cached_tokens is None
+
+
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                          st.sampled_from([0.005, 0.01, 1.0, 60.0])), max_size=30))
+def test_histogram_buckets_match_a_naive_count(values: list[float]) -> None:
+    hist = Registry().histogram("h", "h", ("k",))
+    for v in values:
+        hist.observe(v, k="a")
+    if not values:
+        assert hist.count(k="a") == 0
+        return
+    counts = hist.counts[("a",)]
+    for i, bound in enumerate(hist.buckets):
+        assert counts[i] == sum(1 for v in values if v <= bound)
+    assert counts[-1] == len(values)
+    total, expected = hist.sums[("a",)], sum(values)
+    assert math.isnan(total) == math.isnan(expected)
+    assert math.isnan(total) or total == expected
+
+
+def test_counter_labels_are_checked() -> None:
+    counter = Registry().counter("c", "c", ("a", "b"))
+    counter.inc(a="x", b=3)  # type: ignore[arg-type]
+    assert counter.get(a="x", b="3") == 1.0
+    for bad in ({"a": "x"}, {"a": "x", "c": "y"}, {"a": "x", "b": "y", "c": "z"}):
+        with pytest.raises(ValueError, match="takes labels"):
+            counter.inc(**bad)
+
+
+def test_request_ids_are_unique_24_hex_digits() -> None:
+    ids = [new_request_id() for _ in range(5000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 24 and int(i, 16) >= 0 for i in ids)
+
+
+@pytest.mark.parametrize("msg, field", [
+    ({"role": "user", "content": 3}, "messages[1].content"),
+    ({"role": "user", "content": "hi", "name": 5}, "messages[1].name"),
+    ({"role": "robot", "content": "hi"}, "messages[1].role"),
+    ({"role": "tool", "content": "x"}, "messages[1].tool_call_id"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": {}}]},
+     "messages[1].tool_calls[0].function"),
+    ("not a message", "messages[1]"),
+])
+def test_invalid_messages_still_name_the_field(msg: Any, field: str) -> None:
+    body = {"model": "m", "messages": [{"role": "system", "content": "s"}, msg]}
+    with pytest.raises(GatewayError) as err:
+        parse_chat(body, ParseContext("r", "t", ("*",)))
+    assert err.value.param == field
