@@ -33,12 +33,15 @@ def _workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Te
     """A flat buffer of at least ``numel`` elements, reused by this thread (CPU only)."""
     if device.type != "cpu":
         return torch.empty(numel, dtype=dtype, device=device)
-    buffers: dict[torch.dtype, torch.Tensor] = getattr(_local, "buffers", None) or {}
+    # A buffer made under inference mode cannot be written outside it (and the other way
+    # round costs autograd bookkeeping), so each mode keeps its own.
+    key = (dtype, torch.is_inference_mode_enabled())
+    buffers: dict[tuple[torch.dtype, bool], torch.Tensor] = getattr(_local, "buffers", None) or {}
     _local.buffers = buffers
-    buf = buffers.get(dtype)
+    buf = buffers.get(key)
     if buf is None or buf.numel() < numel:
         buf = torch.empty(numel, dtype=dtype, device=device)
-        buffers[dtype] = buf
+        buffers[key] = buf
     return buf[:numel]
 
 

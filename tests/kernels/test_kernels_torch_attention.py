@@ -115,6 +115,20 @@ def test_torch_decode_ragged_batch_takes_both_strategies() -> None:
         assert_close(out, dense_expected(batch), ATTENTION_TOL[torch.float32])
 
 
+def test_torch_decode_works_in_and_out_of_inference_mode() -> None:
+    """The engine runs under inference mode; the CPU gather workspace it leaves behind must not
+    break a later call outside it (or the other way round)."""
+    batch = decode_batch([63, 40], 3, 64, torch.float32)
+    with torch.inference_mode():
+        inside = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+    outside = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+    with torch.inference_mode():
+        again = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+    expected = run_decode(naive.paged_decode_attention, batch)
+    for out in (inside, outside, again):
+        assert_close(out, expected, ATTENTION_TOL[torch.float32])
+
+
 @pytest.mark.parametrize("config", TORCH_CASES, ids=str)
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=str)
 def test_torch_prefill_matches_naive(
