@@ -66,6 +66,7 @@ class GatewayConfig:
     engine_num_pages: int | None = None  # None: sized by the engine's memory plan
     engine_max_num_seqs: int | None = None
     engine_device: str | None = None
+    engine_quantization: str = "none"  # "none" (fp32, the reference) or "fp16" weights
     default_max_tokens: int = 256
     # Stats writer.
     stats_flush_interval_s: float = 0.25
@@ -89,6 +90,10 @@ class GatewayConfig:
         for key, tenant in self.api_keys.items():
             if not key or not tenant or "/" in tenant:
                 raise ValueError(f"bad api key mapping {key[:4]}...->{tenant!r} (no '/' in tenant)")
+        if self.engine_quantization not in ("none", "fp16"):
+            raise ValueError(
+                f"engine_quantization must be 'none' or 'fp16', got {self.engine_quantization!r}"
+            )
         if not self.model_name:
             raise ValueError("model_name must not be empty")
 
@@ -210,6 +215,7 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_ENGINE_NUM_PAGES": ("engine_num_pages", _optional_int),
     "PREFIXGATE_ENGINE_MAX_NUM_SEQS": ("engine_max_num_seqs", _optional_int),
     "PREFIXGATE_ENGINE_DEVICE": ("engine_device", str),
+    "PREFIXGATE_ENGINE_QUANTIZATION": ("engine_quantization", str),
     "PREFIXGATE_DEFAULT_MAX_TOKENS": ("default_max_tokens", int),
 }
 """Every PREFIXGATE_* variable the gateway reads: name -> (GatewayConfig field, parser)."""

@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another model id accepted for the embedded model (repeatable)")
     p.add_argument("--num-pages", dest="engine_num_pages", type=int, help="KV pages to allocate")
     p.add_argument("--device", dest="engine_device", help="engine device (cpu, cuda)")
+    p.add_argument("--quantization", dest="engine_quantization", choices=("none", "fp16"),
+                   help="engine weights: none (fp32) or fp16 (faster CPU decode)")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     return p
 
@@ -57,7 +59,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
     overrides: dict[str, Any] = {
         name: getattr(args, name)
         for name in ("host", "port", "db_url", "admin_key", "lint_mode", "store_prompts",
-                     "model_path", "model_name", "engine_num_pages", "engine_device")
+                     "model_path", "model_name", "engine_num_pages", "engine_device",
+                     "engine_quantization")
     }
     overrides["api_keys"] = keys
     if args.upstream:

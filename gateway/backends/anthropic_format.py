@@ -176,7 +176,8 @@ def _tools_end(body: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(tools, list) or not tools:
         return None
     body["tools"] = tools = _own_last(tools)
-    return tools[-1]
+    last: dict[str, Any] | None = tools[-1]
+    return last
 
 
 def place_cache_breakpoints(body: dict[str, Any]) -> dict[str, Any]:

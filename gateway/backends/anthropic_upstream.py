@@ -19,13 +19,11 @@ import httpx
 from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthropic_body
 from gateway.backends.upstream_http import (
     UpstreamOptions,
+    exchange,
     iter_sse,
     loads_event,
     make_client,
-    send,
-    status_error,
     stream_error_event,
-    transport_error,
 )
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
 
@@ -162,26 +160,13 @@ class AnthropicUpstream:
             "POST", self._endpoint_url, content=json.dumps(body).encode(),
             headers=self._header_obj)
         start = time.perf_counter()
-        started = False
-        try:
-            response = await send(self._client, request)
-            try:
-                if response.status_code >= 400:
-                    raise status_error(response.status_code, await response.aread(), self.replica)
-                if req.stream:
-                    async with aclosing(self._read_stream(response, start)) as items:
-                        async for item in items:
-                            started = True
-                            yield item
-                else:
-                    yield self._read_whole(json.loads(await response.aread()), start)
-            finally:
-                await response.aclose()
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, self.replica, started=started) from None
-        except ValueError as exc:
-            raise BackendError(502, f"upstream {self.replica} sent malformed JSON",
-                               kind="upstream_error") from exc
+        items = exchange(
+            self._client, request, self.replica, stream=req.stream,
+            read_stream=lambda response: self._read_stream(response, start),
+            read_whole=lambda payload: self._read_whole(payload, start))
+        async with aclosing(items):
+            async for item in items:
+                yield item
 
     async def _read_stream(
         self, response: httpx.Response, start: float

@@ -25,7 +25,8 @@ def engine_config(config: GatewayConfig) -> Any:
     """The EngineConfig for a GatewayConfig."""
     from engine import EngineConfig
 
-    values: dict[str, Any] = {"model": config.model_path, "num_pages": config.engine_num_pages}
+    values: dict[str, Any] = {"model": config.model_path, "num_pages": config.engine_num_pages,
+                              "quantization": config.engine_quantization}
     if config.engine_max_num_seqs is not None:
         values["max_num_seqs"] = config.engine_max_num_seqs
     if config.engine_device is not None:

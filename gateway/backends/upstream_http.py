@@ -10,13 +10,14 @@ an error message or a log line.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import httpx
 
-from gateway.types import BackendError
+from gateway.types import BackendError, Final, TextDelta
 
 REPLICA_FAULT_KINDS = frozenset(
     {"upstream_timeout", "upstream_unavailable", "upstream_error", "upstream_stream_cut"}
@@ -180,3 +181,42 @@ def stream_error_event(payload: dict[str, Any], replica: str) -> BackendError:
     message = _upstream_message(payload) or "error event"
     return BackendError(502, f"upstream {replica} stream error: {message[:500]}",
                         kind="upstream_error")
+
+
+Item = TextDelta | Final
+
+
+async def exchange(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    replica: str,
+    *,
+    stream: bool,
+    read_stream: Callable[[httpx.Response], AsyncGenerator[Item, None]],
+    read_whole: Callable[[dict[str, Any]], Final],
+) -> AsyncGenerator[Item, None]:
+    """Send one request and yield what the upstream answers, as deltas then one Final.
+
+    Both provider backends share this: an HTTP status >= 400, a transport failure, or a 2xx body
+    that is not JSON becomes a `BackendError`, marked as mid-stream once anything was yielded.
+    """
+    started = False
+    try:
+        response = await send(client, request)
+        try:
+            if response.status_code >= 400:
+                raise status_error(response.status_code, await response.aread(), replica)
+            if stream:
+                async with aclosing(read_stream(response)) as items:
+                    async for item in items:
+                        started = True
+                        yield item
+            else:
+                yield read_whole(json.loads(await response.aread()))
+        finally:
+            await response.aclose()
+    except httpx.HTTPError as exc:
+        raise transport_error(exc, replica, started=started) from None
+    except ValueError as exc:  # a 2xx with a body that is not JSON
+        raise BackendError(502, f"upstream {replica} sent malformed JSON",
+                           kind="upstream_error") from exc

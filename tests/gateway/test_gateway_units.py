@@ -74,6 +74,20 @@ def test_serve_flags_override_env(tmp_path: Path):
     assert default.db_url == "sqlite:///prefixgate.db" and default.upstreams == ()
 
 
+def test_engine_quantization_from_env_flag_and_into_the_engine_config():
+    from gateway.backends.embedded import engine_config
+
+    from_env = config_from_args(build_parser().parse_args([]),
+                                {"PREFIXGATE_ENGINE_QUANTIZATION": "fp16"})
+    assert from_env.engine_quantization == "fp16"
+    assert engine_config(from_env).quantization == "fp16"
+    flag = config_from_args(build_parser().parse_args(["--quantization", "none"]),
+                            {"PREFIXGATE_ENGINE_QUANTIZATION": "fp16"})
+    assert engine_config(flag).quantization == "none"
+    with pytest.raises(ValueError, match="engine_quantization"):
+        config_from_args(build_parser().parse_args([]), {"PREFIXGATE_ENGINE_QUANTIZATION": "int3"})
+
+
 # ------------------------------------------------------------------------------ metrics
 
 SAMPLE = re.compile(

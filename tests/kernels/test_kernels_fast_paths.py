@@ -4,6 +4,7 @@ reads, and the per-step memo of ``kernels.checks.step_scope``."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -207,24 +208,232 @@ def test_decode_in_scope_equals_outside(kind: str, dtype: torch.dtype) -> None:
 
 
 def test_decode_scope_reuses_plan_across_layers_with_other_caches() -> None:
-    """One step, several layers: same metadata, different caches (and q) per layer."""
-    layers = [
-        make_paged_batch([70, 5, 33], [1] * 3, 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32, seed=0)
+    """One step, several layers: the same metadata tensors, a different q and cache per layer."""
+    base = make_paged_batch([70, 5, 33], [1] * 3, 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
+    shape = tuple(base.k_cache.shape)
+    layers = [(base.q, base.k_cache, base.v_cache)] + [
+        (randn(*base.q.shape, seed=s), randn(*shape, seed=s + 1), randn(*shape, seed=s + 2))
+        for s in (10, 20)
     ]
-    base = layers[0]
-    for seed in (1, 2):
-        other = make_paged_batch(
-            [70, 5, 33], [1] * 3, 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32, seed=seed
-        )
-        layers.append(other._replace_caches(base) if hasattr(other, "_replace_caches") else other)
-    meta = (base.block_table, base.seq_lens)
+    meta = (base.block_table, base.seq_lens, base.scale)
     with checks.step_scope():
-        scoped = [
-            decode_call((layer.q, layer.k_cache, layer.v_cache, *meta, base.scale))
-            for layer in layers
-        ]
+        scoped = [decode_call((*layer, *meta)) for layer in layers]
     for layer, out in zip(layers, scoped, strict=True):
-        want = naive.paged_decode_attention(
-            layer.q, layer.k_cache, layer.v_cache, *meta, base.scale
+        assert_close(out, naive.paged_decode_attention(*layer, *meta), ATTENTION_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_prefill_in_scope_equals_outside(dtype: torch.dtype) -> None:
+    batch = make_paged_batch([20, 40, 9], [0, 5, 9], 6, 2, HEAD_DIM, PAGE_SIZE, dtype, seed=4)
+    args = (
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_table,
+        batch.cu_seqlens_q,
+        batch.seq_lens,
+        batch.scale,
+    )
+
+    def call() -> torch.Tensor:
+        return kernels.paged_prefill_attention(*args, backend="torch")
+
+    outside = call()
+    scoped, nested = scoped_twice(call)
+    assert torch.equal(scoped, outside) and torch.equal(nested, outside)
+    assert_close(outside, naive.paged_prefill_attention(*args), ATTENTION_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_store_kv_in_scope_equals_outside(dtype: torch.dtype) -> None:
+    """Two layers store with one slot tensor: in a scope the second reuses the slots' plan."""
+    shape = (5, 8, 2, HEAD_DIM)
+    slots = torch.tensor([3, -1, 17, 39, -1, 8], dtype=torch.int32)
+    layer_kv = [
+        (randn(6, 2, HEAD_DIM, dtype=dtype, seed=s), randn(6, 2, HEAD_DIM, dtype=dtype, seed=s + 1))
+        for s in (0, 2)
+    ]
+
+    def fresh_caches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [
+            (randn(*shape, dtype=dtype, seed=9), randn(*shape, dtype=dtype, seed=8))
+            for _ in layer_kv
+        ]
+
+    want, outside, scoped = fresh_caches(), fresh_caches(), fresh_caches()
+    for (k, v), (kc, vc) in zip(layer_kv, want, strict=True):
+        naive.store_kv(k, v, kc, vc, slots)
+    for (k, v), (kc, vc) in zip(layer_kv, outside, strict=True):
+        kernels.store_kv(k, v, kc, vc, slots, backend="torch")
+    with checks.step_scope():
+        for (k, v), (kc, vc) in zip(layer_kv, scoped, strict=True):
+            kernels.store_kv(k, v, kc, vc, slots, backend="torch")
+    for (wk, wv), (ok, ov), (sk, sv) in zip(want, outside, scoped, strict=True):
+        assert_close(ok, wk, STORE_TOL)
+        assert_close(ov, wv, STORE_TOL)
+        assert torch.equal(sk, ok) and torch.equal(sv, ov)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rotary_in_scope_equals_outside(layout: str) -> None:
+    cache = kernels.rotary_cache(64, HEAD_DIM, THETA)
+    positions = torch.arange(9, 16)
+    fused = fused_qkv_views(7, 6, 2, HEAD_DIM, torch.float32)[1:]
+    separate = (randn(7, 6, HEAD_DIM, seed=5), randn(7, 2, HEAD_DIM, seed=6))
+    for q, k in (fused, separate):
+
+        def call(q: torch.Tensor = q, k: torch.Tensor = k) -> torch.Tensor:
+            return torch.cat(kernels.rotary(q, k, positions, cache, layout, backend="torch"), 1)
+
+        outside = call()
+        scoped, nested = scoped_twice(call)
+        assert torch.equal(scoped, outside) and torch.equal(nested, outside)
+        ref_q, ref_k = naive.rotary(q, k, positions, HEAD_DIM, THETA, layout)
+        assert_close(outside, torch.cat([ref_q, ref_k], 1), ROTARY_TOL[torch.float32])
+
+
+def test_scope_memo_is_per_scope_nested_and_restored() -> None:
+    t = torch.tensor([1, 2, 3])
+    calls: list[int] = []
+
+    def compute() -> int:
+        calls.append(1)
+        return len(calls)
+
+    assert checks.memoized("tag", (t,), compute) == 1  # no scope: always computed
+    assert checks.memoized("tag", (t,), compute) == 2
+    with checks.step_scope() as outer:
+        assert checks.memoized("tag", (t,), compute) == 3
+        assert checks.memoized("tag", (t,), compute) == 3  # memo hit
+        assert checks.memoized("other", (t,), compute) == 4  # the tag is part of the key
+        with checks.step_scope() as inner:
+            assert inner is not outer
+            assert checks.memoized("tag", (t,), compute) == 5  # inner starts empty
+            assert checks.memoized("tag", (t,), compute) == 5
+        assert checks.memoized("tag", (t,), compute) == 3  # outer memo restored
+    assert checks.memoized("tag", (t,), compute) == 6  # scope closed: computed again
+
+
+def test_scope_memo_never_confuses_a_new_tensor_with_a_freed_one() -> None:
+    """The memo keys by id(); it must hold its tensors so a new tensor cannot reuse an id."""
+    with checks.step_scope():
+        for i in range(50):
+            t = torch.tensor([i])
+            assert checks.memoized("value", (t,), lambda t=t: int(t.item())) == i
+            del t
+
+
+def test_new_scope_sees_metadata_changed_between_steps() -> None:
+    """The engine may refill its metadata tensors between steps: each step's scope re-reads."""
+    batch = make_paged_batch([40, 33, 48], [1] * 3, 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
+    seq_lens = batch.seq_lens.clone()
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_table, seq_lens, batch.scale)
+    for lens in ([40, 33, 48], [41, 34, 48], [3, 33, 20]):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        with checks.step_scope():
+            out = decode_call(args)
+        assert_close(out, naive.paged_decode_attention(*args), ATTENTION_TOL[torch.float32])
+    seq_lens.fill_(1000)
+    with checks.step_scope(), pytest.raises(ValueError, match="exceeds block_table capacity"):
+        decode_call(args)
+
+
+def in_and_out_of_scope(fn: Callable[[], object], error: type[Exception], match: str) -> None:
+    """fn raises the same clear error outside a scope, inside one (twice), and nested."""
+    with pytest.raises(error, match=match):
+        fn()
+    with checks.step_scope():
+        for _ in range(2):  # a failed check must not be memoized as passed
+            with pytest.raises(error, match=match):
+                fn()
+        with checks.step_scope(), pytest.raises(error, match=match):
+            fn()
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_seq_lens_beyond_block_table_raises_in_scope(kind: str) -> None:
+    batch = make_paged_batch([20, 9], [4, 9], 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
+    good_lens = batch.seq_lens
+    bad_lens = torch.tensor([20, 2 * PAGE_SIZE + 1], dtype=torch.int32)  # 2 pages hold 32
+
+    def call(seq_lens: torch.Tensor) -> torch.Tensor:
+        if kind == "decode":
+            return kernels.paged_decode_attention(
+                batch.q[:2],
+                batch.k_cache,
+                batch.v_cache,
+                batch.block_table,
+                seq_lens,
+                batch.scale,
+                backend="torch",
+            )
+        return kernels.paged_prefill_attention(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            batch.block_table,
+            batch.cu_seqlens_q,
+            seq_lens,
+            batch.scale,
+            backend="torch",
         )
-        assert_close(out, want, ATTENTION_TOL[torch.float32])
+
+    in_and_out_of_scope(lambda: call(bad_lens), ValueError, "exceeds block_table capacity")
+    with checks.step_scope():  # a good call first does not let a bad one through
+        call(good_lens)
+        with pytest.raises(ValueError, match="exceeds block_table capacity"):
+            call(bad_lens)
+
+
+def test_slot_beyond_cache_raises_in_scope() -> None:
+    k = randn(3, 1, HEAD_DIM)
+    big = (randn(4, 8, 1, HEAD_DIM), randn(4, 8, 1, HEAD_DIM))  # 32 slots
+    small = (randn(2, 8, 1, HEAD_DIM), randn(2, 8, 1, HEAD_DIM))  # 16 slots
+    slots = torch.tensor([0, 1, 16])
+    in_and_out_of_scope(lambda: kernels.store_kv(k, k, *small, slots), ValueError, "cache capacity")
+    with checks.step_scope():  # slots that fit one cache are still checked against a smaller one
+        kernels.store_kv(k, k, *big, slots)
+        assert torch.equal(big[0][2, 0], k[2])
+        with pytest.raises(ValueError, match="cache capacity"):
+            kernels.store_kv(k, k, *small, slots)
+
+
+def test_position_beyond_rotary_cache_raises_in_scope() -> None:
+    q, k = randn(3, 2, HEAD_DIM), randn(3, 1, HEAD_DIM)
+    positions = torch.tensor([0, 5, 40])
+    in_and_out_of_scope(
+        lambda: kernels.rotary(q, k, positions, kernels.rotary_cache(16, HEAD_DIM, THETA)),
+        ValueError,
+        "positions must lie in",
+    )
+    with checks.step_scope():  # positions checked against each call's cache, not the first one
+        kernels.rotary(q, k, positions, kernels.rotary_cache(64, HEAD_DIM, THETA))
+        with pytest.raises(ValueError, match="positions must lie in"):
+            kernels.rotary(q, k, positions, kernels.rotary_cache(16, HEAD_DIM, THETA))
+
+
+PADDED_CLAMP_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="bug: the padded decode path clamps block_table to [0, num_pages) "
+    "(torch_attention._decode_plan), so a real out-of-range page id is silently read as "
+    "the last page instead of raising",
+)
+
+
+@pytest.mark.parametrize(
+    "lens", [pytest.param([20, 20], marks=PADDED_CLAMP_BUG, id="padded"), [60, 5]], ids=str
+)
+@pytest.mark.parametrize("scoped", [False, True])
+def test_decode_page_id_beyond_cache_raises(lens: list[int], scoped: bool) -> None:
+    """A sequence's own page id past the cache is bad input on every decode path."""
+    batch = make_paged_batch(lens, [1, 1], 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
+    num_pages = batch.k_cache.shape[0]
+    block_table = batch.block_table.clone()
+    block_table[0, 1] = num_pages + 5  # token 16 of sequence 0 lives in this page
+    args = (batch.q, batch.k_cache, batch.v_cache, block_table, batch.seq_lens, batch.scale)
+    padded = torch_attention._decode_plan(block_table, batch.seq_lens, PAGE_SIZE, num_pages)
+    assert (padded.pages is not None) == (lens == [20, 20])
+    with pytest.raises(IndexError):  # the reference cannot read it either
+        naive.paged_decode_attention(*args)
+    with checks.step_scope() if scoped else nullcontext(), pytest.raises((IndexError, ValueError)):
+        decode_call(args)
