@@ -18,6 +18,7 @@ from .checks import (
     check_heads,
     check_kv_cache,
     check_last_dim_contiguous,
+    check_pages_in_cache,
     check_same_device,
     check_same_dtype,
     check_seq_lens_fit,
@@ -43,17 +44,20 @@ def _check_attention_inputs(
         raise ValueError(f"q head_dim {q.shape[2]} != cache head_dim {head_dim}")
     check_heads(q.shape[1], num_kv_heads)
     memoized(
-        ("block_table", page_size),
+        ("block_table", page_size, k_cache.shape[0]),
         (block_table, seq_lens),
-        lambda: _check_metadata(block_table, seq_lens, page_size),
+        lambda: _check_metadata(block_table, seq_lens, page_size, k_cache.shape[0]),
     )
     if not isinstance(scale, float | int) or scale <= 0:
         raise ValueError(f"scale must be a positive number, got {scale!r}")
 
 
-def _check_metadata(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> None:
+def _check_metadata(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, num_pages: int
+) -> None:
     check_block_table(block_table, seq_lens, seq_lens.shape[0] if seq_lens.dim() == 1 else -1)
     check_seq_lens_fit(seq_lens, block_table.shape[1], page_size)
+    check_pages_in_cache(block_table, seq_lens, page_size, num_pages)
 
 
 def paged_decode_attention(

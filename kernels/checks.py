@@ -117,6 +117,25 @@ def _check_seq_lens_values(seq_lens: torch.Tensor, max_pages: int, page_size: in
         )
 
 
+def check_pages_in_cache(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, num_pages: int
+) -> None:
+    """On CPU, check that every page a sequence uses (its first ceil(len / page_size) entries) is
+    a page of the cache; the entries past that are padding and may hold anything."""
+    if block_table.is_cuda or seq_lens.numel() == 0:
+        return
+    used = (seq_lens.long() + page_size - 1) // page_size  # [B] pages each sequence reads
+    width = int(used.max())
+    if width <= 0:
+        return
+    in_use = torch.arange(width)[None, :] < used[:, None]  # [B, width]
+    ids = block_table[:, :width][in_use]
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= num_pages:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"block_table uses page {bad}, outside the cache's {num_pages} pages")
+
+
 # --- per-step memo -----------------------------------------------------------------------------
 # A decode step runs the same ops once per layer over the same metadata tensors (block table,
 # lengths, slots, positions). Inside ``step_scope`` the value checks and the index plans derived
