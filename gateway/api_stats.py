@@ -47,7 +47,7 @@ def pick_bucket(window_s: int, points: int = 48) -> int:
 def _bucket(engine: Engine, bucket_s: int) -> ColumnElement[Any]:
     """The index of a row's time bucket (epoch seconds // bucket_s), per SQL dialect."""
     if engine.dialect.name == "sqlite":
-        return cast(func.strftime("%s", R.ts), Integer) / bucket_s
+        return cast(func.strftime("%s", R.ts), Integer) // bucket_s  # floor: `/` is true division
     return cast(func.floor(func.extract("epoch", R.ts) / bucket_s), Integer)
 
 

@@ -82,6 +82,10 @@ def test_stats_match_naive_recomputation(store: RecordStore) -> None:
     assert sum(p["cached_tokens"] for p in stats["series"]) == stats["totals"]["cached_tokens"]
     starts = [p["epoch"] for p in stats["series"]]
     assert starts == sorted(starts) and all(s % stats["bucket_s"] == 0 for s in starts)
+    bucket_s = stats["bucket_s"]  # one point per distinct time bucket, counted naively
+    per_bucket = Counter(int(r.ts.replace(tzinfo=UTC).timestamp()) // bucket_s * bucket_s
+                         for r in rows)
+    assert {p["epoch"]: p["requests"] for p in stats["series"]} == dict(per_bucket)
     short = compute_stats(store.engine, window_s=3600, now=now)  # only the last hour
     assert short["totals"]["requests"] == sum(
         1 for r in rows if (now - r.ts.replace(tzinfo=UTC)).total_seconds() <= 3600)
