@@ -239,7 +239,8 @@ class AsyncEngine:
             return
         if update.finished:
             del self._streams[update.request_id]
-        delta = StreamDelta(update.text_delta, update.new_token_ids, update.finished, update.output)
+        delta = StreamDelta(update.text_delta, update.new_token_ids, update.finished, update.output,
+                            update.cached_tokens)
         if not self._send(stream, delta) and not update.finished:
             self._streams.pop(update.request_id, None)
             self._safe_abort(update.request_id)  # the consumer's loop is gone

@@ -218,7 +218,8 @@ class Engine:
                 self._finish(seq, reason)
             output = seq.to_output() if seq.is_finished else None
             text = seq.detokenizer.delta(final=seq.is_finished)
-            updates.append(RequestUpdate(seq.request_id, [token], text, seq.is_finished, output))
+            updates.append(RequestUpdate(seq.request_id, [token], text, seq.is_finished, output,
+                                         seq.cached_tokens))
         return updates
 
     def _finish(self, seq: Sequence, reason: Any, *, keep_computed: bool = True) -> None:

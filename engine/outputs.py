@@ -44,6 +44,7 @@ class RequestUpdate:
     text_delta: str
     finished: bool
     output: RequestOutput | None
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache (known after matching)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ class StreamDelta:
     token_ids: list[int]
     finished: bool
     output: RequestOutput | None
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache, on every delta
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,7 +106,7 @@ class EmbeddedBackend:
                     tail, final = self._final(req, delta.output, filt)
                     text += tail
                 if text or first:
-                    early = self._early_usage(req, len(ids), delta.output) if first else None
+                    early = self._early_usage(len(ids), delta) if first else None
                     yield TextDelta(text, usage=early)
                     first = False
                 if final is not None:
@@ -119,18 +119,11 @@ class EmbeddedBackend:
         except RuntimeError as exc:
             raise BackendError(503, f"engine unavailable: {exc}") from exc
 
-    def _early_usage(self, req: ChatRequest, prompt_tokens: int, output: Any = None) -> Usage:
+    def _early_usage(self, prompt_tokens: int, delta: Any) -> Usage:
         """Usage known after prefill: prompt and cached tokens (for headers, message_start)."""
-        cached = output.cached_tokens if output is not None else self._cached_now(req.request_id)
+        cached = delta.output.cached_tokens if delta.output is not None else delta.cached_tokens
         return Usage(prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=cached,
                      prefill_saved_ms=self._saved_ms(cached))
-
-    def _cached_now(self, request_id: str) -> int:
-        # The engine sets a sequence's cached_tokens when it is matched, before its first token;
-        # reading one int attribute from the engine thread's live sequence is safe in CPython.
-        seqs = getattr(self.engine.engine, "_seqs", {})
-        seq = seqs.get(request_id)
-        return int(getattr(seq, "cached_tokens", 0)) if seq is not None else 0
 
     def _saved_ms(self, cached_tokens: int) -> float:
         rate = self.engine.prefill_tokens_per_second

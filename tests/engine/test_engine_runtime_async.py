@@ -136,6 +136,17 @@ async def test_stats_namespaces_and_prefill_rate(aeng) -> None:
     assert aeng.prefill_tokens_per_second is not None and aeng.prefill_tokens_per_second > 0
 
 
+async def test_every_delta_carries_the_cached_tokens_of_its_request(aeng) -> None:
+    """The gateway fills its usage headers from the first delta, before the request ends."""
+    prompt = random_prompts(1, 40, 40, seed=11)[0]
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    cold = await collect(aeng, prompt, params, namespace="t1")
+    warm = await collect(aeng, prompt, params, namespace="t1")
+    for deltas, expected in ((cold, 0), (warm, 32)):
+        assert deltas[-1].output is not None and deltas[-1].output.cached_tokens == expected
+        assert [d.cached_tokens for d in deltas] == [expected] * len(deltas)
+
+
 async def test_shutdown_aborts_in_flight_streams(tiny) -> None:
     aeng = AsyncEngine(engine=Engine(EngineConfig(num_pages=32, page_size=8), model=tiny))
     params = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
