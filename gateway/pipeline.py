@@ -207,9 +207,9 @@ async def _until_final(
         return first
 
     async def drain() -> Final:
-        item = first
+        item: TextDelta | Final = first
         while not isinstance(item, Final):
-            item = await anext(stream)
+            item = await stream.__anext__()
         return item
 
     task = asyncio.ensure_future(drain())

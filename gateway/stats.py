@@ -28,6 +28,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    insert,
     select,
 )
 from sqlalchemy.engine import Engine, make_url
@@ -78,7 +79,7 @@ class RequestRecord(Base):
 
 
 RECORD_COLUMNS = frozenset(c.name for c in RequestRecord.__table__.columns) - {"id"}
-_INSERT = RequestRecord.__table__.insert()
+_INSERT = insert(RequestRecord)
 
 
 _DEFAULTS = {c.name: c.default.arg if c.default is not None and c.default.is_scalar else None
