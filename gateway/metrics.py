@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gateway.types import Usage
+
 LabelValues = tuple[str, ...]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -237,3 +239,15 @@ class GatewayMetrics:
             "prefixgate_kv_pages_used", "KV-cache pages in use (running requests + cache).")
         self.kv_pages_total = registry.gauge(
             "prefixgate_kv_pages_total", "KV-cache pages in the pool.")
+
+    def observe_usage(self, usage: Usage, backend: str) -> None:
+        """Count one finished request's tokens, prefill saved and timings."""
+        self.cache_queries.inc(usage.prompt_tokens, backend=backend)
+        self.cache_hits.inc(usage.cached_tokens, backend=backend)
+        self.completion_tokens.inc(usage.completion_tokens, backend=backend)
+        self.prefill_saved.inc(usage.prefill_saved_ms / 1000.0, backend=backend)
+        self.prompt_tokens.observe(usage.prompt_tokens, backend=backend)
+        if usage.ttft is not None:
+            self.ttft.observe(usage.ttft, backend=backend)
+        if usage.tpot is not None and usage.completion_tokens > 1:
+            self.tpot.observe(usage.tpot, backend=backend)

@@ -341,20 +341,8 @@ def _record(
     gw.metrics.requests.inc(route=ticket.route.name, status=str(status), backend=backend)
     gw.metrics.latency.observe(latency, route=ticket.route.name)
     if usage is not None:
-        _observe_usage(gw.metrics, usage, backend)
+        gw.metrics.observe_usage(usage, backend)
     gw.store.add(_make_record(gw, ticket, status, final, error, latency))
-
-
-def _observe_usage(metrics: GatewayMetrics, usage: Usage, backend: str) -> None:
-    metrics.cache_queries.inc(usage.prompt_tokens, backend=backend)
-    metrics.cache_hits.inc(usage.cached_tokens, backend=backend)
-    metrics.completion_tokens.inc(usage.completion_tokens, backend=backend)
-    metrics.prefill_saved.inc(usage.prefill_saved_ms / 1000.0, backend=backend)
-    metrics.prompt_tokens.observe(usage.prompt_tokens, backend=backend)
-    if usage.ttft is not None:
-        metrics.ttft.observe(usage.ttft, backend=backend)
-    if usage.tpot is not None and usage.completion_tokens > 1:
-        metrics.tpot.observe(usage.tpot, backend=backend)
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from typing import Any, NamedTuple
 
 import httpx
 
 from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthropic_body
 from gateway.backends.upstream_http import (
+    ExchangeBackend,
     UpstreamOptions,
-    exchange,
     iter_sse,
     loads_event,
     make_client,
@@ -120,7 +119,7 @@ class _StreamState:
                      for _, (block, parts) in sorted(self.tools.items()))
 
 
-class AnthropicUpstream:
+class AnthropicUpstream(ExchangeBackend):
     """One Anthropic replica (api.anthropic.com or a compatible server)."""
 
     name = "anthropic"
@@ -154,19 +153,11 @@ class AnthropicUpstream:
             headers["x-api-key"] = self.options.api_key
         return headers
 
-    async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
+    def _request(self, req: ChatRequest) -> httpx.Request:
         body = build_body(req)
-        request = self._client.build_request(
+        return self._client.build_request(
             "POST", self._endpoint_url, content=json.dumps(body).encode(),
             headers=self._header_obj)
-        start = time.perf_counter()
-        items = exchange(
-            self._client, request, self.replica, stream=req.stream,
-            read_stream=lambda response: self._read_stream(response, start),
-            read_whole=lambda payload: self._read_whole(payload, start))
-        async with aclosing(items):
-            async for item in items:
-                yield item
 
     async def _read_stream(
         self, response: httpx.Response, start: float

@@ -14,14 +14,13 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from typing import Any, NamedTuple
 
 import httpx
 
 from gateway.backends.upstream_http import (
+    ExchangeBackend,
     UpstreamOptions,
-    exchange,
     iter_sse,
     loads_event,
     make_client,
@@ -152,7 +151,7 @@ class _StreamState:
         return str(delta.get("content") or "")
 
 
-class OpenAIUpstream:
+class OpenAIUpstream(ExchangeBackend):
     """One OpenAI-compatible replica, implementing the `Backend` protocol."""
 
     name = "openai"
@@ -186,18 +185,10 @@ class OpenAIUpstream:
             headers["authorization"] = f"Bearer {self.options.api_key}"
         return headers
 
-    async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
+    def _request(self, req: ChatRequest) -> httpx.Request:
         path, body = build_body(req, self.options)
-        request = self._client.build_request(
+        return self._client.build_request(
             "POST", self._urls[path], content=json.dumps(body).encode(), headers=self._header_obj)
-        start = time.perf_counter()
-        items = exchange(
-            self._client, request, self.replica, stream=req.stream,
-            read_stream=lambda response: self._read_stream(response, start),
-            read_whole=lambda payload: self._read_whole(payload, start))
-        async with aclosing(items):
-            async for item in items:
-                yield item
 
     async def _read_stream(
         self, response: httpx.Response, start: float
