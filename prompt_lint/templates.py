@@ -7,7 +7,15 @@ request joins the family whose line set it overlaps most (Jaccard >=
 founding request's lines as a reference, and marks reference words that were
 seen to differ as dynamic. A new request is aligned to the reference line by
 line, then word by word inside changed lines; words that differ, or sit on a
-known-dynamic word, are learned dynamic spans.
+known-dynamic word, are learned dynamic spans. Pattern-detected values are
+compared like any other text: the family's requests are the evidence.
+
+Evidence per reference line also says how a value varies: a line that
+changed between two requests of one session varies per request; a line that
+varies across sessions but never inside one is session-scoped (its learned
+spans carry `scope="session"`). Once a family has seen two sessions, a path
+whose template is known is *settled*: anything on it that did not vary is
+stable, whatever it looks like (FamilyMatch.settled).
 
 Memory is bounded: at most `max_families` families (least recently used is
 dropped), `max_template_chars` characters of reference per family, and
@@ -34,11 +42,13 @@ from prompt_lint.memo import caching
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
 
-_WORD_RE = re.compile(r"\S+")
+#: Alignment tokens: a word with its inner punctuation (a timestamp, a handle, a path)
+#: or a run of punctuation, so "(light rain)." aligns as "(", "light", "rain", ")."
+#: and a changing value's span stops where the value does.
+_WORD_RE = re.compile(r"\w(?:\S*\w)?|[^\w\s]+")
 #: Line hashes probed in the index to find candidate families (then scored exactly).
 _PROBES = 48
 _MASK_CACHE = 4096
-_TRIM = ".,;:!?)]}'\""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,21 +69,30 @@ class LearnerConfig:
             raise ValueError(f"min_similarity must be in (0, 1], got {self.min_similarity}")
 
 
+#: Sessions remembered per family for within-session evidence (least recent dropped).
+_SESSIONS_PER_FAMILY = 512
+
+
 class LearnedSpan(NamedTuple):
-    """A span that varies within the family: path of the string and char offsets."""
+    """A span that varies within the family: path of the string, char offsets, and
+    `scope`: "request" (seen to change inside a session) or "session" (constant
+    inside every session seen, different across sessions)."""
 
     path: str
     start: int
     end: int
+    scope: str = "request"
 
 
 @dataclass(slots=True)
 class _Template:
     lines: list[str]
-    masked: list[str]
     dynamic: dict[int, set[int]] = field(default_factory=dict)  # line -> word indexes
+    within: set[int] = field(default_factory=set)  # lines that changed inside a session
+    repeats: int = 0  # same-session request pairs compared on this template
     last_text: str = ""
-    last_spans: list[tuple[int, int]] = field(default_factory=list)
+    last_spans: list[tuple[int, int, int]] = field(default_factory=list)  # start, end, line
+    last_differ: dict[int, int] | None = None  # line -> hash of lines unlike the reference
 
 
 @dataclass(slots=True)
@@ -88,13 +107,23 @@ class Family:
     tool_names: list[str] | None = None
     tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
     last_tools: object | None = None  # the ToolSet of the last request (identity check)
+    sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
+    session_lines: OrderedDict[str, dict[str, dict[int, int] | None]] = field(
+        default_factory=OrderedDict)  # session -> template key -> last differing lines
+
+    @property
+    def settled(self) -> bool:
+        """Whether two sessions were seen: enough evidence to call unchanged text stable."""
+        return len(self.sessions) >= 2
 
 
 class FamilyMatch(NamedTuple):
-    """What observe() found: the family (or None) and its learned spans."""
+    """What observe() found: the family (or None), its learned spans, and the paths
+    whose unchanged text is proven stable by the family's evidence."""
 
     family: Family | None
     spans: list[LearnedSpan]
+    settled: frozenset[str] = frozenset()
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -126,14 +155,6 @@ def _words(line: str) -> list[tuple[int, int]]:
     return [m.span() for m in _WORD_RE.finditer(line)]
 
 
-def _trimmed(line: str, start: int, end: int) -> tuple[int, int]:
-    while end > start and line[end - 1] in _TRIM:
-        end -= 1
-    while start < end and line[start] in "([{'\"":
-        start += 1
-    return start, end
-
-
 class TemplateLearner:
     """Online prompt-family learner with bounded memory; also holds session state.
 
@@ -162,12 +183,14 @@ class TemplateLearner:
         self.frozen = True
 
     def observe(self, targets: list[Segment], spans: dict[str, list[Span]],
-                tool_names: list[str]) -> FamilyMatch:
+                tool_names: list[str], session: str | None = None) -> FamilyMatch:
         """Assign a request to a family and return its learned dynamic spans.
 
         `targets`: the request's template strings; `spans`: pattern spans per
         target path (masked before hashing); `tool_names`: as sent, so that a
-        tool's description template follows the tool when the order changes.
+        tool's description template follows the tool when the order changes;
+        `session`: the conversation the request belongs to (within-session
+        evidence; None learns no session evidence).
         """
         keys = {t.path: template_key(t.path, tool_names) for t in targets}
         lines: dict[str, list[str]] = {}
@@ -184,10 +207,43 @@ class TemplateLearner:
         self.families.move_to_end(family.id)
         if not self.frozen:
             family.requests += 1
-        out: list[LearnedSpan] = []
         for target in targets:
-            out += self._align(family, target, keys[target.path], lines[target.path])
-        return FamilyMatch(family, out)
+            self._align(family, target, keys[target.path])
+        if session is not None and not self.frozen:
+            self._session_evidence(family, session, [keys[t.path] for t in targets])
+        out: list[LearnedSpan] = []
+        settled: list[str] = []
+        for target in targets:
+            template = family.templates.get(keys[target.path])
+            if template is not None:
+                out += _spans_of(template, target.path, family.settled)
+                if family.settled:
+                    settled.append(target.path)
+        return FamilyMatch(family, out, frozenset(settled))
+
+    def _session_evidence(self, family: Family, session: str, keys: list[str]) -> None:
+        """Compare each template's differing lines with this session's last request:
+        lines that changed inside the session vary per request."""
+        if len(family.sessions) < 2:
+            family.sessions.add(session)
+        now = {key: family.templates[key].last_differ for key in keys
+               if key in family.templates}
+        before = family.session_lines.get(session)
+        family.session_lines[session] = now
+        family.session_lines.move_to_end(session)
+        if len(family.session_lines) > _SESSIONS_PER_FAMILY:
+            family.session_lines.popitem(last=False)
+        if before is None:
+            return
+        for key, lines in now.items():
+            old = before.get(key, None)
+            if lines is None or old is None:
+                continue
+            template = family.templates[key]
+            template.repeats += 1
+            if lines != old:
+                template.within.update(i for i in lines.keys() | old.keys()
+                                       if lines.get(i) != old.get(i))
 
     def _masked(self, target: Segment, spans: list[Span]) -> tuple[list[str], frozenset[int]]:
         """Masked lines of a target and their hashes, cached on the masked text (tool
@@ -257,8 +313,7 @@ class TemplateLearner:
         family = Family(fid, hashes)
         for target in targets:
             if family.chars + len(target.text) <= self.config.max_template_chars:
-                family.templates[keys[target.path]] = _Template(target.text.split("\n"),
-                                                                lines[target.path])
+                family.templates[keys[target.path]] = _Template(target.text.split("\n"))
                 family.chars += len(target.text)
         self.families[fid] = family
         for h in hashes:
@@ -276,34 +331,36 @@ class TemplateLearner:
                 if not owners:
                     del self._index[h]
 
-    def _align(self, family: Family, target: Segment, key: str,
-               masked: list[str]) -> list[LearnedSpan]:
+    def _align(self, family: Family, target: Segment, key: str) -> None:
+        """Diff the target against its template (learning), caching the answer on the text."""
         template = family.templates.get(key)
         if template is None:
-            return []
-        if target.text != template.last_text:  # the same text gives the same answer
-            template.last_spans = self._diff(template, target.text, masked)
+            return
+        if target.text != template.last_text or not template.last_text:
+            template.last_spans, template.last_differ = self._diff(template, target.text)
             template.last_text = target.text
-        return [LearnedSpan(target.path, s, e) for s, e in template.last_spans]
 
-    def _diff(self, template: _Template, text: str, masked: list[str]) -> list[tuple[int, int]]:
+    def _diff(self, template: _Template,
+              text: str) -> tuple[list[tuple[int, int, int]], dict[int, int] | None]:
+        """Learned spans (start, end, reference line or -1) and, when the lines align
+        one to one, the hashes of the lines that differ from the reference."""
         new = text.split("\n")
         ref = template.lines
+        differ: dict[int, int] | None = None
         if len(new) == len(ref):
-            # lines whose only change is a pattern-detected value need no word diff
-            differ = set(compress(range(len(new)), map(ne, template.masked, masked)))
-            pairs = [(i, i) for i in sorted(differ.union(template.dynamic))]
+            differ = {i: hash(new[i]) for i in compress(range(len(new)), map(ne, ref, new))}
+            pairs = [(i, i) for i in sorted(differ.keys() | template.dynamic.keys())]
             extra: list[int] = []
         else:
             pairs, extra = _line_pairs(ref, new)
         if not pairs and not extra:
-            return []
+            return [], differ
         offsets = _line_offsets(new)
-        out = [(offsets[j], offsets[j] + len(new[j])) for j in extra if new[j].strip()]
+        out = [(offsets[j], offsets[j] + len(new[j]), -1) for j in extra if new[j].strip()]
         for i, j in pairs:
             for s, e in self._diff_line(template, i, ref[i], new[j]):
-                out.append((offsets[j] + s, offsets[j] + e))
-        return sorted(out)
+                out.append((offsets[j] + s, offsets[j] + e, i))
+        return sorted(out), differ
 
     def _diff_line(self, template: _Template, i: int, ref: str, new: str) -> list[tuple[int, int]]:
         known = template.dynamic.get(i, set())
@@ -328,7 +385,15 @@ class TemplateLearner:
             spans = [region]
         elif spans:
             spans = [(min(s for s, _ in spans), max(e for _, e in spans))]
-        return [t for t in (_trimmed(new, s, e) for s, e in spans) if t[1] > t[0]]
+        return [(s, e) for s, e in spans if e > s]
+
+
+def _spans_of(template: _Template, path: str, settled: bool) -> list[LearnedSpan]:
+    """The template's last learned spans with their scope from the evidence so far."""
+    session_ok = settled and template.repeats > 0
+    return [LearnedSpan(path, s, e, "session" if session_ok and i >= 0 and
+                        i not in template.within else "request")
+            for s, e, i in template.last_spans]
 
 
 def _word_opcodes(ref: str, new: str, rw: list[tuple[int, int]],

@@ -10,7 +10,7 @@ from lint_linted import Linted
 from prompt_lint import Finding
 
 DYNAMIC_RULES = {"timestamp": "PL001", "identifier": "PL002", "nonce": "PL003",
-                 "learned": "PL008"}
+                 "learned": "PL008", "session": "PL013"}
 STRUCTURAL_RULES = ("PL004", "PL006", "PL009")
 
 
