@@ -10,7 +10,9 @@ without evidence do patterns decide alone, and then with the detector's
 confidence, raised by a cue such as "current time" or "today" before the value.
 
 `FIX_CONFIDENCE` is the line between what `rewrite_request` moves (and what
-is an error) and what is only reported as a warning.
+is an error) and what is only reported as a warning. A value that was the same
+in two sessions before any session showed a second request is half as likely
+(`PARTIAL`): a look-alike usually, a per-request counter sometimes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from prompt_lint.templates import FamilyMatch, LearnedSpan
 FIX_CONFIDENCE = 0.8
 #: Confidence of a value the family's requests were seen to vary.
 EVIDENCE = 1.0
+#: Factor on a pattern's confidence when the value was the same in two sessions but no
+#: session has shown its second request yet (some evidence of stability, not enough).
+PARTIAL = 0.5
 _CONFIDENCE = {d.label: d.confidence for d in DETECTORS}
 _CUE = re.compile(r"(?:\b(?:current|currently|now|today|tonight|as of|generated|requested|"
                   r"sent|received|timestamp|local time)\b|\btime\s*[:=]|\bdate\s*[:=])[^\n]*$",
@@ -73,8 +78,8 @@ def decide(path: str, text: str, spans: list[Span], match: FamilyMatch) -> list[
             kind = "session" if all(ls.scope == "session" for ls in seen) else s.kind
             out.append(Dynamic(path, s.start, s.end, kind, s.label, EVIDENCE, True))
         elif not settled:
-            out.append(Dynamic(path, s.start, s.end, s.kind, s.label,
-                               pattern_confidence(s, text), False))
+            confidence = pattern_confidence(s, text) * (PARTIAL if path in match.partial else 1)
+            out.append(Dynamic(path, s.start, s.end, s.kind, s.label, confidence, False))
     for ls in learned:
         if not any(_overlaps(s, ls) for s in spans):
             kind = "session" if ls.scope == "session" else "learned"

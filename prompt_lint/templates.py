@@ -13,9 +13,13 @@ compared like any other text: the family's requests are the evidence.
 Evidence per reference line also says how a value varies: a line that
 changed between two requests of one session varies per request; a line that
 varies across sessions but never inside one is session-scoped (its learned
-spans carry `scope="session"`). Once a family has seen two sessions, a path
-whose template is known is *settled*: anything on it that did not vary is
-stable, whatever it looks like (FamilyMatch.settled).
+spans carry `scope="session"`). Once a family has seen two sessions and two
+requests of one session, a path whose template is known is *settled*:
+anything on it that did not vary is stable, whatever it looks like
+(FamilyMatch.settled); with two sessions but no repeat yet it is *partial*
+(a value the same in both may still be a per-request counter), unless the
+learner is frozen: then it has seen the whole log, and a value that is the
+same in every request of the family is stable.
 
 Memory is bounded: at most `max_families` families (least recently used is
 dropped), `max_template_chars` characters of reference per family, and
@@ -124,6 +128,7 @@ class FamilyMatch(NamedTuple):
     family: Family | None
     spans: list[LearnedSpan]
     settled: frozenset[str] = frozenset()
+    partial: frozenset[str] = frozenset()  # two sessions seen, but no session's second request
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -213,13 +218,16 @@ class TemplateLearner:
             self._session_evidence(family, session, [keys[t.path] for t in targets])
         out: list[LearnedSpan] = []
         settled: list[str] = []
+        partial: list[str] = []
         for target in targets:
             template = family.templates.get(keys[target.path])
             if template is not None:
                 out += _spans_of(template, target.path, family.settled)
-                if family.settled:
+                if family.settled and (template.repeats > 0 or self.frozen):
                     settled.append(target.path)
-        return FamilyMatch(family, out, frozenset(settled))
+                elif family.settled:
+                    partial.append(target.path)
+        return FamilyMatch(family, out, frozenset(settled), frozenset(partial))
 
     def _session_evidence(self, family: Family, session: str, keys: list[str]) -> None:
         """Compare each template's differing lines with this session's last request:

@@ -164,7 +164,10 @@ def make_family(i: int, rng: random.Random, phrasing: str = "train") -> FamilySp
     looks = lookalike_values(rng)
     stable += [line.format(**looks) for line in rng.sample(LOOKALIKES[phrasing], 5)]
     rng.shuffle(stable)
-    killers = ["time"] + rng.sample(KILLERS[1:], rng.randint(2, 5))
+    others = KILLERS[1:]  # three in turn (every class covered), then a random few
+    turn = 3 * (i - i // 5)  # families 4, 9, ... are clean
+    killers = ["time"] + [others[(turn + j) % len(others)] for j in range(3)]
+    killers += rng.sample([k for k in others if k not in killers], rng.randint(0, 2))
     if i % 5 == 4:
         killers = []  # a clean family: look-alikes only
     tools = [_tool(n, provider, rng) for n in rng.sample(TOOL_NAMES, rng.randint(2, 5))]
