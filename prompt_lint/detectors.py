@@ -176,13 +176,36 @@ _NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
     "high-entropy token": ((), True),  # the validator wants at least two digits
 }
 
-def _needs_pattern(needs: tuple[str, ...]) -> re.Pattern[str] | None:
-    return re.compile("|".join(map(re.escape, needs))) if needs else None
+_MONTH_STEMS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
+                "Dec")
+_DAY_STEMS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+#: A second necessary condition for the patterns built on word alternations (the slow
+#: ones): a stem every alternative contains (month and day names hold their
+#: three-letter stem; case-insensitive where the pattern is).
+_STEMS: dict[str, tuple[tuple[str, ...], int]] = {
+    "RFC 2822 date": (_MONTH_STEMS, 0),
+    "written date": (_MONTH_STEMS, 0),
+    "weekday and time": (_DAY_STEMS, 0),
+    "labelled id": (("id", "key", "token", "number", "no"), re.I),
+    "nonce": (("nonce", "salt", "seed", "cache", "count", "seq", "number", "attempt"), re.I),
+}
 
 
-_PLAN: tuple[tuple[Detector, re.Pattern[str] | None, bool], ...] = tuple(
-    (d, _needs_pattern(_NEEDS.get(d.label, ((), False))[0]),
-     _NEEDS.get(d.label, ((), False))[1]) for d in DETECTORS)
+def _needs_pattern(needs: tuple[str, ...], flags: int = 0) -> re.Pattern[str] | None:
+    return re.compile("|".join(map(re.escape, needs)), flags) if needs else None
+
+
+class _Step(NamedTuple):
+    detector: Detector
+    needs: re.Pattern[str] | None
+    digit: bool
+    stems: re.Pattern[str] | None
+
+
+_PLAN: tuple[_Step, ...] = tuple(
+    _Step(d, _needs_pattern(_NEEDS.get(d.label, ((), False))[0]),
+          _NEEDS.get(d.label, ((), False))[1],
+          _needs_pattern(*_STEMS[d.label]) if d.label in _STEMS else None) for d in DETECTORS)
 _DIGIT = re.compile(r"\d")
 
 
@@ -190,8 +213,9 @@ def _detect_line(line: str) -> list[Span]:
     taken: list[tuple[int, int]] = []
     spans: list[Span] = []
     has_digit = _DIGIT.search(line) is not None
-    for det, needs, digit in _PLAN:
-        if (digit and not has_digit) or (needs is not None and needs.search(line) is None):
+    for det, needs, digit, stems in _PLAN:
+        if (digit and not has_digit) or (needs is not None and needs.search(line) is None) or \
+                (stems is not None and stems.search(line) is None):
             continue
         for m in det.pattern.finditer(line):
             if det.valid is not None and not det.valid(m):

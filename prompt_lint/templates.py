@@ -37,11 +37,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from itertools import accumulate, compress
-from operator import ne
+from itertools import accumulate, compress, groupby
+from operator import add, ne
 from typing import NamedTuple
 
 from prompt_lint.detectors import Span
+from prompt_lint.incremental import shared_bounds
 from prompt_lint.memo import caching
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
@@ -97,6 +98,9 @@ class _Template:
     last_text: str = ""
     last_spans: list[tuple[int, int, int]] = field(default_factory=list)  # start, end, line
     last_differ: dict[int, int] | None = None  # line -> hash of lines unlike the reference
+    #: line -> (last text seen there, its known-dynamic count, its spans): session
+    #: constants repeat a changed line request after request
+    line_memo: dict[int, tuple[str, int, list[tuple[int, int]]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -345,8 +349,41 @@ class TemplateLearner:
         if template is None:
             return
         if target.text != template.last_text or not template.last_text:
-            template.last_spans, template.last_differ = self._diff(template, target.text)
+            found = self._diff_since(template, target.text)
+            template.last_spans, template.last_differ = found or self._diff(template,
+                                                                              target.text)
             template.last_text = target.text
+
+    def _diff_since(self, template: _Template, text: str
+                    ) -> tuple[list[tuple[int, int, int]], dict[int, int]] | None:
+        """_diff by updating the last answer: only the lines that hold characters that
+        changed since the last text are diffed again (a new timestamp re-diffs one line
+        of a long prompt). None when the line count changed: then diff it whole."""
+        old, before = template.last_text, template.last_differ
+        if not old or before is None or not caching():
+            return None
+        a, b = shared_bounds(old, text)
+        if old.count("\n", a, len(old) - b) != text.count("\n", a, len(text) - b):
+            return None
+        first = old.count("\n", 0, a)
+        start = text.rfind("\n", 0, a) + 1
+        stop = text.find("\n", len(text) - b)
+        lines = text[start: len(text) if stop < 0 else stop].split("\n")
+        last, delta = first + len(lines) - 1, len(text) - len(old)
+        out = [(s, e, i) if i < first else (s + delta, e + delta, i)
+               for s, e, i in template.last_spans if i < first or i > last]
+        differ = dict(before)
+        ref, pos = template.lines, start
+        for i, line in enumerate(lines, start=first):
+            if line != ref[i]:
+                differ[i] = hash(line)
+            else:
+                differ.pop(i, None)
+            if i in differ or i in template.dynamic:
+                found = self._diff_line(template, i, ref[i], line)
+                out += [(pos + s, pos + e, i) for s, e in found]
+            pos += len(line) + 1
+        return sorted(out), differ
 
     def _diff(self, template: _Template,
               text: str) -> tuple[list[tuple[int, int, int]], dict[int, int] | None]:
@@ -374,6 +411,16 @@ class TemplateLearner:
         known = template.dynamic.get(i, set())
         if ref == new and not known:
             return []
+        memo = template.line_memo.get(i)
+        if memo is not None and memo[0] == new and memo[1] == len(known) and caching():
+            return memo[2]
+        found = self._align_line(template, i, ref, new, known)
+        template.line_memo[i] = (new, len(template.dynamic.get(i, ())), found)
+        return found
+
+    def _align_line(self, template: _Template, i: int, ref: str, new: str,
+                    known: set[int]) -> list[tuple[int, int]]:
+        """Word-align one changed line; learns its changed words unless frozen."""
         rw, nw = _words(ref), _words(new)
         spans: list[tuple[int, int]] = []
         changed: set[int] = set()
@@ -406,11 +453,19 @@ def _spans_of(template: _Template, path: str, settled: bool) -> list[LearnedSpan
 
 def _word_opcodes(ref: str, new: str, rw: list[tuple[int, int]],
                   nw: list[tuple[int, int]]) -> Sequence[tuple[str, int, int, int, int]]:
+    """Token alignment of two lines: position by position when they have as many
+    tokens (a changed value keeps its place), else a SequenceMatcher diff."""
     if ref == new:
         return []
-    matcher = SequenceMatcher(None, [ref[s:e] for s, e in rw], [new[s:e] for s, e in nw],
-                              autojunk=False)
-    return matcher.get_opcodes()
+    a, b = [ref[s:e] for s, e in rw], [new[s:e] for s, e in nw]
+    if len(a) != len(b):
+        return SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    out: list[tuple[str, int, int, int, int]] = []
+    for same, run in groupby(range(len(a)), key=lambda k: a[k] == b[k]):
+        ks = list(run)
+        op = "equal" if same else "replace"
+        out.append((op, ks[0], ks[-1] + 1, ks[0], ks[-1] + 1))
+    return out
 
 
 def _region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new: str,
@@ -431,7 +486,7 @@ def _region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new:
 
 
 def _line_offsets(lines: list[str]) -> list[int]:
-    return [n + j for j, n in enumerate(accumulate(map(len, lines), initial=0))]
+    return list(map(add, accumulate(map(len, lines), initial=0), range(len(lines) + 1)))
 
 
 def _line_pairs(ref: list[str], new: list[str]) -> tuple[list[tuple[int, int]], list[int]]:
