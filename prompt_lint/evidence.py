@@ -12,7 +12,8 @@ confidence, raised by a cue such as "current time" or "today" before the value.
 `FIX_CONFIDENCE` is the line between what `rewrite_request` moves (and what
 is an error) and what is only reported as a warning. A value that was the same
 in two sessions before any session showed a second request is half as likely
-(`PARTIAL`): a look-alike usually, a per-request counter sometimes.
+(`PARTIAL`): a look-alike usually, a per-request counter sometimes; what falls
+below `REPORT_FLOOR` that way is not reported.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ EVIDENCE = 1.0
 #: Factor on a pattern's confidence when the value was the same in two sessions but no
 #: session has shown its second request yet (some evidence of stability, not enough).
 PARTIAL = 0.5
+#: Pattern matches whose confidence falls below this (a bare clock time or date that
+#: two sessions shared) are not reported at all.
+REPORT_FLOOR = 0.3
 _CONFIDENCE = {d.label: d.confidence for d in DETECTORS}
 _CUE = re.compile(r"(?:\b(?:current|currently|now|today|tonight|as of|generated|requested|"
                   r"sent|received|timestamp|local time)\b|\btime\s*[:=]|\bdate\s*[:=])[^\n]*$",
@@ -79,7 +83,8 @@ def decide(path: str, text: str, spans: list[Span], match: FamilyMatch) -> list[
             out.append(Dynamic(path, s.start, s.end, kind, s.label, EVIDENCE, True))
         elif not settled:
             confidence = pattern_confidence(s, text) * (PARTIAL if path in match.partial else 1)
-            out.append(Dynamic(path, s.start, s.end, s.kind, s.label, confidence, False))
+            if confidence >= REPORT_FLOOR:
+                out.append(Dynamic(path, s.start, s.end, s.kind, s.label, confidence, False))
     for ls in learned:
         if not any(_overlaps(s, ls) for s in spans):
             kind = "session" if ls.scope == "session" else "learned"

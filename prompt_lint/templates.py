@@ -75,7 +75,7 @@ class LearnerConfig:
 
 
 #: Sessions remembered per family for within-session evidence (least recent dropped).
-_SESSIONS_PER_FAMILY = 512
+_SESSIONS_PER_FAMILY = 128
 
 
 class LearnedSpan(NamedTuple):
