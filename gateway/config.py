@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -193,10 +193,6 @@ def _parse_upstreams(text: str) -> tuple[UpstreamSpec, ...]:
     return tuple(UpstreamSpec.parse(item) for item in text.split(",") if item.strip())
 
 
-def _optional_int(text: str) -> int:
-    return int(text)
-
-
 ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_HOST": ("host", str),
     "PREFIXGATE_PORT": ("port", int),
@@ -212,8 +208,8 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_MAX_BODY_BYTES": ("max_body_bytes", int),
     "PREFIXGATE_MODEL_PATH": ("model_path", str),
     "PREFIXGATE_MODEL_NAME": ("model_name", str),
-    "PREFIXGATE_ENGINE_NUM_PAGES": ("engine_num_pages", _optional_int),
-    "PREFIXGATE_ENGINE_MAX_NUM_SEQS": ("engine_max_num_seqs", _optional_int),
+    "PREFIXGATE_ENGINE_NUM_PAGES": ("engine_num_pages", int),
+    "PREFIXGATE_ENGINE_MAX_NUM_SEQS": ("engine_max_num_seqs", int),
     "PREFIXGATE_ENGINE_DEVICE": ("engine_device", str),
     "PREFIXGATE_ENGINE_QUANTIZATION": ("engine_quantization", str),
     "PREFIXGATE_DEFAULT_MAX_TOKENS": ("default_max_tokens", int),
@@ -225,5 +221,3 @@ UPSTREAM_KEY_ENV: dict[str, str] = {
     "anthropic": "PREFIXGATE_ANTHROPIC_API_KEY",
 }
 """Upstream provider keys (never logged)."""
-
-CONFIG_FIELDS: frozenset[str] = frozenset(f.name for f in fields(GatewayConfig))

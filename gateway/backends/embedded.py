@@ -54,9 +54,6 @@ class EmbeddedBackend:
         stats = self.engine.stats()
         return stats.pages_total - stats.pages_free, stats.pages_total
 
-    def engine_stats(self) -> Any:
-        return self.engine.stats()
-
     async def aclose(self) -> None:
         if self.owns_engine:
             await self.engine.shutdown()

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_fakes import FakeBackend, fake_config
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+
+from .gateway_fakes import FakeBackend, fake_config
 
 
 @pytest.fixture
