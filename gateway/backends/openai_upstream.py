@@ -12,18 +12,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import time
 from collections.abc import AsyncGenerator
 from typing import Any, NamedTuple
 
 import httpx
 
+from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
-    ExchangeBackend,
     UpstreamOptions,
     iter_sse,
     loads_event,
-    make_client,
     stream_error_event,
 )
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
@@ -151,8 +149,9 @@ class _StreamState:
         return str(delta.get("content") or "")
 
 
-class OpenAIUpstream(ExchangeBackend):
-    """One OpenAI-compatible replica, implementing the `Backend` protocol."""
+class OpenAIUpstream(UpstreamBackend):
+    """One OpenAI-compatible replica: builds `/chat/completions` or `/completions` bodies and
+    reads their answers (see `UpstreamBackend` for the shared lifecycle)."""
 
     name = "openai"
 
@@ -160,41 +159,24 @@ class OpenAIUpstream(ExchangeBackend):
         self, options: UpstreamOptions, *, transport: httpx.AsyncBaseTransport | None = None,
         models: tuple[str, ...] = (),
     ) -> None:
-        self.options = options
-        self.replica = options.replica
-        self._models = list(models)
-        self._client = make_client(options, transport)
-        self._base = options.url.rstrip("/")
-        # parsed once: building a request from strings re-parses the URL and headers each time
+        super().__init__(options, transport=transport, models=models)
         self._urls = {path: httpx.URL(self._base + path)
                       for path in ("/chat/completions", "/completions")}
-        self._header_obj = httpx.Headers(self._headers())
-
-    def models(self) -> list[str]:
-        return list(self._models)
-
-    def kv_pages(self) -> tuple[int, int] | None:
-        return None
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     def _headers(self) -> dict[str, str]:
-        headers = {"content-type": "application/json"}
+        headers = super()._headers()
         if self.options.api_key:
             headers["authorization"] = f"Bearer {self.options.api_key}"
         return headers
 
     def _request(self, req: ChatRequest) -> httpx.Request:
         path, body = build_body(req, self.options)
-        return self._client.build_request(
-            "POST", self._urls[path], content=json.dumps(body).encode(), headers=self._header_obj)
+        return self._post(self._urls[path], json.dumps(body).encode())
 
     async def _read_stream(
-        self, response: httpx.Response, start: float
+        self, response: httpx.Response, clock: StreamClock
     ) -> AsyncGenerator[TextDelta | Final, None]:
         state = _StreamState()
-        first: float | None = None
         async for event in iter_sse(response):
             if event.data.strip() == "[DONE]":
                 state.done = True
@@ -204,20 +186,18 @@ class OpenAIUpstream(ExchangeBackend):
                 raise stream_error_event(chunk, self.replica)
             text = state.take_chunk(chunk)
             if text:
-                first = first or time.perf_counter()
+                clock.mark()
                 state.deltas += 1
                 state.text.append(text)
                 yield TextDelta(text)
         if not state.done and state.finish is None:
             raise BackendError(502, f"upstream {self.replica} stream was cut mid-way",
                                kind="upstream_stream_cut")
-        yield self._final(state, start, first)
+        yield self._final(state, clock)
 
-    def _final(self, state: _StreamState, start: float, first: float | None) -> Final:
-        end = time.perf_counter()
+    def _final(self, state: _StreamState, clock: StreamClock) -> Final:
         completion = state.usage.completion_tokens or state.deltas
-        ttft = (first or end) - start
-        tpot = (end - first) / (completion - 1) if first and completion > 1 else None
+        ttft, tpot = clock.timings(completion)
         tools = tuple(state.tools[i] for i in sorted(state.tools))
         finish = _FINISH.get(state.finish or "stop", "stop")
         return Final("".join(state.text), tools, finish, Usage(
@@ -226,7 +206,7 @@ class OpenAIUpstream(ExchangeBackend):
             reported_cached_tokens=state.usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
         ), replica=self.replica)
 
-    def _read_whole(self, payload: Any, start: float) -> Final:
+    def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
         if not isinstance(payload, dict) or not payload.get("choices"):
             raise BackendError(502, f"upstream {self.replica} sent no choices",
                                kind="upstream_error")
@@ -241,4 +221,4 @@ class OpenAIUpstream(ExchangeBackend):
             state.text.append(str(message.get("content") or ""))
             for i, call in enumerate(message.get("tool_calls") or ()):
                 state.tools[i] = _tool_call(call)
-        return self._final(state, start, None)
+        return self._final(state, clock)

@@ -21,12 +21,11 @@ import httpx
 from gateway.backends.anthropic_upstream import AnthropicUpstream
 from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.router import Replica, Route, Router, RouterConfig
+from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import UpstreamOptions, is_replica_fault
 from gateway.metrics import Registry
 from gateway.shadow import PromptTokenizer, ShadowCache, ShadowConfig
 from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta
-
-UpstreamBackend = OpenAIUpstream | AnthropicUpstream
 
 
 def shadow_config_for(kind: str, url: str) -> ShadowConfig:
@@ -119,7 +118,7 @@ class ReplicaPool:
 
     def models(self) -> list[str]:
         """The replicas' configured model ids, or ["*"] (any model is passed upstream)."""
-        seen = {m: None for r in self.router.replicas for m in r.backend.models()}  # type: ignore[attr-defined]
+        seen = {m: None for r in self.router.replicas for m in r.backend.models()}
         return list(seen) or ["*"]
 
     def kv_pages(self) -> tuple[int, int] | None:
@@ -127,7 +126,7 @@ class ReplicaPool:
 
     async def aclose(self) -> None:
         for r in self.router.replicas:
-            await r.backend.aclose()  # type: ignore[attr-defined]
+            await r.backend.aclose()
 
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         tokens = self.tokenizer.encode(req)
@@ -159,7 +158,7 @@ class ReplicaPool:
         replica.inflight += 1
         recorded = False
         try:
-            async with aclosing(replica.backend.stream(req)) as upstream:  # type: ignore[attr-defined]
+            async with aclosing(replica.backend.stream(req)) as upstream:
                 async for item in upstream:
                     if not recorded:  # the upstream has prefilled the prompt by now
                         replica.shadow.record(tokens, req.namespace)

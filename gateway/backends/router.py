@@ -14,10 +14,12 @@ one success makes it healthy.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
 from gateway.shadow import ShadowCache
+from gateway.types import ChatRequest, Final, TextDelta
 
 Policy = Literal["prefix", "round_robin"]
 Reason = Literal["prefix", "least_loaded", "balance", "round_robin", "retry"]
@@ -45,8 +47,22 @@ class RouterConfig:
             raise ValueError("need 0 < retry_after_s <= max_retry_after_s")
 
 
-class _Backend(Protocol):
+class ReplicaBackend(Protocol):
+    """What a replica needs from its backend (an `UpstreamBackend` in practice)."""
+
     replica: str
+
+    def models(self) -> list[str]:
+        """Configured model ids."""
+        ...
+
+    def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
+        """Text deltas, then one Final."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the backend's resources."""
+        ...
 
 
 @dataclass(eq=False)
@@ -54,7 +70,7 @@ class Replica:
     """One upstream replica: its backend, shadow cache, load and health."""
 
     name: str
-    backend: _Backend
+    backend: ReplicaBackend
     shadow: ShadowCache
     inflight: int = 0
     failures: int = 0

@@ -10,8 +10,6 @@ an error message or a log line.
 from __future__ import annotations
 
 import json
-import time
-from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from gateway.types import BackendError, ChatRequest, Final, TextDelta
+from gateway.types import BackendError, Final, TextDelta
 
 REPLICA_FAULT_KINDS = frozenset(
     {"upstream_timeout", "upstream_unavailable", "upstream_error", "upstream_stream_cut"}
@@ -222,34 +220,3 @@ async def exchange(
     except ValueError as exc:  # a 2xx with a body that is not JSON
         raise BackendError(502, f"upstream {replica} sent malformed JSON",
                            kind="upstream_error") from exc
-
-
-class ExchangeBackend(ABC):
-    """The streaming half both provider backends share: build the provider request, exchange it,
-    hand the response to the backend's own readers. Subclasses set `_client` and `replica`."""
-
-    _client: httpx.AsyncClient
-    replica: str
-
-    @abstractmethod
-    def _request(self, req: ChatRequest) -> httpx.Request:
-        """Implemented by each provider backend."""
-
-    @abstractmethod
-    def _read_stream(self, response: httpx.Response, start: float) -> AsyncGenerator[Item, None]:
-        """Implemented by each provider backend."""
-
-    @abstractmethod
-    def _read_whole(self, payload: dict[str, Any], start: float) -> Final:
-        """Implemented by each provider backend."""
-
-    async def stream(self, req: ChatRequest) -> AsyncGenerator[Item, None]:
-        request = self._request(req)
-        start = time.perf_counter()
-        items = exchange(
-            self._client, request, self.replica, stream=req.stream,
-            read_stream=lambda response: self._read_stream(response, start),
-            read_whole=lambda payload: self._read_whole(payload, start))
-        async with aclosing(items):
-            async for item in items:
-                yield item
