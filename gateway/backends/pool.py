@@ -1,11 +1,11 @@
 """Upstream replica pools: the `Backend` the gateway uses when `--upstream` is given.
 
-`ReplicaPool` tokenizes each request once (tiktoken, for the shadow caches), asks the `Router`
-for a replica, streams the answer from it, and completes the `Final` with the shadow cache's
-prediction beside the upstream's own report. A replica fault before any text was sent fails
-over to another replica; after that it reaches the client as an error (an SSE error event when
-streaming). `build_upstream_backend(config, metrics)` builds one pool per upstream kind from
-`GatewayConfig.upstreams` (repeated URLs of one kind are replicas of one pool).
+`ReplicaPool` tokenizes each request once (prompt_lint's token layout, for the shadow caches),
+asks the `Router` for a replica, streams the answer from it, and completes the `Final` with the
+shadow cache's prediction beside the upstream's own report. A replica fault before any text was
+sent fails over to another replica; after that it reaches the client as an error (an SSE error
+event when streaming). `build_upstream_backend(config, metrics)` builds one pool per upstream
+kind from `GatewayConfig.upstreams` (repeated URLs of one kind are replicas of one pool).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import UpstreamOptions, is_replica_fault
 from gateway.metrics import Registry
-from gateway.shadow import PromptTokenizer, ShadowCache, ShadowConfig
+from gateway.shadow import ShadowCache, ShadowConfig, prompt_tokens
 from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta
 
 
@@ -95,7 +95,7 @@ class ReplicaPool:
     def __init__(
         self, kind: str, backends: Sequence[UpstreamBackend], *,
         router: RouterConfig | None = None, shadow: Sequence[ShadowConfig] | None = None,
-        metrics: Registry | None = None, tokenizer: PromptTokenizer | None = None,
+        metrics: Registry | None = None,
     ) -> None:
         if not backends:
             raise ValueError("a replica pool needs at least one upstream")
@@ -107,7 +107,6 @@ class ReplicaPool:
         names = _unique([b.replica for b in backends])
         self.router = Router([Replica(n, b, ShadowCache(s))
                               for n, b, s in zip(names, backends, shadows, strict=True)], router)
-        self.tokenizer = tokenizer or PromptTokenizer()
         self.metrics: PoolMetrics | None = None
         if metrics is not None:
             self.bind_metrics(metrics)
@@ -129,7 +128,7 @@ class ReplicaPool:
             await r.backend.aclose()
 
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
-        tokens = self.tokenizer.encode(req)
+        tokens = prompt_tokens(req)
         tried: set[str] = set()
         while True:
             route = self.router.choose(tokens, req.namespace, tried)
