@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 LintMode = Literal["off", "report", "rewrite"]
-UpstreamKind = Literal["openai", "anthropic"]
+UpstreamKind = Literal["openai", "vllm", "sglang", "llamacpp", "anthropic"]
 LINT_MODES: tuple[str, ...] = get_args(LintMode)
 UPSTREAM_KINDS: tuple[str, ...] = get_args(UpstreamKind)
 DEFAULT_TENANT = "default"

@@ -38,14 +38,17 @@ class OpenAIUsage(NamedTuple):
     reported_cached_tokens: int | None
 
 
-def read_usage(usage: Any) -> OpenAIUsage:
-    """Parse a `usage` object; the cached count is None when the upstream does not report one."""
+def read_usage(usage: Any, timings: Any = None) -> OpenAIUsage:
+    """Parse a `usage` object; the cached count is None when the upstream does not report one.
+    `timings` is llama.cpp server's block (`cache_n`: prompt tokens reused from the slot)."""
     if not isinstance(usage, dict):
         return OpenAIUsage(0, 0, None)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     if cached is None:
         cached = usage.get("prompt_cache_hit_tokens")  # DeepSeek
+    if cached is None and isinstance(timings, dict):
+        cached = timings.get("cache_n")  # llama.cpp server
     return OpenAIUsage(
         int(usage.get("prompt_tokens") or 0),
         int(usage.get("completion_tokens") or 0),
@@ -99,6 +102,7 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     else:
         body.pop("stream_options", None)
+    body.update(req.upstream_fields)
     wants_key = req.prompt is None and req.family and _wants_cache_key(options)
     if wants_key and "prompt_cache_key" not in body:
         body["prompt_cache_key"] = derive_prompt_cache_key(req.namespace, str(req.family))
@@ -120,6 +124,7 @@ class _StreamState:
         self.tools: dict[int, dict[str, Any]] = {}
         self.finish: str | None = None
         self.usage = OpenAIUsage(0, 0, None)
+        self.usage_seen = False
         self.deltas = 0
         self.done = False
 
@@ -134,7 +139,8 @@ class _StreamState:
     def take_chunk(self, chunk: dict[str, Any]) -> str:
         """Fold one chunk in; return its new text."""
         if chunk.get("usage"):
-            self.usage = read_usage(chunk["usage"])
+            self.usage = read_usage(chunk["usage"], chunk.get("timings"))
+            self.usage_seen = True
         choices = chunk.get("choices") or []
         if not choices:
             return ""
@@ -162,6 +168,17 @@ class OpenAIUpstream(UpstreamBackend):
         super().__init__(options, transport=transport, models=models)
         self._urls = {path: httpx.URL(self._base + path)
                       for path in ("/chat/completions", "/completions")}
+
+    async def total_slots(self) -> int | None:
+        """A llama.cpp server's slot count (`GET /props`), or None when it does not say."""
+        root = self._base.removesuffix("/v1")
+        try:
+            response = await self._client.get(root + "/props", headers=self._header_obj,
+                                              timeout=5.0)
+            slots = response.json().get("total_slots") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return slots if isinstance(slots, int) and slots > 0 else None
 
     def _headers(self) -> dict[str, str]:
         headers = super()._headers()
@@ -204,6 +221,7 @@ class OpenAIUpstream(UpstreamBackend):
             prompt_tokens=state.usage.prompt_tokens, completion_tokens=completion,
             cached_tokens=state.usage.reported_cached_tokens or 0,
             reported_cached_tokens=state.usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
+            estimated=not state.usage_seen,
         ), replica=self.replica)
 
     def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
@@ -212,7 +230,8 @@ class OpenAIUpstream(UpstreamBackend):
                                kind="upstream_error")
         choice = payload["choices"][0]
         state = _StreamState()
-        state.usage = read_usage(payload.get("usage"))
+        state.usage = read_usage(payload.get("usage"), payload.get("timings"))
+        state.usage_seen = isinstance(payload.get("usage"), dict)
         state.finish = choice.get("finish_reason")
         message = choice.get("message")
         if message is None:  # /completions

@@ -14,11 +14,11 @@ one success makes it healthy.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
-from gateway.shadow import ShadowCache
+from gateway.shadow import CacheModel, Prompt, as_prompt
 from gateway.types import ChatRequest, Final, TextDelta
 
 Policy = Literal["prefix", "round_robin"]
@@ -71,7 +71,7 @@ class Replica:
 
     name: str
     backend: ReplicaBackend
-    shadow: ShadowCache
+    shadow: CacheModel
     inflight: int = 0
     failures: int = 0
     retry_at: float = 0.0
@@ -122,12 +122,14 @@ class Router:
             return ready
         return [min(pool, key=lambda r: r.retry_at)]
 
-    def choose(self, tokens: list[int], namespace: str, exclude: set[str] | None = None,
-               now: float | None = None) -> Route | None:
-        """The replica for a prompt, or None when every replica was excluded."""
+    def choose(self, tokens: Prompt | Sequence[int], namespace: str,
+               exclude: set[str] | None = None, now: float | None = None) -> Route | None:
+        """The replica for a prompt, or None when every replica was excluded. Each replica's
+        cache model scores the prompt (what that replica would reuse of it)."""
         pool = self.candidates(exclude or set(), now)
         if not pool:
             return None
+        tokens = as_prompt(tokens)
         self._turn += 1
         if self.config.policy == "round_robin":
             replica = pool[self._turn % len(pool)]
