@@ -62,7 +62,8 @@ async def test_upstream_headers_and_summary_equal_usage_on_every_response(tmp_pa
         assert raw.headers["x-prefixgate-usage"] == "estimated"  # the head's counts are ours
         if include:
             usage = chunks[-1].usage
-            _agree(raw.headers, last, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens)
+            cached = usage.prompt_tokens_details.cached_tokens
+            _agree(raw.headers, last, usage.prompt_tokens, cached)
         rows = records(app)
         assert rows[-1].cached_tokens == last["cached_tokens"]
         assert rows[-1].reported_cached_tokens == last["reported_cached_tokens"]
