@@ -75,7 +75,7 @@ def _layout(req: ChatRequest) -> tuple[list[int], tuple[int, ...]]:
             marks["system"] = len(out)
         if seg.message == last_user and "history" not in marks:
             marks["history"] = len(out)
-        out.extend(counter.encode(seg.text))
+        out.extend(counter.encode_cached(seg.text))
     return out, tuple(sorted({m for m in marks.values() if m > 0}))
 
 

@@ -81,6 +81,9 @@ class TokenCounter:
         # bounded by entries and by the characters of their keys (values are about as big)
         self._cache: LRU[str, tuple[int, ...]] = LRU(max_chunks, max_weight=max_chunks * 256)
         self._counts: LRU[str, int] = LRU(max_chunks, max_weight=max_chunks * 256)
+        # whole texts -> ids: a resent message is one lookup, not one per chunk
+        self._ids: LRU[str, tuple[int, ...]] = LRU(max_chunks // 4 or 1,
+                                                   max_weight=max_chunks * 256)
         self._memo: PieceMemo[int] = PieceMemo(chunks, lambda c: len(self.chunk_tokens(c)))
 
     def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
@@ -93,10 +96,17 @@ class TokenCounter:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
-        out: list[int] = []
-        for chunk in chunks(text):
-            out.extend(self.chunk_tokens(chunk))
-        return out
+        return list(self.encode_cached(text))
+
+    def encode_cached(self, text: str) -> tuple[int, ...]:
+        """Token ids of `text` as a shared tuple (whole texts are cached: history repeats)."""
+        ids = self._ids.get(text)
+        if ids is None:
+            out: list[int] = []
+            for chunk in chunks(text):
+                out.extend(self.chunk_tokens(chunk))
+            ids = self._ids.put(text, tuple(out), len(text) + 1)
+        return ids
 
     def pieces(self, text: str, slot: str) -> Pieces[int]:
         """`text` in chunks with token counts, reusing the last text seen at `slot`

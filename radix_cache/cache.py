@@ -110,6 +110,7 @@ class RadixCache:
         buf = self._packer.pack(tokens, n_pages * self.page_size)
         cut = keep * self._page_bytes
         node, offset, _ = self._walk(root, buf[:cut])
+        self._touched(node)  # the walk refreshed its time: a leaf needs a fresh heap entry
         child = self._child(node, buf[cut : cut + self._page_bytes]) if offset == cut else None
         if child is None or child.lock_ref:
             return []
@@ -213,12 +214,25 @@ class RadixCache:
         return node.overflow.get(page) if node.overflow else None
 
     def _common_pages(self, key: bytes, buf: bytes, offset: int) -> int:
-        """Whole pages shared by ``key`` and ``buf[offset:]`` (at least one, fewer than all)."""
-        page_bytes, shared = self._page_bytes, self._page_bytes
-        limit = min(len(key), len(buf) - offset)
-        while shared < limit and buf.startswith(key[shared : shared + page_bytes], offset + shared):
-            shared += page_bytes
-        return shared // page_bytes
+        """Whole pages shared by ``key`` and ``buf[offset:]`` (at least one, fewer than all):
+        slice compares over doubling spans, then a binary search in pages."""
+        page_bytes = self._page_bytes
+        limit = min(len(key), len(buf) - offset) // page_bytes
+        lo, step = 1, 1  # pages known equal (the first page matched by hash and bytes)
+        while lo < limit:
+            hi = min(lo + step, limit)
+            if not buf.startswith(key[lo * page_bytes : hi * page_bytes], offset + lo * page_bytes):
+                break
+            lo, step = hi, step * 2
+        else:
+            return lo
+        while hi - lo > 1:  # pages [0, lo) equal, [0, hi) not
+            mid = (lo + hi) // 2
+            if buf.startswith(key[lo * page_bytes : mid * page_bytes], offset + lo * page_bytes):
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _split(self, node: Node, n_pages: int) -> Node:
         """Cut ``node`` after ``n_pages``; return the new upper part (node keeps the rest)."""
