@@ -30,11 +30,6 @@ class PackedTokens:
 TokenInput = Sequence[int] | np.ndarray[Any, Any] | PackedTokens
 
 
-def full_page_count(tokens: TokenInput, page_size: int) -> int:
-    """Number of complete pages in ``tokens``."""
-    return len(tokens) // page_size
-
-
 def pack_tokens(tokens: TokenInput, count: int) -> bytes:
     """Pack ``tokens[:count]`` as native int32 bytes; raise ValueError on bad token ids."""
     if isinstance(tokens, PackedTokens):

@@ -18,6 +18,7 @@ from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthro
 from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
     UpstreamOptions,
+    dumps_body,
     iter_sse,
     loads_event,
     stream_error_event,
@@ -138,7 +139,7 @@ class AnthropicUpstream(UpstreamBackend):
         return headers
 
     def _request(self, req: ChatRequest) -> httpx.Request:
-        return self._post(self._endpoint_url, json.dumps(build_body(req)).encode())
+        return self._post(self._endpoint_url, dumps_body(build_body(req)))
 
     async def _read_stream(
         self, response: httpx.Response, clock: StreamClock

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import AsyncGenerator
 from typing import Any, NamedTuple
 
@@ -20,6 +19,7 @@ import httpx
 from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
     UpstreamOptions,
+    dumps_body,
     iter_sse,
     loads_event,
     stream_error_event,
@@ -188,7 +188,7 @@ class OpenAIUpstream(UpstreamBackend):
 
     def _request(self, req: ChatRequest) -> httpx.Request:
         path, body = build_body(req, self.options)
-        return self._post(self._urls[path], json.dumps(body).encode())
+        return self._post(self._urls[path], dumps_body(body))
 
     async def _read_stream(
         self, response: httpx.Response, clock: StreamClock

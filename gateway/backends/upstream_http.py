@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import httpx
+import orjson
 
 from gateway.types import BackendError, Final, TextDelta
 
@@ -84,6 +85,15 @@ async def send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Respo
         return await client.send(request, stream=True)
     except STALE_CONNECTION_ERRORS:
         return await client.send(request, stream=True)
+
+
+def dumps_body(body: dict[str, Any]) -> bytes:
+    """A request body as compact JSON bytes (orjson; the standard library for what orjson
+    refuses, such as integers past 64 bits)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class SSEEvent(NamedTuple):
@@ -167,7 +177,7 @@ def is_replica_fault(err: BackendError) -> bool:
 def loads_event(data: str, replica: str) -> dict[str, Any]:
     """Decode one SSE data payload, as a stream-cut error when it is not a JSON object."""
     try:
-        payload = json.loads(data)
+        payload = orjson.loads(data)
     except ValueError:
         payload = None
     if not isinstance(payload, dict):
@@ -212,7 +222,7 @@ async def exchange(
                         started = True
                         yield item
             else:
-                yield read_whole(json.loads(await response.aread()))
+                yield read_whole(orjson.loads(await response.aread()))
         finally:
             await response.aclose()
     except httpx.HTTPError as exc:

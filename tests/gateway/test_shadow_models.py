@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from upstream_helpers import chat_request
 
 from gateway.agent_trace import agent_trace
 from gateway.backends.pool import ReplicaPool, make_upstream
@@ -23,6 +22,8 @@ from gateway.shadow import Prompt, ShadowCache, ShadowConfig, as_prompt
 from gateway.shadow_models import BreakpointShadow, SlotShadow, common_prefix_tokens
 from gateway.types import Final
 from radix_cache import PackedTokens
+
+from .upstream_helpers import chat_request
 
 
 def _pool(kind: str, apps: list[Any], policy: str = "prefix",

@@ -15,9 +15,10 @@ import anthropic
 import httpx
 import httpx2
 import openai
-from upstream_helpers import fake_replicas, gateway_app, pool_over, pool_over_handler, records
 
 from gateway.agent_trace import agent_trace
+
+from .upstream_helpers import fake_replicas, gateway_app, pool_over, pool_over_handler, records
 
 
 def _sdk(app: Any) -> openai.AsyncOpenAI:
