@@ -22,7 +22,7 @@ from typing import Any, Literal, get_args, get_type_hints
 from engine.config import EngineConfig
 
 LintMode = Literal["off", "report", "rewrite"]
-UpstreamKind = Literal["openai", "anthropic"]
+UpstreamKind = Literal["openai", "vllm", "sglang", "llamacpp", "anthropic"]
 LINT_MODES: tuple[str, ...] = get_args(LintMode)
 UPSTREAM_KINDS: tuple[str, ...] = get_args(UpstreamKind)
 DEFAULT_TENANT = "default"

@@ -15,8 +15,9 @@ from gateway.agent_trace import agent_trace
 from gateway.backends.pool import ReplicaPool, make_upstream
 from gateway.backends.router import Replica, Router, RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
-from gateway.shadow import PromptTokenizer, ShadowCache, ShadowConfig
+from gateway.shadow import ShadowCache, ShadowConfig, prompt_tokens
 from gateway.types import BackendError, Final
+from prompt_lint.memo import set_caching
 from tests.support import free_port
 
 from .upstream_helpers import (
@@ -38,11 +39,14 @@ chat_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user",
 def test_shadow_tokens_of_a_longer_prompt_extend_the_shorter(
     head: list[dict[str, Any]], tail: list[dict[str, Any]]
 ) -> None:
-    tokenizer = PromptTokenizer()
-    short = tokenizer.encode(chat_request(head))
-    full = tokenizer.encode(chat_request(head + tail))
+    short = prompt_tokens(chat_request(head))
+    full = prompt_tokens(chat_request(head + tail))
     assert full[:len(short)] == short  # a grown history never changes its cached prefix
-    fresh = PromptTokenizer().encode(chat_request(head + tail))  # the piece cache is invisible
+    set_caching(False)
+    try:
+        fresh = prompt_tokens(chat_request(head + tail))  # the chunk cache is invisible
+    finally:
+        set_caching(True)
     assert fresh == full
 
 
