@@ -39,16 +39,14 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "prompt_lint"))
-
-from corpus_score import Scored, score  # noqa: E402
-from lint_corpus import build_corpus  # noqa: E402
 
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request  # noqa: E402
 from prompt_lint.cli import fix_main, lint_main  # noqa: E402
 from prompt_lint.evidence import FIX_CONFIDENCE  # noqa: E402
 from prompt_lint.providers import detect_provider, segments  # noqa: E402
 from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding  # noqa: E402
+from tests.prompt_lint.corpus_score import Scored, score  # noqa: E402
+from tests.prompt_lint.lint_corpus import build_corpus  # noqa: E402
 
 WORDS = ["agent", "tool", "cache", "prefix", "request", "session", "deploy", "review", "ticket",
          "runbook", "policy", "user", "answer", "search", "file", "test", "commit", "branch",

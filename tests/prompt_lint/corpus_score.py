@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from lint_corpus import CorpusRequest, Label
-
 from prompt_lint import Finding, LintReport
+
+from .lint_corpus import CorpusRequest, Label
 
 
 class Scored(NamedTuple):

@@ -17,7 +17,7 @@ differs across sessions becomes `session`; one with a single value in the
 whole log is stable in this log and loses its label. Session start times are
 spread over several days, so dates differ across sessions.
 
-Run `python tests/prompt_lint/lint_corpus.py OUT_DIR` to write the corpus as
+Run `python -m tests.prompt_lint.lint_corpus OUT_DIR` to write the corpus as
 JSONL (raw.jsonl, ideal.jsonl, labels.jsonl).
 """
 
@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from corpus_classes import (
+from .corpus_classes import (
     HEADLINES,
     INCIDENTS,
     KILLER_KIND,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from corpus_score import DYNAMIC_RULES, STRUCTURAL_RULES, overlaps, score
-from lint_linted import Linted
-
 from prompt_lint.evidence import FIX_CONFIDENCE
+
+from .corpus_score import DYNAMIC_RULES, STRUCTURAL_RULES, overlaps, score
+from .lint_linted import Linted
 
 
 def test_corpus_covers_every_rule_and_format(two_pass: Linted) -> None:
@@ -75,9 +75,9 @@ def test_learned_spans_have_the_value_boundaries(two_pass: Linted, held_out: Lin
 
 def test_stable_lookalikes_are_never_flagged(two_pass: Linted) -> None:
     """No dynamic finding lands on a stable line (versions, ports, code, ratios, RFCs)."""
-    from lint_corpus import FILLER, LOOKALIKES, STABLE_LINES
-
     from prompt_lint.rewrite import get_path
+
+    from .lint_corpus import FILLER, LOOKALIKES, STABLE_LINES
 
     lines = [*STABLE_LINES, FILLER, *LOOKALIKES["train"]]
     prefixes = tuple(p for p in (line.split("{")[0] for line in lines) if p)

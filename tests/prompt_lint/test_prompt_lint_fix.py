@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lint_corpus import CorpusRequest, build_corpus
 
 from prompt_lint.cli import fix_main, lint_main
+
+from .lint_corpus import CorpusRequest, build_corpus
 
 
 def _fix(src: Path, dst: Path) -> list[dict[str, Any]]:
