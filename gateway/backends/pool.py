@@ -99,6 +99,7 @@ class ReplicaPool:
                               for n, b, m in zip(names, backends, models, strict=True)], router)
         self.metrics: PoolMetrics | None = None
         self._probed = kind != "llamacpp"
+        self._detect = shadow is None and kind == "openai"  # a generic kind: learn the server
         if metrics is not None:
             self.bind_metrics(metrics)
 
@@ -184,8 +185,19 @@ class ReplicaPool:
         finally:
             replica.inflight -= 1
 
+    def _detected(self, replica: Replica) -> None:
+        """A replica of the generic `openai` kind that answers like llama.cpp's server gets
+        the slot model (its slot count is read from `/props` before the next request)."""
+        backend = replica.backend
+        if (isinstance(backend, OpenAIUpstream) and backend.server_kind == "llamacpp"
+                and not isinstance(replica.shadow, SlotShadow)):
+            replica.shadow = cache_model_for("llamacpp", backend.options.url)
+            self._probed = False
+
     def _complete(self, final: Final, replica: Replica, prompt: Prompt, namespace: str,
                   predicted: int) -> Final:
+        if self._detect:
+            self._detected(replica)
         usage = final_usage(final.usage, prompt, predicted)
         if usage.reported_cached_tokens is not None:
             reported = in_shadow_tokens(usage.reported_cached_tokens, len(prompt),

@@ -72,11 +72,21 @@ async def test_slot_pinning_costs_no_hits_against_round_robin() -> None:
         return sum(f.usage.reported_cached_tokens or 0 for f in finals)
 
     servers = lambda: [create_fake_llama_server(FakeLlamaConfig(slots=2)) for _ in range(2)]  # noqa: E731
+    radix = lambda: [ShadowCache(), ShadowCache()]  # noqa: E731 - a model that ignores slots
     pinned = cached(await _replay(_pool("llamacpp", servers()), TRACE))
-    round_robin = cached(await _replay(_pool("openai", servers(), "round_robin"), TRACE))
-    radix_prefix = cached(await _replay(_pool("openai", servers()), TRACE))
+    round_robin = cached(await _replay(_pool("openai", servers(), "round_robin", radix()), TRACE))
+    radix_prefix = cached(await _replay(_pool("openai", servers(), shadows=radix()), TRACE))
     assert pinned >= round_robin, (pinned, round_robin)
     assert pinned >= radix_prefix, (pinned, radix_prefix)
+
+
+async def test_a_generic_upstream_that_answers_like_llama_server_gets_the_slot_model() -> None:
+    apps = [create_fake_llama_server(FakeLlamaConfig(slots=3))]
+    pool = _pool("openai", apps)
+    assert isinstance(pool.router.replicas[0].shadow, ShadowCache)
+    await _replay(pool, TRACE[:2])
+    shadow = pool.router.replicas[0].shadow
+    assert isinstance(shadow, SlotShadow) and len(shadow.slots) == 3  # read from /props
 
 
 def test_slot_shadow_pins_sessions_to_slots_and_takes_empty_slots_first() -> None:
