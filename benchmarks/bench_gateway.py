@@ -41,6 +41,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gateway_llama import find_binary, llama_table, run_llama  # noqa: E402
 from benchmarks.gateway_servers import (  # noqa: E402
     LITELLM_KEY,
     fake_upstream,
@@ -389,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help=f"JSON path ({RESULTS}; --quick: a scratch file in the temp dir)")
     parser.add_argument("--litellm", help="LiteLLM executable (its own venv) for a side row")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server for a real-upstream row")
+    parser.add_argument("--skip-llama", action="store_true")
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "gateway_quick.json" if args.quick else RESULTS
@@ -425,6 +428,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nRouting: {r['sessions']} concurrent agent sessions x {r['turns']} turns over "
               f"4 caching replicas:")
         print(routing_table(r))
+    if not args.skip_llama:
+        binary = find_binary(args.llama_server)
+        if binary is None:
+            print("\nllama-server: not found (--llama-server PATH); row skipped")
+        else:
+            result["llama_server"] = res = run_llama(args.quick, binary)
+            print(f"\nllama-server x2 (2 slots each), {res['sessions']} sessions x "
+                  f"{res['turns']} turns:")
+            print(table(["cache model", "routing", "hit rate (reported)",
+                         "predictions within 5%"], llama_table(res)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")
