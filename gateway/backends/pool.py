@@ -154,7 +154,8 @@ class ReplicaPool:
         self, req: ChatRequest, prompt: Prompt, route: Route
     ) -> AsyncGenerator[TextDelta | Final, None]:
         replica, ns = route.replica, req.namespace
-        predicted = replica.shadow.predict(prompt, ns)
+        # the router scored the prompt with this replica's model already (predict's answer)
+        predicted = route.matched if route.matched >= replica.shadow.config.min_cached_tokens else 0
         fields = replica.shadow.upstream_fields(prompt, ns)
         if fields:
             req = dataclasses.replace(req, upstream_fields={**req.upstream_fields, **fields})
