@@ -312,8 +312,9 @@ def build_upstream_backend(
         raise ValueError("no upstreams configured")
     by_kind: dict[str, list[UpstreamBackend]] = {}
     for spec in config.upstreams:
-        options = UpstreamOptions(url=spec.url, api_key=config.upstream_api_keys.get(spec.kind),
-                                  timeout_s=config.upstream_timeout_s)
+        api = "anthropic" if spec.kind == "anthropic" else "openai"  # whose key it takes
+        key = config.upstream_api_keys.get(spec.kind) or config.upstream_api_keys.get(api)
+        options = UpstreamOptions(url=spec.url, api_key=key, timeout_s=config.upstream_timeout_s)
         by_kind.setdefault(spec.kind, []).append(make_upstream(spec.kind, options))
     pools = {k: ReplicaPool(k, b, router=router, metrics=metrics) for k, b in by_kind.items()}
     if len(pools) == 1:
