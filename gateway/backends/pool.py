@@ -23,9 +23,10 @@ from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import UpstreamOptions, is_replica_fault
+from gateway.config import UPSTREAM_KINDS
 from gateway.metrics import Registry
 from gateway.shadow import CacheModel, Prompt, request_prompt
-from gateway.shadow_models import UPSTREAM_KINDS, SlotShadow, cache_model_for
+from gateway.shadow_models import SlotShadow, cache_model_for
 from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta, Usage
 
 
