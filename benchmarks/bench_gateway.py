@@ -202,7 +202,7 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
     """Per-request cost of each gateway stage, in-process (no network, no other process)."""
     from gateway.lint_stage import LintStage
     from gateway.parse_openai import parse_chat
-    from gateway.shadow import ShadowCache, prompt_tokens
+    from gateway.shadow import Prompt, ShadowCache, request_prompt
     from gateway.validate import ParseContext, parse_json_object
 
     ctx = ParseContext("bench", "bench", ("*",))
@@ -211,21 +211,21 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
     lint = LintStage()
     shadows = [ShadowCache() for _ in range(4)]
     options = UpstreamOptions(url="http://127.0.0.1:1/v1")
-    tokens = [prompt_tokens(r) for r in reqs[:10]]  # warm, as a running gateway is
-    tokens = [prompt_tokens(r) for r in reqs]
+    prompts = [request_prompt(r) for r in reqs[:10]]  # warm, as a running gateway is
+    prompts = [request_prompt(r) for r in reqs]
     from gateway.backends.openai_upstream import build_body
 
-    def shadow_ops(toks: list[int]) -> None:
+    def shadow_ops(prompt: Prompt) -> None:  # what the router and the pool do per request
         for s in shadows:
-            s.match_length(toks, "bench")
-        shadows[0].record(toks, "bench")
+            s.match_length(prompt, "bench")
+        shadows[0].record(prompt, "bench")
 
     return {
         "json decode + parse/validate": _stage_ms(lambda b: parse_chat(
             parse_json_object(b), ctx), bodies),
         "lint (report)": _stage_ms(lambda p: lint.run(p, "openai", "bench", "report"), parsed),
-        "tokenize (prompt_lint layout, chunk cache)": _stage_ms(prompt_tokens, reqs),
-        "shadow lookup x4 + record": _stage_ms(shadow_ops, tokens),
+        "tokenize + pack once (prompt_lint layout)": _stage_ms(request_prompt, reqs),
+        "shadow lookup x4 + record": _stage_ms(shadow_ops, prompts),
         "upstream body + JSON encode": _stage_ms(
             lambda r: json.dumps(build_body(r, options)[1]).encode(), reqs),
     }
