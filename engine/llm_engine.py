@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -289,7 +289,10 @@ class Engine:
         Requests queued earlier with `add_request` advance too, but their updates are not
         returned here. Raises RuntimeError if a step fails."""
         batch = self._as_prompt_list(prompts)
-        per = list(params) if isinstance(params, list | tuple) else [params] * len(batch)
+        per: list[SamplingParams | None] = (
+            [params] * len(batch) if params is None or isinstance(params, SamplingParams)
+            else list(params)
+        )
         if len(per) != len(batch):
             raise ValueError(f"{len(per)} SamplingParams for {len(batch)} prompts")
         seqs = [self.make_sequence(p, sp, namespace) for p, sp in zip(batch, per, strict=True)]
@@ -311,8 +314,8 @@ class Engine:
             return [prompts]
         items = list(prompts)
         if items and all(isinstance(t, int) for t in items):
-            return [items]  # one prompt of token ids
-        return items
+            return [cast(list[int], items)]  # one prompt of token ids
+        return cast(list[Prompt], items)
 
     def chat(
         self,

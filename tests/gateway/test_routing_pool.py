@@ -135,7 +135,7 @@ async def test_failover_and_recovery(tmp_path: Path) -> None:
         assert r.status_code == 200 and r0.healthy and r1.healthy
         metrics = (await client.get("/metrics")).text
     assert 'prefixgate_upstream_replica_healthy{replica="r0"} 1' in metrics
-    assert 'prefixgate_upstream_routes_total{replica="r0",reason="retry"} 1' in metrics
+    assert 'prefixgate_upstream_routes_total{reason="retry",replica="r0"} 1' in metrics
     assert [row.replica for row in records(app)][-1] == "r0"
     app.state.store.close()
     await pool.aclose()
