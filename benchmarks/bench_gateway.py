@@ -41,6 +41,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gateway_llama import find_binary, llama_table, run_llama  # noqa: E402
 from benchmarks.gateway_servers import (  # noqa: E402
     LITELLM_KEY,
     fake_upstream,
@@ -201,7 +202,7 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
     """Per-request cost of each gateway stage, in-process (no network, no other process)."""
     from gateway.lint_stage import LintStage
     from gateway.parse_openai import parse_chat
-    from gateway.shadow import ShadowCache, prompt_tokens
+    from gateway.shadow import Prompt, ShadowCache, request_prompt
     from gateway.validate import ParseContext, parse_json_object
 
     ctx = ParseContext("bench", "bench", ("*",))
@@ -210,21 +211,21 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
     lint = LintStage()
     shadows = [ShadowCache() for _ in range(4)]
     options = UpstreamOptions(url="http://127.0.0.1:1/v1")
-    tokens = [prompt_tokens(r) for r in reqs[:10]]  # warm, as a running gateway is
-    tokens = [prompt_tokens(r) for r in reqs]
+    prompts = [request_prompt(r) for r in reqs[:10]]  # warm, as a running gateway is
+    prompts = [request_prompt(r) for r in reqs]
     from gateway.backends.openai_upstream import build_body
 
-    def shadow_ops(toks: list[int]) -> None:
+    def shadow_ops(prompt: Prompt) -> None:  # what the router and the pool do per request
         for s in shadows:
-            s.match_length(toks, "bench")
-        shadows[0].record(toks, "bench")
+            s.match_length(prompt, "bench")
+        shadows[0].record(prompt, "bench")
 
     return {
         "json decode + parse/validate": _stage_ms(lambda b: parse_chat(
             parse_json_object(b), ctx), bodies),
         "lint (report)": _stage_ms(lambda p: lint.run(p, "openai", "bench", "report"), parsed),
-        "tokenize (prompt_lint layout, chunk cache)": _stage_ms(prompt_tokens, reqs),
-        "shadow lookup x4 + record": _stage_ms(shadow_ops, tokens),
+        "tokenize + pack once (prompt_lint layout)": _stage_ms(request_prompt, reqs),
+        "shadow lookup x4 + record": _stage_ms(shadow_ops, prompts),
         "upstream body + JSON encode": _stage_ms(
             lambda r: json.dumps(build_body(r, options)[1]).encode(), reqs),
     }
@@ -389,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help=f"JSON path ({RESULTS}; --quick: a scratch file in the temp dir)")
     parser.add_argument("--litellm", help="LiteLLM executable (its own venv) for a side row")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server for a real-upstream row")
+    parser.add_argument("--skip-llama", action="store_true")
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "gateway_quick.json" if args.quick else RESULTS
@@ -425,6 +428,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nRouting: {r['sessions']} concurrent agent sessions x {r['turns']} turns over "
               f"4 caching replicas:")
         print(routing_table(r))
+    if not args.skip_llama:
+        binary = find_binary(args.llama_server)
+        if binary is None:
+            print("\nllama-server: not found (--llama-server PATH); row skipped")
+        else:
+            result["llama_server"] = res = run_llama(args.quick, binary)
+            print(f"\nllama-server x2 (2 slots each), {res['sessions']} sessions x "
+                  f"{res['turns']} turns:")
+            print(table(["cache model", "routing", "hit rate (reported)",
+                         "predictions within 5%"], llama_table(res)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -49,13 +49,14 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0,
 
 @contextlib.contextmanager
 def process(cmd: list[str], ready: str, env: dict[str, str] | None = None,
-            headers: dict[str, str] | None = None, log: Path | None = None) -> Iterator[None]:
+            headers: dict[str, str] | None = None, log: Path | None = None,
+            timeout: float = 120.0) -> Iterator[None]:
     """Run `cmd` until the block ends; `ready` is polled first."""
     out = open(log, "wb") if log else None  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env or dict(os.environ), stdout=out,
                             stderr=subprocess.STDOUT if out else None)
     try:
-        wait_ready(ready, proc, headers=headers)
+        wait_ready(ready, proc, timeout, headers)
         yield
     finally:
         proc.terminate()
@@ -114,6 +115,7 @@ def litellm_proxy(executable: Path, upstream: str, tmp: Path) -> Iterator[str]:
     cmd = [str(executable), "--config", str(config), "--port", str(port), "--host",
            "127.0.0.1", "--num_workers", "1"]
     headers = {"authorization": f"Bearer {LITELLM_KEY}"}
+    # LiteLLM imports a lot: minutes on a busy 2-core machine
     with process(cmd, f"http://127.0.0.1:{port}/health/liveliness", env, headers,
-                 log=tmp / "litellm.log"):
+                 log=tmp / "litellm.log", timeout=600.0):
         yield f"http://127.0.0.1:{port}"

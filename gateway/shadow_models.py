@@ -20,12 +20,12 @@ from typing import Any, NamedTuple
 import httpx
 import xxhash
 
+from gateway.config import UPSTREAM_KINDS
 from gateway.shadow import CacheModel, Prompt, ShadowCache, ShadowConfig, as_prompt
 from prompt_lint.memo import LRU
 from radix_cache import RadixCache
 
 TOKEN_BYTES = 4
-UPSTREAM_KINDS = ("openai", "vllm", "sglang", "llamacpp", "anthropic")
 
 
 def common_prefix_tokens(a: bytes, b: bytes) -> int:
@@ -209,7 +209,9 @@ class BreakpointShadow:
 
 
 def cache_model_for(kind: str, url: str, slots: int = 1) -> CacheModel:
-    """The cache model for an upstream of `kind` at `url` (see `UPSTREAM_KINDS`)."""
+    """The cache model for an upstream of `kind` (one of `UPSTREAM_KINDS`) at `url`."""
+    if kind not in UPSTREAM_KINDS:
+        raise ValueError(f"unknown upstream kind {kind!r}; known: {', '.join(UPSTREAM_KINDS)}")
     host = httpx.URL(url).host
     if kind == "llamacpp":
         return SlotShadow(ShadowConfig(page_size=1, slots=slots))

@@ -125,6 +125,7 @@ class _StreamState:
         self.finish: str | None = None
         self.usage = OpenAIUsage(0, 0, None)
         self.usage_seen = False
+        self.llamacpp = False  # the server sent llama.cpp's `timings` block
         self.deltas = 0
         self.done = False
 
@@ -138,6 +139,7 @@ class _StreamState:
 
     def take_chunk(self, chunk: dict[str, Any]) -> str:
         """Fold one chunk in; return its new text."""
+        self.llamacpp = self.llamacpp or "timings" in chunk
         if chunk.get("usage"):
             self.usage = read_usage(chunk["usage"], chunk.get("timings"))
             self.usage_seen = True
@@ -166,6 +168,7 @@ class OpenAIUpstream(UpstreamBackend):
         models: tuple[str, ...] = (),
     ) -> None:
         super().__init__(options, transport=transport, models=models)
+        self.server_kind: str | None = None  # "llamacpp" once its responses say so
         self._urls = {path: httpx.URL(self._base + path)
                       for path in ("/chat/completions", "/completions")}
 
@@ -213,6 +216,7 @@ class OpenAIUpstream(UpstreamBackend):
         yield self._final(state, clock)
 
     def _final(self, state: _StreamState, clock: StreamClock) -> Final:
+        self.server_kind = "llamacpp" if state.llamacpp else self.server_kind
         completion = state.usage.completion_tokens or state.deltas
         ttft, tpot = clock.timings(completion)
         tools = tuple(state.tools[i] for i in sorted(state.tools))
@@ -232,6 +236,7 @@ class OpenAIUpstream(UpstreamBackend):
         state = _StreamState()
         state.usage = read_usage(payload.get("usage"), payload.get("timings"))
         state.usage_seen = isinstance(payload.get("usage"), dict)
+        state.llamacpp = "timings" in payload
         state.finish = choice.get("finish_reason")
         message = choice.get("message")
         if message is None:  # /completions

@@ -23,9 +23,10 @@ from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import UpstreamOptions, is_replica_fault
+from gateway.config import UPSTREAM_KINDS
 from gateway.metrics import Registry
 from gateway.shadow import CacheModel, Prompt, request_prompt
-from gateway.shadow_models import UPSTREAM_KINDS, SlotShadow, cache_model_for
+from gateway.shadow_models import SlotShadow, cache_model_for
 from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta, Usage
 
 
@@ -99,6 +100,7 @@ class ReplicaPool:
                               for n, b, m in zip(names, backends, models, strict=True)], router)
         self.metrics: PoolMetrics | None = None
         self._probed = kind != "llamacpp"
+        self._detect = shadow is None and kind == "openai"  # a generic kind: learn the server
         if metrics is not None:
             self.bind_metrics(metrics)
 
@@ -153,7 +155,8 @@ class ReplicaPool:
         self, req: ChatRequest, prompt: Prompt, route: Route
     ) -> AsyncGenerator[TextDelta | Final, None]:
         replica, ns = route.replica, req.namespace
-        predicted = replica.shadow.predict(prompt, ns)
+        # the router scored the prompt with this replica's model already (predict's answer)
+        predicted = route.matched if route.matched >= replica.shadow.config.min_cached_tokens else 0
         fields = replica.shadow.upstream_fields(prompt, ns)
         if fields:
             req = dataclasses.replace(req, upstream_fields={**req.upstream_fields, **fields})
@@ -184,8 +187,19 @@ class ReplicaPool:
         finally:
             replica.inflight -= 1
 
+    def _detected(self, replica: Replica) -> None:
+        """A replica of the generic `openai` kind that answers like llama.cpp's server gets
+        the slot model (its slot count is read from `/props` before the next request)."""
+        backend = replica.backend
+        if (isinstance(backend, OpenAIUpstream) and backend.server_kind == "llamacpp"
+                and not isinstance(replica.shadow, SlotShadow)):
+            replica.shadow = cache_model_for("llamacpp", backend.options.url)
+            self._probed = False
+
     def _complete(self, final: Final, replica: Replica, prompt: Prompt, namespace: str,
                   predicted: int) -> Final:
+        if self._detect:
+            self._detected(replica)
         usage = final_usage(final.usage, prompt, predicted)
         if usage.reported_cached_tokens is not None:
             reported = in_shadow_tokens(usage.reported_cached_tokens, len(prompt),
@@ -299,8 +313,9 @@ def build_upstream_backend(
         raise ValueError("no upstreams configured")
     by_kind: dict[str, list[UpstreamBackend]] = {}
     for spec in config.upstreams:
-        options = UpstreamOptions(url=spec.url, api_key=config.upstream_api_keys.get(spec.kind),
-                                  timeout_s=config.upstream_timeout_s)
+        api = "anthropic" if spec.kind == "anthropic" else "openai"  # whose key it takes
+        key = config.upstream_api_keys.get(spec.kind) or config.upstream_api_keys.get(api)
+        options = UpstreamOptions(url=spec.url, api_key=key, timeout_s=config.upstream_timeout_s)
         by_kind.setdefault(spec.kind, []).append(make_upstream(spec.kind, options))
     pools = {k: ReplicaPool(k, b, router=router, metrics=metrics) for k, b in by_kind.items()}
     if len(pools) == 1:

@@ -72,11 +72,21 @@ async def test_slot_pinning_costs_no_hits_against_round_robin() -> None:
         return sum(f.usage.reported_cached_tokens or 0 for f in finals)
 
     servers = lambda: [create_fake_llama_server(FakeLlamaConfig(slots=2)) for _ in range(2)]  # noqa: E731
+    radix = lambda: [ShadowCache(), ShadowCache()]  # noqa: E731 - a model that ignores slots
     pinned = cached(await _replay(_pool("llamacpp", servers()), TRACE))
-    round_robin = cached(await _replay(_pool("openai", servers(), "round_robin"), TRACE))
-    radix_prefix = cached(await _replay(_pool("openai", servers()), TRACE))
+    round_robin = cached(await _replay(_pool("openai", servers(), "round_robin", radix()), TRACE))
+    radix_prefix = cached(await _replay(_pool("openai", servers(), shadows=radix()), TRACE))
     assert pinned >= round_robin, (pinned, round_robin)
     assert pinned >= radix_prefix, (pinned, radix_prefix)
+
+
+async def test_a_generic_upstream_that_answers_like_llama_server_gets_the_slot_model() -> None:
+    apps = [create_fake_llama_server(FakeLlamaConfig(slots=3))]
+    pool = _pool("openai", apps)
+    assert isinstance(pool.router.replicas[0].shadow, ShadowCache)
+    await _replay(pool, TRACE[:2])
+    shadow = pool.router.replicas[0].shadow
+    assert isinstance(shadow, SlotShadow) and len(shadow.slots) == 3  # read from /props
 
 
 def test_slot_shadow_pins_sessions_to_slots_and_takes_empty_slots_first() -> None:
@@ -155,3 +165,24 @@ def test_common_prefix_tokens_matches_a_naive_scan() -> None:
         naive = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
                      min(len(a), len(b)))
         assert common_prefix_tokens(PackedTokens(a).data, PackedTokens(b).data) == naive
+
+
+async def test_upstream_kinds_choose_their_cache_models() -> None:
+    from gateway.backends.pool import ProviderPools, build_upstream_backend
+    from gateway.config import GatewayConfig, UpstreamSpec
+
+    specs = ("llamacpp=http://a.test:1/v1", "vllm=http://b.test:1/v1",
+             "anthropic=https://api.anthropic.com", "openai=https://api.openai.com/v1")
+    config = GatewayConfig(upstreams=tuple(UpstreamSpec.parse(s) for s in specs),
+                           upstream_api_keys={"openai": "sk-o"})
+    backend = build_upstream_backend(config)
+    assert isinstance(backend, ProviderPools)
+    shadow = {kind: pool.router.replicas[0].shadow for kind, pool in backend.pools.items()}
+    assert isinstance(shadow["llamacpp"], SlotShadow)
+    assert isinstance(shadow["anthropic"], BreakpointShadow)
+    assert isinstance(shadow["vllm"], ShadowCache) and shadow["vllm"].config.page_size == 16
+    openai_rule = shadow["openai"].config
+    assert (openai_rule.page_size, openai_rule.min_cached_tokens) == (128, 1024)
+    # every OpenAI-compatible kind takes the openai key; an OpenAI-format request goes to one
+    assert backend.pools["vllm"].router.replicas[0].backend.options.api_key == "sk-o"
+    await backend.aclose()
