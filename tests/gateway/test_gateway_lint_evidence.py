@@ -1,6 +1,6 @@
 """The gateway's online lint learns from live traffic like `prefixgate lint` does.
 
-The hand-built prompt family of tests/prompt_lint/test_prompt_lint_evidence.py
+The hand-built prompt family of tests/support/lint_family.py
 goes through the gateway in report mode: once two sessions have shown two
 requests each, the findings are the evidence-based ones (timestamp PL001,
 session handle PL013, rotating tip PL008) and the stable look-alikes are gone.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.prompt_lint.test_prompt_lint_evidence import LOG
+from tests.support.lint_family import LOG
 
 from .gateway_fakes import FAKE_MODEL, FakeBackend, asgi_client
 
