@@ -44,6 +44,7 @@ class ChatRequest:
     prompt: str | None = None  # set for /v1/completions (raw text prompt, no chat template)
     lint_ids: tuple[str, ...] = ()
     family: str | None = None  # prompt family from prompt_lint's TemplateLearner
+    upstream_salt: str | None = None  # server-derived per-namespace salt (gateway.salt)
 
 
 @dataclass(frozen=True, slots=True)

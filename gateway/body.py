@@ -1,0 +1,74 @@
+"""Request bodies in: bounded JSON that can never become a 5xx.
+
+`parse_body` turns raw bytes into a JSON object or a 400 (`GatewayError`) that the route renders
+in its caller's format: invalid JSON, nesting deeper than `max_depth` (the C parser's recursion
+guard, or a shallower configured bound), integers with more digits than Python converts, and any
+integer or float outside what a sampling field can mean (|n| >= 2**63, non-finite numbers).
+`cap_max_tokens` clamps a body's token limits to the server's cap before it is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from gateway.errors import invalid
+
+MAX_INT = 2**63
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
+    """The body as a JSON object within `max_depth` levels, or a 400 naming the body."""
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise invalid(f"request body is nested deeper than {max_depth} levels", "body") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, too-long integers
+        raise invalid(f"request body is not valid JSON: {exc}", "body") from None
+    if not isinstance(data, dict):
+        raise invalid("request body must be a JSON object", "body")
+    check_shape(data, max_depth)
+    return data
+
+
+def check_shape(data: Any, max_depth: int) -> None:
+    """Walk `data` without recursion: depth bound and number range, else a 400."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            _check_number(value)
+            continue
+        if depth > max_depth:
+            raise invalid(f"request body is nested deeper than {max_depth} levels", "body")
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list | int | float))
+
+
+def _check_number(value: Any) -> None:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and not -MAX_INT <= value < MAX_INT:
+        raise invalid("request body has an integer outside the 64-bit range", "body")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise invalid("request body has a number outside the float range", "body")
+
+
+def cap_max_tokens(body: dict[str, Any], cap: int) -> dict[str, Any]:
+    """`body` with `max_tokens` / `max_completion_tokens` clamped to `cap` (a copy when any
+    changes; other values, wrong types included, are left for the parser to judge)."""
+    over = [name for name in TOKEN_FIELDS
+            if type(body.get(name)) is int and body[name] > cap]
+    if not over:
+        return body
+    return {**body, **{name: cap for name in over}}
