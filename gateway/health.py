@@ -44,6 +44,8 @@ class StoreMetrics:
                                      "Stats records dropped (refused by the database alone).")
         self.spilled = registry.counter("prefixgate_stats_records_spilled_total",
                                         "Stats records written to the local spill file.")
+        self.lost.inc(0)  # present from the first scrape, at 0
+        self.spilled.inc(0)
         registry.gauge("prefixgate_stats_records_pending",
                        "Stats records not yet in the database (queued or spilled)."
                        ).set_function(lambda: {(): float(store.pending())})

@@ -61,7 +61,7 @@ def clean_text(value: object, length: int | None = None) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
     return text[:length] if length is not None else text
 
 
