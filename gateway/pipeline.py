@@ -1,7 +1,7 @@
 """One request through the gateway: auth, body, parse, lint, backend stream, response, record.
 
 Every request, whatever happens to it, leaves exactly one RequestRecord and carries the
-x-prefixgate-* headers. A BackendError before the first delta becomes an error response in the
+x-prefixgate-* headers. An ApiError before the first delta becomes an error response in the
 client's format; after it (streaming) an SSE error event. Once the body is read, a disconnect is
 watched for at every stage (admission queue, lint, prefill, decode): a client that goes away
 cancels the backend stream, which aborts the engine request (status 499 in the record).
@@ -38,7 +38,16 @@ from gateway.lint_stage import MODE_HEADER, LintOutcome, LintStage, request_mode
 from gateway.metrics import GatewayMetrics
 from gateway.salt import UpstreamSalter
 from gateway.stats import RecordStore
-from gateway.types import Backend, BackendError, ChatRequest, Final, Provider, TextDelta, Usage
+from gateway.types import (
+    ApiError,
+    Backend,
+    BackendError,
+    ChatRequest,
+    Final,
+    Provider,
+    TextDelta,
+    Usage,
+)
 from gateway.validate import ParseContext
 
 log = logging.getLogger("prefixgate.gateway")
@@ -156,7 +165,7 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
         started = await _unless_disconnected(request, _start(gw, request, ticket, raw))
     except Overloaded as err:
         return _error_response(gw, ticket, err, {"retry-after": str(err.retry_after)})
-    except BackendError as err:
+    except ApiError as err:
         return _error_response(gw, ticket, err)
     except ClientDisconnect:
         _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
@@ -252,7 +261,7 @@ async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
         raise BackendError(502, "backend returned no output") from None
 
 
-def _error_response(gw: Gateway, ticket: Ticket, err: BackendError,
+def _error_response(gw: Gateway, ticket: Ticket, err: ApiError,
                     extra: dict[str, str] | None = None) -> Response:
     _record(gw, ticket, err.status, None, error=err.message)
     lint_ids = ticket.req.lint_ids if ticket.req else ()
@@ -267,7 +276,7 @@ async def _json_response(
 ) -> Response:
     try:
         final = await _until_final(request, first, stream)
-    except BackendError as err:
+    except ApiError as err:
         return _error_response(gw, ticket, err)
     except Exception as exc:  # noqa: BLE001
         return _error_response(gw, ticket, _internal(exc))
@@ -388,7 +397,7 @@ async def _sse_body(
     except StopAsyncIteration:
         status, error = 502, "backend ended without a result"
         yield _stream_error(ticket, BackendError(502, error))
-    except BackendError as err:
+    except ApiError as err:
         status, error = err.status, err.message
         yield _stream_error(ticket, err)
     except Exception as exc:  # noqa: BLE001
@@ -406,7 +415,7 @@ def _internal(exc: BaseException) -> BackendError:
     return BackendError(500, f"internal gateway error: {type(exc).__name__}")
 
 
-def _stream_error(ticket: Ticket, err: BackendError) -> bytes:
+def _stream_error(ticket: Ticket, err: ApiError) -> bytes:
     body = error_body(err, ticket.route.provider)
     if ticket.route.provider == "anthropic":
         return render_anthropic.error_event(body)

@@ -16,6 +16,8 @@ from gateway.config import (
     LINT_MODES,
     GatewayConfig,
     UpstreamSpec,
+    add_engine_flags,
+    engine_flag_values,
     load_keys_file,
     parse_api_key,
 )
@@ -35,14 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store prompt text in the stats database")
     p.add_argument("--upstream", action="append", default=[], metavar="KIND=URL",
                    help="proxy to an upstream (openai=URL or anthropic=URL; repeatable)")
-    p.add_argument("--model", dest="model_path", help="GGUF file or HF folder (embedded engine)")
     p.add_argument("--model-name", help="model id clients send (smollm2-135m-instruct)")
     p.add_argument("--model-alias", action="append", default=[],
                    help="another model id accepted for the embedded model (repeatable)")
-    p.add_argument("--num-pages", dest="engine_num_pages", type=int, help="KV pages to allocate")
-    p.add_argument("--device", dest="engine_device", help="engine device (cpu, cuda)")
-    p.add_argument("--quantization", dest="engine_quantization", choices=("none", "fp16"),
-                   help="engine weights: none (fp32) or fp16 (faster CPU decode)")
     p.add_argument("--max-tokens-cap", type=int, help="clamp every max_tokens to this (4096)")
     p.add_argument("--max-concurrency", type=int, help="requests served at once (256)")
     p.add_argument("--max-queue", type=int, help="requests waiting for a slot; then 503 (1024)")
@@ -53,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant-burst", type=int, help="burst of the per-tenant rate limit")
     p.add_argument("--stats-spill-path", help="file that holds records during a DB outage")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
+    add_engine_flags(p)  # --engine-<field> for every EngineConfig field; --model, --num-pages, ...
     return p
 
 
@@ -68,8 +66,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
     overrides: dict[str, Any] = {
         name: getattr(args, name)
         for name in ("host", "port", "db_url", "admin_key", "lint_mode", "store_prompts",
-                     "model_path", "model_name", "engine_num_pages", "engine_device",
-                     "engine_quantization", "max_tokens_cap", "max_concurrency", "max_queue",
+                     "model_name", "max_tokens_cap", "max_concurrency", "max_queue",
                      "tenant_max_concurrency", "tenant_rate_per_s", "tenant_burst",
                      "stats_spill_path")
     }
@@ -78,7 +75,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         overrides["upstreams"] = tuple(UpstreamSpec.parse(u) for u in args.upstream)
     if args.model_alias:
         overrides["model_aliases"] = tuple(args.model_alias)
-    return base.with_overrides(**overrides)
+    return base.with_overrides(**overrides).with_engine(**engine_flag_values(args))
 
 
 def main(argv: list[str]) -> int:

@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from gateway_fakes import free_port
+from tests.support import free_port
 
 
 def pg_bin() -> Path | None:

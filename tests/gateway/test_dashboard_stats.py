@@ -13,12 +13,14 @@ from typing import Any
 
 import httpx
 import pytest
-from upstream_helpers import fake_replicas, gateway_app, pool_over, seed_records, serving
 
 from gateway import bench, stats_cli
 from gateway.api_stats import compute_stats
+from gateway.auth import SESSION_COOKIE, session_token
 from gateway.pricing import DEFAULT_PRICES, Price, PriceTable
 from gateway.stats import RecordStore, RequestRecord
+
+from .upstream_helpers import fake_replicas, gateway_app, pool_over, seed_records, serving
 
 ADMIN = "admin-secret"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -167,8 +169,17 @@ def _chromium(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProc
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 def test_dashboard_draws_in_headless_chromium(admin_app: Any, tmp_path: Path) -> None:
     seed_records(admin_app.state.store)
-    with serving(admin_app) as server:
-        url = f"{server.url}/dashboard?key={ADMIN}"
+    token = session_token(admin_app.state.config)
+
+    async def signed_in(scope: Any, receive: Any, send: Any) -> None:
+        # a browser after `POST /dashboard/login`: every request carries the session cookie
+        if scope["type"] == "http":
+            cookie = f"{SESSION_COOKIE}={token}".encode()
+            scope = {**scope, "headers": [*scope["headers"], (b"cookie", cookie)]}
+        await admin_app(scope, receive, send)
+
+    with serving(signed_in) as server:
+        url = f"{server.url}/dashboard"
         dom = _chromium(url, tmp_path, "--dump-dom").stdout
         shot = tmp_path / "dashboard.png"
         _chromium(url, tmp_path, f"--screenshot={shot}")

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from upstream_helpers import fake_replicas, gateway_app, pool_over, pool_over_handler
 
 from gateway.fake_upstream import FakeReplica, FakeUpstreamConfig
 from gateway.salt import SALT_PREFIX, UpstreamSalter
@@ -19,6 +18,8 @@ from gateway.shadow import PromptTokenizer
 from gateway.types import ChatRequest, SamplingOptions
 from prompt_lint.memo import LRU, approx_bytes
 from prompt_lint.tokens import TokenCounter
+
+from .upstream_helpers import fake_replicas, gateway_app, pool_over, pool_over_handler
 
 SECRET = "a-test-secret-of-enough-length"
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}

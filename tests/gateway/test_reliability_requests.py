@@ -16,13 +16,15 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from gateway_fakes import FAKE_MODEL, asgi_client, free_port
 from sqlalchemy import select
 
 from gateway.admission import Admission, AdmissionConfig, Overloaded
 from gateway.auth import SESSION_COOKIE
 from gateway.stats import RequestRecord
 from gateway.types import ChatRequest, Final, TextDelta, Usage
+from tests.support import free_port
+
+from .gateway_fakes import FAKE_MODEL, asgi_client
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello there"}]}
 MESSAGES = {"model": FAKE_MODEL, "max_tokens": 16,

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_fakes import FakeBackend, asgi_client, fake_config
-from pg_cluster import PgCluster, pg_bin
 from sqlalchemy import event, select
 
 from gateway.api_stats import compute_stats
 from gateway.app import create_app
 from gateway.stats import RecordStore, RequestRecord
+
+from .gateway_fakes import FakeBackend, asgi_client, fake_config
+from .pg_cluster import PgCluster, pg_bin
 
 ADMIN = "admin-key-for-tests"
 CHAT = {"model": "fake-echo", "messages": [{"role": "user", "content": "hello there"}]}
