@@ -52,6 +52,7 @@ from gateway.validate import ParseContext
 
 log = logging.getLogger("prefixgate.gateway")
 CLIENT_CLOSED = 499
+INLINE_PARSE_BYTES = 64 << 10  # bodies above this are parsed in a worker thread
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -218,11 +219,11 @@ async def _start(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> S
 
 async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> ChatRequest:
     mode = request_mode(request.headers.get(MODE_HEADER), gw.config.lint_mode)
-    body = cap_max_tokens(parse_body(raw, gw.config.max_json_depth), gw.config.max_tokens_cap)
-    ticket.body = body
     ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
-    req = ticket.route.parse(body, ctx)  # validate what the client sent
-    ticket.req = req
+    if len(raw) > INLINE_PARSE_BYTES:  # a large body is parsed and validated off the loop
+        body, req = await anyio.to_thread.run_sync(_parse, gw.config, ticket, raw, ctx)
+    else:
+        body, req = _parse(gw.config, ticket, raw, ctx)
     if not _lint_fits(gw.config, body, len(raw)):
         mode = "off"
     outcome = await anyio.to_thread.run_sync(_lint, gw, body, ticket, mode)
@@ -235,6 +236,16 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) ->
     for rule in outcome.lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
     return req
+
+
+def _parse(config: GatewayConfig, ticket: Ticket, raw: bytes, ctx: ParseContext
+           ) -> tuple[dict[str, Any], ChatRequest]:
+    """The body (max_tokens capped) and the validated request."""
+    body = cap_max_tokens(parse_body(raw, config.max_json_depth), config.max_tokens_cap)
+    ticket.body = body
+    req = ticket.route.parse(body, ctx)  # validate what the client sent
+    ticket.req = req
+    return body, req
 
 
 def _lint_fits(config: GatewayConfig, body: dict[str, Any], size: int) -> bool:

@@ -63,7 +63,7 @@ class PromptTokenizer:
     """tiktoken ids for requests, with an LRU of already-tokenized pieces bounded by entries
     and by bytes (a piece's text plus its ids). Safe to call from worker threads."""
 
-    def __init__(self, max_pieces: int = 4096, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, max_pieces: int = 4096, max_bytes: int = 32 << 20) -> None:
         if max_pieces <= 0 or max_bytes <= 0:
             raise ValueError(f"max_pieces and max_bytes must be positive, got {max_pieces}, "
                              f"{max_bytes}")

@@ -133,8 +133,8 @@ def memo_by_value(memo: LRU[bytes, V], value: Any, compute: Callable[[Any], V]) 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 #: Compact JSON texts of tools, messages and content blocks: at most 16384 values and
-#: 64 MB of keys and texts together.
-JSON_MEMO: LRU[bytes, str] = LRU(16384, max_weight=64 << 20)
+#: 32 MB of keys and texts together.
+JSON_MEMO: LRU[bytes, str] = LRU(16384, max_weight=32 << 20)
 
 
 def encode_compact(value: Any) -> str:

@@ -75,7 +75,7 @@ class TokenCounter:
     capped at `max_chunks` entries and `max_bytes` bytes."""
 
     def __init__(self, encoding: str = DEFAULT_ENCODING, max_chunks: int = 65536,
-                 max_bytes: int = 64 << 20) -> None:
+                 max_bytes: int = 32 << 20) -> None:
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
         self.encoding_name = encoding

@@ -96,6 +96,7 @@ MALFORMED = [
     b'{"model":"fake-echo","top_p":1e999}',  # overflows to infinity
     b'{"model":"fake-echo","top_p":NaN}',
     b"\xff\xfe not even text",
+    b'{"model":"fake-echo","messages":[{"role":"user","content":"lone \\ud800"}]}',
 ]
 
 
