@@ -404,3 +404,28 @@ def test_no_key_in_any_log_line(make_fake_app) -> None:
     assert any("/dashboard?key=" in line for line in access)
     for line in handler.lines:
         assert ADMIN not in line and "key-alice" not in line, line
+
+
+@pytest.mark.slow
+async def test_abandoned_requests_free_the_real_engine(make_real_app, real_backend) -> None:
+    app = make_real_app(max_tokens_cap=2000)
+    engine = real_backend.engine
+    body = {"model": "smollm2-135m-instruct", "max_tokens": 2000, "temperature": 0,
+            "messages": [{"role": "user", "content": "Tell a very long story. " * 40}]}
+
+    def busy() -> int:
+        stats = engine.stats()
+        return int(stats.running + stats.waiting)
+
+    async with asgi_client(app, timeout=120) as http:
+        for _ in range(4):  # each gives up as soon as the engine holds its request
+            await _abandon(app, body, lambda: busy() > 0)
+        for _ in range(600):  # 2000 tokens each would take minutes: only an abort frees it
+            if busy() == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert busy() == 0 and engine.stats().pages_used == 0
+        fresh = await http.post("/v1/chat/completions", json={**CHAT,
+                                "model": "smollm2-135m-instruct", "max_tokens": 4})
+        assert fresh.status_code == 200
+    assert sorted(r.status for r in records(app)) == [200, 499, 499, 499, 499]
