@@ -1,10 +1,13 @@
-"""`GET /dashboard`: a self-contained HTML page charting `/api/stats` (admin only).
+"""`GET /dashboard`: an HTML page charting `/api/stats` (admin only).
 
-The page (gateway/static/dashboard.html) has its CSS and JavaScript inline, so it works offline
-with no CDN; it fetches `/api/stats` from the same origin, which sends the session cookie. An
-admin signs in with the form at `/dashboard` (`POST /dashboard/login`), which sets an HttpOnly,
+The page (gateway/static/dashboard.html) draws its charts with uPlot 1.6.32 (MIT, vendored in
+gateway/static/ with its LICENSE and served at `/dashboard/static/`), so it works offline with
+no CDN. It fetches `/api/stats` from the same origin, which sends the session cookie: an admin
+signs in with the form at `/dashboard` (`POST /dashboard/login`), which sets an HttpOnly,
 SameSite=Strict session cookie (Secure over HTTPS); the key never appears in a URL.
-When the charts are drawn the page sets `data-state="ready"` and `data-charts=N` on `<body>`.
+`?window=` sets the time window (seconds, or 1h / 6h / 24h / 7d / 30d). When the charts are
+drawn the page sets `data-state="ready"`, `data-charts=N` and `data-clipped=N` (tables wider
+than their panel) on `<body>` (tests read them).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import SESSION_COOKIE, SESSION_TTL_S, is_admin, is_admin_key, session_token
@@ -26,8 +29,9 @@ MAX_LOGIN_BODY = 4096
 _SECURITY_HEADERS = {
     "cache-control": "no-store",
     "content-security-policy": (
-        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-        "connect-src 'self'; img-src 'self' data:; form-action 'self'"
+        "default-src 'none'; script-src 'self' 'unsafe-inline'; "
+        "style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
+        "form-action 'self'"
     ),
     "referrer-policy": "no-referrer",
     "x-content-type-options": "nosniff",
@@ -39,10 +43,33 @@ _LOGIN = """<!doctype html><meta charset="utf-8"><title>prefixgate: sign in</tit
 <button type="submit">Sign in</button></form>{error}</body>"""
 
 
+STATIC_FILES: dict[str, str] = {
+    "uPlot.iife.min.js": "text/javascript; charset=utf-8",
+    "uPlot.min.css": "text/css; charset=utf-8",
+    "uPlot.LICENSE": "text/plain; charset=utf-8",
+}
+"""The vendored files `/dashboard/static/NAME` serves (nothing else is reachable)."""
+
+
 @cache
 def page() -> str:
     """The dashboard's HTML (read once from the package)."""
-    return resources.files("gateway").joinpath("static/dashboard.html").read_text("utf-8")
+    return static_text("dashboard.html")
+
+
+@cache
+def static_text(name: str) -> str:
+    """A file of gateway/static/ (read once)."""
+    return resources.files("gateway").joinpath(f"static/{name}").read_text("utf-8")
+
+
+async def static_file(request: Request) -> Response:
+    """`GET /dashboard/static/NAME`: the vendored chart library (public, cacheable)."""
+    name = request.path_params["name"]
+    if name not in STATIC_FILES:
+        return PlainTextResponse("not found", status_code=404)
+    headers = {"cache-control": "public, max-age=86400", "x-content-type-options": "nosniff"}
+    return Response(static_text(name), media_type=STATIC_FILES[name], headers=headers)
 
 
 def login_page(error: str = "", status: int = 401) -> HTMLResponse:
@@ -63,7 +90,7 @@ async def _form_key(request: Request) -> str:
 
 
 def routes(state_getter: StateGetter | None = None) -> list[Route]:
-    """`GET /dashboard`, `POST /dashboard/login`, `POST /dashboard/logout`."""
+    """`GET /dashboard`, `GET /dashboard/static/NAME`, `POST /dashboard/login`, `.../logout`."""
     def get_state(request: Request) -> Any:
         return state_getter() if state_getter is not None else request.app.state
 
@@ -89,5 +116,6 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
         return response
 
     return [Route("/dashboard", dashboard, methods=["GET"]),
+            Route("/dashboard/static/{name}", static_file, methods=["GET"]),
             Route("/dashboard/login", login, methods=["POST"]),
             Route("/dashboard/logout", logout, methods=["POST"])]

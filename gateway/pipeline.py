@@ -16,7 +16,6 @@ import contextlib
 import itertools
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -48,7 +47,9 @@ from gateway.types import (
     TextDelta,
     Usage,
 )
+from gateway.usage_report import SUMMARY_FIELD, summary, usage_headers
 from gateway.validate import ParseContext
+from prompt_lint.memo import LOCK as MEMO_LOCK
 
 log = logging.getLogger("prefixgate.gateway")
 CLIENT_CLOSED = 499
@@ -85,7 +86,6 @@ class Gateway:
     lint: LintStage = field(default_factory=LintStage)
     admission: Admission | None = None  # None: built from config
     salter: UpstreamSalter | None = None  # None: built from config
-    lint_lock: threading.Lock = field(default_factory=threading.Lock)  # prompt_lint: 1 thread
 
     def __post_init__(self) -> None:
         c = self.config
@@ -125,17 +125,9 @@ class Ticket:
 def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...], request_id: str) -> dict[
     str, str
 ]:
-    """The x-prefixgate-* headers of a response."""
-    prompt = usage.prompt_tokens if usage else 0
-    cached = usage.cached_tokens if usage else 0
-    return {
-        "x-request-id": request_id,
-        "x-prefixgate-cached-tokens": str(cached),
-        "x-prefixgate-prompt-tokens": str(prompt),
-        "x-prefixgate-hit-rate": f"{cached / prompt:.4f}" if prompt else "0.0000",
-        "x-prefixgate-prefill-saved-ms": f"{usage.prefill_saved_ms:.1f}" if usage else "0.0",
-        "x-prefixgate-lint": ",".join(lint_ids),
-    }
+    """The x-prefixgate-* headers of a response (see `gateway.usage_report`)."""
+    return {"x-request-id": request_id, **usage_headers(usage),
+            "x-prefixgate-lint": ",".join(lint_ids)}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -259,9 +251,9 @@ def _lint_fits(config: GatewayConfig, body: dict[str, Any], size: int) -> bool:
 
 
 def _lint(gw: Gateway, body: dict[str, Any], ticket: Ticket, mode: Any) -> LintOutcome:
-    """prompt_lint in a worker thread, one request at a time (its learners and memos are not
-    thread-safe), never on the event loop."""
-    with gw.lint_lock:
+    """prompt_lint in a worker thread, never on the event loop, under prompt_lint's lock (its
+    learners and memos are process-wide and not thread-safe)."""
+    with MEMO_LOCK:
         return gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
 
 
@@ -299,6 +291,7 @@ async def _json_response(
         return Response(status_code=CLIENT_CLOSED)
     _record(gw, ticket, 200, final)
     body = ticket.route.render(req, final, int(time.time()))
+    body[SUMMARY_FIELD] = summary(final.usage)
     headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
     return JSONResponse(body, headers=headers)
 
@@ -485,6 +478,7 @@ def _make_record(
         tpot_ms=_ms(usage.tpot) if usage else None,
         latency_ms=latency * 1000.0,
         prefill_saved_ms=usage.prefill_saved_ms if usage else 0.0,
+        usage_estimated=usage.estimated if usage else False,
         lint_ids=",".join(req.lint_ids) if req else "",
         family=req.family if req else None,
         stream=bool(req.stream) if req else bool(body.get("stream", False)),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import marshal
 import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -28,6 +29,10 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 _ENABLED = [True]
+#: prompt_lint's memos (these LRUs, the shared TokenCounter, PieceMemos, learners) are
+#: process-wide and not thread-safe: a caller that runs prompt_lint in a worker thread (the
+#: gateway's lint stage and shadow tokenizing) holds this lock around the call.
+LOCK = threading.RLock()
 DEFAULT_MAX_BYTES = 64 << 20
 _INT_BYTES = 32  # a boxed int beyond the small-int cache, plus its pointer
 

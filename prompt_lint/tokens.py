@@ -71,32 +71,45 @@ def chunks(text: str) -> list[str]:
 
 
 class TokenCounter:
-    """Encodes texts through bounded LRU caches (chunk -> token ids, text -> count), each
-    capped at `max_chunks` entries and `max_bytes` bytes."""
+    """Encodes texts through bounded LRU caches (chunk -> token ids, text -> count, text ->
+    ids), each capped at `max_chunks` entries and `max_weight` characters of keys (default
+    `max_chunks * 256`)."""
 
     def __init__(self, encoding: str = DEFAULT_ENCODING, max_chunks: int = 65536,
-                 max_bytes: int = 32 << 20) -> None:
+                 max_weight: int | None = None) -> None:
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
         self.encoding_name = encoding
         self._encoding = get_encoding(encoding)
-        self._cache: LRU[str, tuple[int, ...]] = LRU(max_chunks, max_bytes)
-        self._counts: LRU[str, int] = LRU(max_chunks, max_bytes)
+        # bounded by entries and by the characters of their keys (values are about as big)
+        budget = max_weight or max_chunks * 256
+        self._cache: LRU[str, tuple[int, ...]] = LRU(max_chunks, max_weight=budget)
+        self._counts: LRU[str, int] = LRU(max_chunks, max_weight=budget)
+        # whole texts -> ids: a resent message is one lookup, not one per chunk
+        self._ids: LRU[str, tuple[int, ...]] = LRU(max_chunks // 4 or 1, max_weight=budget)
         self._memo: PieceMemo[int] = PieceMemo(chunks, lambda c: len(self.chunk_tokens(c)))
 
     def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
         """Token ids of one chunk (cached)."""
         tokens = self._cache.get(chunk)
         if tokens is None:
-            tokens = self._cache.put(chunk, tuple(self._encoding.encode_ordinary(chunk)))
+            tokens = self._cache.put(chunk, tuple(self._encoding.encode_ordinary(chunk)),
+                                     len(chunk) + 1)
         return tokens
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
-        out: list[int] = []
-        for chunk in chunks(text):
-            out.extend(self.chunk_tokens(chunk))
-        return out
+        return list(self.encode_cached(text))
+
+    def encode_cached(self, text: str) -> tuple[int, ...]:
+        """Token ids of `text` as a shared tuple (whole texts are cached: history repeats)."""
+        ids = self._ids.get(text)
+        if ids is None:
+            out: list[int] = []
+            for chunk in chunks(text):
+                out.extend(self.chunk_tokens(chunk))
+            ids = self._ids.put(text, tuple(out), len(text) + 1)
+        return ids
 
     def pieces(self, text: str, slot: str) -> Pieces[int]:
         """`text` in chunks with token counts, reusing the last text seen at `slot`
@@ -112,8 +125,7 @@ class TokenCounter:
     def count_segments(self, segments: Sequence[Segment]) -> list[int]:
         """count_at(seg.text, seg.path) for each segment (short texts straight from the
         whole-text cache)."""
-        counts = self._counts
-        out: list[int | None] = list(map(counts.get, [seg.text for seg in segments]))
+        out: list[int | None] = list(map(self._counts.get, [seg.text for seg in segments]))
         for k, found in enumerate(out):  # one pass: linear in the number of segments
             if found is None:  # a miss (or a long text not counted whole before)
                 seg = segments[k]
@@ -140,7 +152,8 @@ class TokenCounter:
         """Number of tokens in `text` (whole texts are cached too: history repeats)."""
         n = self._counts.get(text)
         if n is None:
-            n = self._counts.put(text, sum(len(self.chunk_tokens(c)) for c in chunks(text)))
+            n = self._counts.put(text, sum(len(self.chunk_tokens(c)) for c in chunks(text)),
+                                 len(text) + 1)
         return n
 
     def count_prefix(self, text: str, end: int) -> int:
