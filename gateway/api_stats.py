@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, case, cast, func, select
+from sqlalchemy import Integer, case, cast, func, literal_column, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ColumnElement
 from starlette.concurrency import run_in_threadpool
@@ -47,10 +47,15 @@ def pick_bucket(window_s: int, points: int = 48) -> int:
 
 
 def _bucket(engine: Engine, bucket_s: int) -> ColumnElement[Any]:
-    """The index of a row's time bucket (epoch seconds // bucket_s), per SQL dialect."""
+    """The index of a row's time bucket (epoch seconds // bucket_s), per SQL dialect.
+
+    The bucket size is an inline SQL literal, not a bound parameter: PostgreSQL sees the SELECT
+    and GROUP BY expressions as the same only when they are textually equal, and two bound
+    parameters ($1, $2) are not (`column "requests.ts" must appear in the GROUP BY clause`)."""
+    size = literal_column(str(int(bucket_s)), Integer)
     if engine.dialect.name == "sqlite":
-        return cast(func.strftime("%s", R.ts), Integer) // bucket_s  # floor: `/` is true division
-    return cast(func.floor(func.extract("epoch", R.ts) / bucket_s), Integer)
+        return cast(func.strftime("%s", R.ts), Integer) // size  # floor: `/` is true division
+    return cast(func.floor(func.extract("epoch", R.ts) / size), Integer)
 
 
 def _ok() -> ColumnElement[Any]:

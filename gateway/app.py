@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway import (
+    access_log,
     api_stats,
     dashboard,
     parse_anthropic,
@@ -24,9 +25,10 @@ from gateway import (
     render_anthropic,
     render_openai,
 )
-from gateway.auth import is_admin, tenant_for
+from gateway.auth import may_scrape_metrics, tenant_for
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
+from gateway.health import StoreMetrics, health_report
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
 from gateway.pipeline import Gateway, RouteSpec, handle, prefixgate_headers
 from gateway.stats import RecordStore
@@ -88,9 +90,10 @@ async def list_models(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
+    """Liveness plus what an operator must see: a degraded stats database, records pending."""
     gw = _gateway(request)
     pages = gw.backend.kv_pages()
-    body: dict[str, Any] = {"status": "ok", "backend": gw.backend.name}
+    body: dict[str, Any] = {**health_report(gw.store).as_json(), "backend": gw.backend.name}
     if pages is not None:
         body["kv_pages_used"], body["kv_pages_total"] = pages
     return JSONResponse(body)
@@ -98,10 +101,11 @@ async def healthz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     gw = _gateway(request)
-    if gw.config.admin_key is not None and not is_admin(request, gw.config):
-        err = GatewayError(401, "admin key required for /metrics", kind="authentication_error")
+    if not may_scrape_metrics(request, gw.config):
+        err = GatewayError(401, "a key is required for /metrics", kind="authentication_error")
         return JSONResponse(error_body(err, "openai"), status_code=401)
     _refresh_kv_gauges(gw)
+    request.app.state.store_metrics.refresh()
     registry: Registry = request.app.state.metrics
     return PlainTextResponse(registry.render(), media_type=CONTENT_TYPE)
 
@@ -139,8 +143,10 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
         backend = _default_backend(config, registry)
     elif callable(bind := getattr(backend, "bind_metrics", None)):
         bind(registry)  # a pool built outside the app reports on the app's /metrics
+    access_log.install()  # no credential in a logged URL, whichever server runs the app
     store = RecordStore(config.db_url, batch_size=config.stats_batch_size,
-                        flush_interval_s=config.stats_flush_interval_s)
+                        flush_interval_s=config.stats_flush_interval_s,
+                        max_queue=config.stats_max_queue, spill_path=config.stats_spill_path)
     gw = Gateway(config=config, backend=backend, store=store, metrics=GatewayMetrics(registry))
 
     @contextlib.asynccontextmanager
@@ -167,6 +173,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
     app.state.store = store
     app.state.metrics = registry
     app.state.gateway_metrics = gw.metrics
+    app.state.store_metrics = StoreMetrics(registry, store)
     app.state.gateway = gw
     app.state.learners = gw.lint.learners
     return app

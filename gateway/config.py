@@ -75,6 +75,19 @@ class GatewayConfig:
     # Stats writer.
     stats_flush_interval_s: float = 0.25
     stats_batch_size: int = 256
+    stats_max_queue: int = 10_000  # in-memory records; past it they spill to disk
+    stats_spill_path: str | None = None  # None: beside the SQLite file / ./prefixgate-stats...
+    # Reliability: upstream salt, admission, bounded work per request.
+    salt_secret: str | None = field(default=None, repr=False)  # None: random per process
+    max_tokens_cap: int = 4096  # a request's max_tokens is clamped to this
+    max_concurrency: int = 256  # requests served at once (the rest wait, fairly by tenant)
+    max_queue: int = 1024  # requests waiting for a slot; past it 503
+    tenant_max_concurrency: int | None = None  # per tenant in flight; past it 429
+    tenant_rate_per_s: float | None = None  # per tenant requests/s (token bucket); past it 429
+    tenant_burst: int | None = None  # bucket size (default: max(1, rate))
+    lint_max_messages: int = 2000  # bodies with more messages are served unlinted
+    lint_max_bytes: int = 1 << 20  # bodies larger than this are served unlinted
+    max_json_depth: int = 64  # deeper request JSON is a 400
 
     def __post_init__(self) -> None:
         if self.lint_mode not in LINT_MODES:
@@ -82,7 +95,15 @@ class GatewayConfig:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         _positive(self, "upstream_timeout_s", "max_body_bytes", "default_max_tokens")
-        _positive(self, "stats_flush_interval_s", "stats_batch_size")
+        _positive(self, "stats_flush_interval_s", "stats_batch_size", "stats_max_queue")
+        _positive(self, "max_tokens_cap", "max_concurrency", "max_queue", "lint_max_messages",
+                  "lint_max_bytes", "max_json_depth")
+        for name in ("tenant_max_concurrency", "tenant_rate_per_s", "tenant_burst"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive when set, got {value}")
+        if self.salt_secret is not None and len(self.salt_secret) < 16:
+            raise ValueError("salt_secret must be at least 16 characters")
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
         if not self.db_url or "://" not in self.db_url:
@@ -209,6 +230,18 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_MAX_BODY_BYTES": ("max_body_bytes", int),
     "PREFIXGATE_MODEL_NAME": ("model_name", str),
     "PREFIXGATE_DEFAULT_MAX_TOKENS": ("default_max_tokens", int),
+    "PREFIXGATE_STATS_MAX_QUEUE": ("stats_max_queue", int),
+    "PREFIXGATE_STATS_SPILL_PATH": ("stats_spill_path", str),
+    "PREFIXGATE_SALT_SECRET": ("salt_secret", str),
+    "PREFIXGATE_MAX_TOKENS_CAP": ("max_tokens_cap", int),
+    "PREFIXGATE_MAX_CONCURRENCY": ("max_concurrency", int),
+    "PREFIXGATE_MAX_QUEUE": ("max_queue", int),
+    "PREFIXGATE_TENANT_MAX_CONCURRENCY": ("tenant_max_concurrency", int),
+    "PREFIXGATE_TENANT_RATE": ("tenant_rate_per_s", float),
+    "PREFIXGATE_TENANT_BURST": ("tenant_burst", int),
+    "PREFIXGATE_LINT_MAX_MESSAGES": ("lint_max_messages", int),
+    "PREFIXGATE_LINT_MAX_BYTES": ("lint_max_bytes", int),
+    "PREFIXGATE_MAX_JSON_DEPTH": ("max_json_depth", int),
 }
 """The gateway's own PREFIXGATE_* variables: name -> (GatewayConfig field, parser). The engine's
 are `engine_env_vars()`."""

@@ -1,12 +1,13 @@
-"""`GET /dashboard`: an HTML page charting `/api/stats` (admin key).
+"""`GET /dashboard`: an HTML page charting `/api/stats` (admin only).
 
 The page (gateway/static/dashboard.html) draws its charts with uPlot 1.6.32 (MIT, vendored in
 gateway/static/ with its LICENSE and served at `/dashboard/static/`), so it works offline with
-no CDN. The browser passes the admin key as `?key=`; the page forwards it to `/api/stats` in an
-`Authorization` header (all data goes through one `fetchStats` function). `?window=` sets the
-time window (seconds, or 1h / 6h / 24h / 7d / 30d). When the charts are drawn the page sets
-`data-state="ready"`, `data-charts=N` and `data-clipped=N` (tables wider than their panel) on
-`<body>` (tests read them).
+no CDN. It fetches `/api/stats` from the same origin, which sends the session cookie: an admin
+signs in with the form at `/dashboard` (`POST /dashboard/login`), which sets an HttpOnly,
+SameSite=Strict session cookie (Secure over HTTPS); the key never appears in a URL.
+`?window=` sets the time window (seconds, or 1h / 6h / 24h / 7d / 30d). When the charts are
+drawn the page sets `data-state="ready"`, `data-charts=N` and `data-clipped=N` (tables wider
+than their panel) on `<body>` (tests read them).
 """
 
 from __future__ import annotations
@@ -15,26 +16,31 @@ from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import is_admin
+from gateway.auth import SESSION_COOKIE, SESSION_TTL_S, is_admin, is_admin_key, session_token
 
 StateGetter = Callable[[], Any]  # () -> app.state, as create_app passes it
+MAX_LOGIN_BODY = 4096
 _SECURITY_HEADERS = {
     "cache-control": "no-store",
     "content-security-policy": (
         "default-src 'none'; script-src 'self' 'unsafe-inline'; "
-        "style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"
+        "style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
+        "form-action 'self'"
     ),
     "referrer-policy": "no-referrer",
     "x-content-type-options": "nosniff",
 }
-_DENIED = """<!doctype html><meta charset="utf-8"><title>prefixgate</title>
-<body style="font-family:system-ui;padding:2em">Admin key required: open
-<code>/dashboard?key=ADMIN_KEY</code>.</body>"""
+_LOGIN = """<!doctype html><meta charset="utf-8"><title>prefixgate: sign in</title>
+<body style="font-family:system-ui;padding:2em">
+<form method="post" action="/dashboard/login" autocomplete="off">
+<label>Admin key <input type="password" name="key" required autofocus></label>
+<button type="submit">Sign in</button></form>{error}</body>"""
 
 
 STATIC_FILES: dict[str, str] = {
@@ -66,15 +72,50 @@ async def static_file(request: Request) -> Response:
     return Response(static_text(name), media_type=STATIC_FILES[name], headers=headers)
 
 
+def login_page(error: str = "", status: int = 401) -> HTMLResponse:
+    """The sign-in form (POSTs the key in the body, never in the URL)."""
+    note = f'<p role="alert" style="color:#b00">{error}</p>' if error else ""
+    return HTMLResponse(_LOGIN.format(error=note), status_code=status,
+                        headers=_SECURITY_HEADERS)
+
+
+async def _form_key(request: Request) -> str:
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_LOGIN_BODY:
+            return ""
+    values = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+    return (values.get("key") or [""])[0]
+
+
 def routes(state_getter: StateGetter | None = None) -> list[Route]:
-    """`GET /dashboard`."""
+    """`GET /dashboard`, `GET /dashboard/static/NAME`, `POST /dashboard/login`, `.../logout`."""
     def get_state(request: Request) -> Any:
         return state_getter() if state_getter is not None else request.app.state
 
     async def dashboard(request: Request) -> Response:
         if not is_admin(request, get_state(request).config):
-            return HTMLResponse(_DENIED, status_code=401, headers=_SECURITY_HEADERS)
+            return login_page()
         return HTMLResponse(page(), headers=_SECURITY_HEADERS)
 
+    async def login(request: Request) -> Response:
+        config = get_state(request).config
+        key = await _form_key(request)
+        if config.admin_key is None or not is_admin_key(key, config):
+            return login_page("Wrong admin key.")
+        response = RedirectResponse("/dashboard", status_code=303, headers=_SECURITY_HEADERS)
+        response.set_cookie(SESSION_COOKIE, session_token(config), max_age=SESSION_TTL_S,
+                            path="/", httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/dashboard", status_code=303, headers=_SECURITY_HEADERS)
+        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
     return [Route("/dashboard", dashboard, methods=["GET"]),
-            Route("/dashboard/static/{name}", static_file, methods=["GET"])]
+            Route("/dashboard/static/{name}", static_file, methods=["GET"]),
+            Route("/dashboard/login", login, methods=["POST"]),
+            Route("/dashboard/logout", logout, methods=["POST"])]

@@ -3,7 +3,8 @@
 It keeps its own `RadixCache` over the tiktoken tokens of the whole rendered prompt (one string,
 not the gateway's piece-by-piece tokenization, so it is an independent reference for the
 gateway's shadow prediction) and reports hits in `usage.prompt_tokens_details.cached_tokens`,
-as vLLM and SGLang do. Faults can be injected: a status code, a delay, a stream cut mid-way.
+as vLLM and SGLang do, partitioned by `cache_salt` as vLLM does. Faults can be injected: a
+status code, a delay, a stream cut mid-way.
 
 Run one: `python -m gateway.fake_upstream --port 9001`.
 """
@@ -51,6 +52,14 @@ class FakeUpstreamConfig:
     serial_prefill: bool = False
     bodies: list[dict[str, Any]] = field(default_factory=list)
     keep_bodies: bool = True
+
+
+def salt_namespace(body: dict[str, Any]) -> str:
+    """The cache partition of a request, as vLLM does it: `cache_salt` is mixed into the hash
+    of the first block, so requests with different salts (or one salted, one not) share no
+    prefix at all; equal salts share as usual. Nothing else (not `user`) partitions the cache."""
+    salt = body.get("cache_salt")
+    return f"salt:{salt}" if isinstance(salt, str) and salt else ""
 
 
 def render_prompt(body: dict[str, Any]) -> str:
@@ -152,7 +161,7 @@ def create_fake_upstream(config: FakeUpstreamConfig | None = None) -> Starlette:
         if cfg.fail_status is not None:
             return JSONResponse({"error": {"message": f"{cfg.name} injected failure",
                                            "type": "server_error"}}, status_code=cfg.fail_status)
-        namespace = str(body.get("user") or body.get("cache_salt") or "")
+        namespace = salt_namespace(body)
         tokens, prompt, cached = replica.lookup(body, namespace)
         if cfg.prefill_us_per_token:  # the prompt is cached once its prefill is done
             seconds = (prompt - cached) * cfg.prefill_us_per_token / 1e6

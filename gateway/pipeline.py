@@ -2,8 +2,11 @@
 
 Every request, whatever happens to it, leaves exactly one RequestRecord and carries the
 x-prefixgate-* headers. An ApiError before the first delta becomes an error response in the
-client's format; after it (streaming) an SSE error event. A client that disconnects cancels the
-backend stream, which aborts the engine request (status 499 in the record).
+client's format; after it (streaming) an SSE error event. Once the body is read, a disconnect is
+watched for at every stage (admission queue, lint, prefill, decode): a client that goes away
+cancels the backend stream, which aborts the engine request (status 499 in the record).
+Admission (gateway.admission) runs before any work; CPU work (lint) runs in a worker thread so
+the event loop only routes.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import render_anthropic, render_openai
+from gateway.admission import Admission, AdmissionConfig, Overloaded, Slot
 from gateway.auth import tenant_for
+from gateway.body import cap_max_tokens, parse_body
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
-from gateway.lint_stage import MODE_HEADER, LintStage, request_mode
+from gateway.lint_stage import MODE_HEADER, LintOutcome, LintStage, request_mode
 from gateway.metrics import GatewayMetrics
+from gateway.salt import UpstreamSalter
 from gateway.stats import RecordStore
 from gateway.types import (
     ApiError,
@@ -42,10 +48,12 @@ from gateway.types import (
     Usage,
 )
 from gateway.usage_report import SUMMARY_FIELD, summary, usage_headers
-from gateway.validate import ParseContext, parse_json_object
+from gateway.validate import ParseContext
+from prompt_lint.memo import LOCK as MEMO_LOCK
 
 log = logging.getLogger("prefixgate.gateway")
 CLIENT_CLOSED = 499
+INLINE_PARSE_BYTES = 64 << 10  # bodies above this are parsed in a worker thread
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -76,6 +84,18 @@ class Gateway:
     store: RecordStore
     metrics: GatewayMetrics
     lint: LintStage = field(default_factory=LintStage)
+    admission: Admission | None = None  # None: built from config
+    salter: UpstreamSalter | None = None  # None: built from config
+
+    def __post_init__(self) -> None:
+        c = self.config
+        if self.admission is None:
+            self.admission = Admission(AdmissionConfig(
+                max_concurrency=c.max_concurrency, max_queue=c.max_queue,
+                tenant_max_concurrency=c.tenant_max_concurrency,
+                tenant_rate_per_s=c.tenant_rate_per_s, tenant_burst=c.tenant_burst))
+        if self.salter is None:
+            self.salter = UpstreamSalter(c.salt_secret)
 
 
 _ID_PREFIX = uuid.uuid4().hex[:12]
@@ -99,6 +119,7 @@ class Ticket:
     req: ChatRequest | None = None
     body: dict[str, Any] | None = None
     recorded: bool = False
+    slot: Slot | None = None
 
 
 def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...], request_id: str) -> dict[
@@ -124,14 +145,19 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+Started = tuple[ChatRequest, AsyncIterator[TextDelta | Final], TextDelta | Final]
+
+
 async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
     """Serve one request on `route`."""
     ticket = Ticket(route)
     gw.metrics.in_flight.inc()
     try:
-        req = await _prepare(gw, request, ticket)
-        stream = gw.backend.stream(req)
-        first = await _first(stream)
+        ticket.tenant = tenant_for(request, gw.config)
+        raw = await read_body(request, gw.config.max_body_bytes)
+        started = await _unless_disconnected(request, _start(gw, request, ticket, raw))
+    except Overloaded as err:
+        return _error_response(gw, ticket, err, {"retry-after": str(err.retry_after)})
     except ApiError as err:
         return _error_response(gw, ticket, err)
     except ClientDisconnect:
@@ -139,27 +165,96 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:  # noqa: BLE001 - a bug must not take the gateway down
         return _error_response(gw, ticket, _internal(exc))
+    if started is None:
+        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected before the answer")
+        return Response(status_code=CLIENT_CLOSED)
+    req, stream, first = started
     if req.stream:
         return _streaming_response(gw, ticket, req, first, stream)
     return await _json_response(gw, request, ticket, req, first, stream)
 
 
-async def _prepare(gw: Gateway, request: Request, ticket: Ticket) -> ChatRequest:
-    ticket.tenant = tenant_for(request, gw.config)
+async def _unless_disconnected(request: Request, work: Any) -> Started | None:
+    """Run `work` (a coroutine) while watching the client; None when it disconnected first
+    (the work is then cancelled, which closes any backend stream it opened)."""
+    task: asyncio.Future[Started] = asyncio.ensure_future(work)
+    watcher: asyncio.Future[Any] = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled (server shutdown): stop the work too
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):  # the client is gone: nothing to report
+        await task
+    return None
+
+
+async def _start(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> Started:
+    """Admit, prepare and start the backend stream up to its first item."""
+    assert gw.admission is not None
+    ticket.slot = await gw.admission.acquire(ticket.tenant)
+    req = await _prepare(gw, request, ticket, raw)
+    stream = gw.backend.stream(req)
+    try:
+        first = await _first(stream)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await _close(stream)
+        raise
+    return req, stream, first
+
+
+async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> ChatRequest:
     mode = request_mode(request.headers.get(MODE_HEADER), gw.config.lint_mode)
-    body = parse_json_object(await read_body(request, gw.config.max_body_bytes))
-    ticket.body = body
     ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
-    req = ticket.route.parse(body, ctx)  # validate what the client sent
-    ticket.req = req
-    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
+    if len(raw) > INLINE_PARSE_BYTES:  # a large body is parsed and validated off the loop
+        body, req = await anyio.to_thread.run_sync(_parse, gw.config, ticket, raw, ctx)
+    else:
+        body, req = _parse(gw.config, ticket, raw, ctx)
+    if not _lint_fits(gw.config, body, len(raw)):
+        mode = "off"
+    outcome = await anyio.to_thread.run_sync(_lint, gw, body, ticket, mode)
     if outcome.changed:
         req = ticket.route.parse(outcome.body, ctx)
-    req = replace(req, lint_ids=outcome.lint_ids, family=outcome.family)
+    assert gw.salter is not None
+    req = replace(req, lint_ids=outcome.lint_ids, family=outcome.family,
+                  upstream_salt=gw.salter.salt(req.namespace))
     ticket.req = req
     for rule in outcome.lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
     return req
+
+
+def _parse(config: GatewayConfig, ticket: Ticket, raw: bytes, ctx: ParseContext
+           ) -> tuple[dict[str, Any], ChatRequest]:
+    """The body (max_tokens capped) and the validated request."""
+    body = cap_max_tokens(parse_body(raw, config.max_json_depth), config.max_tokens_cap)
+    ticket.body = body
+    req = ticket.route.parse(body, ctx)  # validate what the client sent
+    ticket.req = req
+    return body, req
+
+
+def _lint_fits(config: GatewayConfig, body: dict[str, Any], size: int) -> bool:
+    """Lint work is bounded per request: larger bodies are served unlinted."""
+    messages = body.get("messages")
+    count = len(messages) if isinstance(messages, list) else 0
+    if size <= config.lint_max_bytes and count <= config.lint_max_messages:
+        return True
+    log.info("body of %d bytes / %d messages is over the lint budget; not linted", size, count)
+    return False
+
+
+def _lint(gw: Gateway, body: dict[str, Any], ticket: Ticket, mode: Any) -> LintOutcome:
+    """prompt_lint in a worker thread, never on the event loop, under prompt_lint's lock (its
+    learners and memos are process-wide and not thread-safe)."""
+    with MEMO_LOCK:
+        return gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
 
 
 async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
@@ -169,10 +264,11 @@ async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
         raise BackendError(502, "backend returned no output") from None
 
 
-def _error_response(gw: Gateway, ticket: Ticket, err: ApiError) -> Response:
+def _error_response(gw: Gateway, ticket: Ticket, err: ApiError,
+                    extra: dict[str, str] | None = None) -> Response:
     _record(gw, ticket, err.status, None, error=err.message)
     lint_ids = ticket.req.lint_ids if ticket.req else ()
-    headers = prefixgate_headers(None, lint_ids, ticket.request_id)
+    headers = {**prefixgate_headers(None, lint_ids, ticket.request_id), **(extra or {})}
     body = error_body(err, ticket.route.provider)
     return JSONResponse(body, status_code=err.status, headers=headers)
 
@@ -216,7 +312,7 @@ async def _until_final(
         return item
 
     task = asyncio.ensure_future(drain())
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher: asyncio.Future[Any] = asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
@@ -337,6 +433,8 @@ def _record(
     if ticket.recorded:
         return
     ticket.recorded = True
+    if ticket.slot is not None:
+        ticket.slot.release()
     gw.metrics.in_flight.dec()
     latency = time.perf_counter() - ticket.started
     usage = final.usage if final else None

@@ -41,6 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", help="model id clients send (smollm2-135m-instruct)")
     p.add_argument("--model-alias", action="append", default=[],
                    help="another model id accepted for the embedded model (repeatable)")
+    p.add_argument("--max-tokens-cap", type=int, help="clamp every max_tokens to this (4096)")
+    p.add_argument("--max-concurrency", type=int, help="requests served at once (256)")
+    p.add_argument("--max-queue", type=int, help="requests waiting for a slot; then 503 (1024)")
+    p.add_argument("--tenant-max-concurrency", type=int,
+                   help="requests in flight per tenant; then 429 (unlimited)")
+    p.add_argument("--tenant-rate", dest="tenant_rate_per_s", type=float,
+                   help="requests per second per tenant; then 429 (unlimited)")
+    p.add_argument("--tenant-burst", type=int, help="burst of the per-tenant rate limit")
+    p.add_argument("--stats-spill-path", help="file that holds records during a DB outage")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     add_engine_flags(p)  # --engine-<field> for every EngineConfig field; --model, --num-pages, ...
     return p
@@ -58,7 +67,9 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
     overrides: dict[str, Any] = {
         name: getattr(args, name)
         for name in ("host", "port", "db_url", "admin_key", "lint_mode", "store_prompts",
-                     "model_name")
+                     "model_name", "max_tokens_cap", "max_concurrency", "max_queue",
+                     "tenant_max_concurrency", "tenant_rate_per_s", "tenant_burst",
+                     "stats_spill_path")
     }
     overrides["api_keys"] = keys
     if args.upstream:

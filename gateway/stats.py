@@ -1,9 +1,16 @@
 """One RequestRecord per request, stored through SQLAlchemy 2.x by a batched background writer.
 
 `RecordStore(url)` takes any SQLAlchemy URL (SQLite file by default; PostgreSQL for several
-gateway replicas writing one table). `add()` only enqueues: a writer thread commits batches off
-the request path. `flush()` waits until everything added so far is committed; `close()` drains
-the queue before returning, so a clean shutdown never loses a record.
+gateway replicas writing one table). `add()` normalises the record (see gateway.record_rows) and
+only enqueues: a writer thread commits batches off the request path. `flush()` waits until
+everything added so far is committed or spilled; `close()` drains the queue before returning.
+
+Durability: a batch the database refuses while it still answers is retried row by row, so one
+bad row never takes others with it. While the database is down (or when the bounded in-memory
+queue is full) rows go to an append-only local spill file (gateway.spill) and are replayed in
+order when the database answers again. `lost` counts rows dropped after all that (a row the
+database refuses on its own); `pending()` counts rows queued or spilled; `degraded` is True
+while the last database operation failed.
 """
 
 from __future__ import annotations
@@ -37,8 +44,13 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from gateway.record_rows import column_rules, normalise_row, to_json_row
+from gateway.spill import SpillFile
+
 log = logging.getLogger("prefixgate.stats")
-MAX_WRITE_ATTEMPTS = 5
+REPLAY_BATCH = 2048
+REPLAY_PAUSE_S = 0.5
+DEFAULT_MAX_QUEUE = 10_000
 
 
 class Base(DeclarativeBase):
@@ -88,22 +100,36 @@ _INSERT = insert(RequestRecord)
 
 _DEFAULTS = {c.name: c.default.arg if c.default is not None and c.default.is_scalar else None
              for c in RequestRecord.__table__.columns if c.name in RECORD_COLUMNS}
+_RULES = column_rules(RequestRecord.__table__)  # type: ignore[arg-type]
 
 
-def _row(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A full row for the executemany insert: every row has the same keys, missing ones take
-    the column's default (`ts`: now)."""
-    row = {**_DEFAULTS, **record}
+def _row(record: RequestRecord | Mapping[str, Any]) -> dict[str, Any]:
+    """A full, normalised row for the executemany insert: every row has the same keys, missing
+    ones take the column's default (`ts`: now)."""
+    if isinstance(record, RequestRecord):
+        record = {name: getattr(record, name) for name in RECORD_COLUMNS}
+    row = {**_DEFAULTS, **{k: v for k, v in record.items() if v is not None}}
     if row["ts"] is None:
         row["ts"] = _utcnow()
-    return row
+    return normalise_row(row, _RULES)
+
+
+def default_spill_path(url: str) -> Path:
+    """Where rows wait during an outage: beside an SQLite file, else in the working folder."""
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() == "sqlite" and database and database != ":memory:":
+        return Path(database).expanduser().with_name(Path(database).name + ".spill.jsonl")
+    return Path("prefixgate-stats.spill.jsonl")
 
 
 def make_engine(url: str) -> Engine:
     """An SQLAlchemy engine; SQLite files get their folder created and WAL journaling."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+        # a frozen server must not hang the writer forever: pg8000 takes a socket timeout
+        args = {"timeout": 10} if parsed.get_driver_name() == "pg8000" else {}
+        return create_engine(url, pool_pre_ping=True, connect_args=args)
     database = parsed.database
     if not database or database == ":memory:":
         # one shared connection, or every connection would open its own empty database
@@ -149,10 +175,11 @@ class RecordStore:
     """Batched, thread-backed writer of RequestRecords; readers use `session()` or `engine`."""
 
     def __init__(
-        self, url: str, *, batch_size: int = 256, flush_interval_s: float = 0.25
+        self, url: str, *, batch_size: int = 256, flush_interval_s: float = 0.25,
+        max_queue: int = DEFAULT_MAX_QUEUE, spill_path: str | Path | None = None,
     ) -> None:
-        if batch_size <= 0 or flush_interval_s <= 0:
-            raise ValueError("batch_size and flush_interval_s must be positive")
+        if batch_size <= 0 or flush_interval_s <= 0 or max_queue <= 0:
+            raise ValueError("batch_size, flush_interval_s and max_queue must be positive")
         self.url = url
         self.engine = make_engine(url)
         Base.metadata.create_all(self.engine)
@@ -160,28 +187,41 @@ class RecordStore:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._batch_size = batch_size
         self._interval = flush_interval_s
-        self._queue: queue.Queue[object] = queue.Queue()
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
+        self.spill = SpillFile(spill_path or default_spill_path(url))
         self._closed = False
+        self._next_replay = 0.0
         self.written = 0
         self.lost = 0
+        self.spilled = 0
+        self.degraded = False
         self._thread = threading.Thread(target=self._run, name="prefixgate-stats", daemon=True)
         self._thread.start()
 
     def add(self, record: RequestRecord | Mapping[str, Any]) -> None:
         """Queue one record; never blocks on the database. A record may be a `RequestRecord`
-        or a plain mapping of its column values (the request path's cheap form: the writer
-        thread inserts those with one executemany, no ORM objects)."""
+        or a plain mapping of its column values (the request path's cheap form). Its fields
+        are normalised here; when the queue is full the row goes straight to the spill file."""
         if not isinstance(record, RequestRecord):
             unknown = record.keys() - RECORD_COLUMNS
             if unknown:
                 raise ValueError(f"not RequestRecord columns: {sorted(unknown)}")
+        row = _row(record)
         if self._closed:
-            self._write([record])
+            self._write([row])
             return
-        self._queue.put(record)
+        try:
+            self._queue.put_nowait(row)
+        except queue.Full:
+            self._spill([row])
+
+    def pending(self) -> int:
+        """Rows not yet in the database: queued in memory or waiting in the spill file."""
+        return self._queue.qsize() + self.spill.count
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until every record added so far is committed. False on timeout."""
+        """Wait until every record added so far is committed (or spilled to disk while the
+        database is down). False on timeout."""
         if self._closed:
             return True
         marker = _Flush()
@@ -214,15 +254,16 @@ class RecordStore:
             batch, markers, stop = self._collect()
             if batch:
                 self._write(batch)
+            if self.spill.count and (markers or stop or time.monotonic() >= self._next_replay):
+                self._replay()
             for marker in markers:
                 marker.done.set()
 
-    def _collect(self) -> tuple[list[RequestRecord | Mapping[str, Any]], list[_Flush], bool]:
+    def _collect(self) -> tuple[list[dict[str, Any]], list[_Flush], bool]:
         """One batch: wait for a first item, then keep collecting for up to one flush
         interval (a flush marker, a full batch or stop ends it early), so that at low request
-        rates records are still written in batches rather than one transaction each (a
-        per-record ORM commit costs the request path milliseconds of GIL time)."""
-        batch: list[RequestRecord | Mapping[str, Any]] = []
+        rates records are still written in batches rather than one transaction each."""
+        batch: list[dict[str, Any]] = []
         markers: list[_Flush] = []
         try:
             item = self._queue.get(timeout=self._interval)
@@ -244,20 +285,77 @@ class RecordStore:
             except queue.Empty:
                 return batch, markers, False
 
-    def _write(self, batch: list[RequestRecord | Mapping[str, Any]]) -> None:
-        objects = [r for r in batch if isinstance(r, RequestRecord)]
-        rows = [_row(r) for r in batch if not isinstance(r, RequestRecord)]
-        for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
-            try:
-                with self._sessions() as session, session.begin():
-                    if rows:
-                        session.execute(_INSERT, rows)
-                    if objects:
-                        session.add_all(objects)
-                self.written += len(batch)
+    def _insert(self, rows: list[dict[str, Any]]) -> None:
+        with self._sessions() as session, session.begin():
+            session.execute(_INSERT, rows)
+
+    def database_up(self) -> bool:
+        """True when the database answers a trivial query now."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(select(1))
+            return True
+        except Exception:  # noqa: BLE001 - any failure means "not reachable now"
+            return False
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        """Commit `rows`; a refused batch is retried row by row while the database answers,
+        and spilled to disk while it does not (rows behind a spill are spilled too, in order)."""
+        if self.spill.count:  # keep order: older spilled rows go in first
+            self._spill(rows)
+            return
+        try:
+            self._insert(rows)
+        except Exception:  # noqa: BLE001 - a database failure must not kill the writer
+            if not self.database_up():
+                self._enter_outage(rows)
                 return
-            except Exception:  # noqa: BLE001 - a database hiccup must not kill the writer
-                log.exception("stats write failed (attempt %d/%d)", attempt, MAX_WRITE_ATTEMPTS)
-                threading.Event().wait(min(0.05 * 2**attempt, 1.0))
-        self.lost += len(batch)
-        log.error("dropped %d stats records after %d attempts", len(batch), MAX_WRITE_ATTEMPTS)
+            self._write_one_by_one(rows)
+            return
+        self.written += len(rows)
+        self.degraded = False
+
+    def _write_one_by_one(self, rows: list[dict[str, Any]]) -> None:
+        for i, row in enumerate(rows):
+            try:
+                self._insert([row])
+                self.written += 1
+            except Exception as exc:  # noqa: BLE001
+                if not self.database_up():
+                    self._enter_outage(rows[i:])
+                    return
+                self.lost += 1
+                log.error("stats row %s refused by the database, dropped: %s",
+                          row.get("request_id"), type(exc).__name__)
+
+    def _enter_outage(self, rows: list[dict[str, Any]]) -> None:
+        if not self.degraded:
+            log.error("stats database unreachable; spilling records to %s", self.spill.path)
+        self.degraded = True
+        self._spill(rows)
+
+    def _spill(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            self.spilled += self.spill.append(to_json_row(r) for r in rows)
+        except OSError:
+            self.lost += len(rows)
+            log.exception("could not spill %d stats records; they are lost", len(rows))
+
+    def _replay(self) -> None:
+        """Move spilled rows into the database, oldest first, while it answers."""
+        while self.spill.count:
+            batch = self.spill.read(REPLAY_BATCH)
+            rows = [normalise_row(r, _RULES) for r in batch.rows]
+            try:
+                if rows:
+                    self._insert(rows)
+            except Exception:  # noqa: BLE001
+                if not self.database_up():
+                    self.degraded = True
+                    self._next_replay = time.monotonic() + REPLAY_PAUSE_S
+                    return
+                self._write_one_by_one(rows)
+            else:
+                self.written += len(rows)
+            self.spill.drop_first(batch.lines)
+            self.degraded = False

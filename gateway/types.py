@@ -47,6 +47,7 @@ class ChatRequest:
     prompt: str | None = None  # set for /v1/completions (raw text prompt, no chat template)
     lint_ids: tuple[str, ...] = ()
     family: str | None = None  # prompt family from prompt_lint's TemplateLearner
+    upstream_salt: str | None = None  # server-derived per-namespace salt (gateway.salt)
     # body fields an upstream replica's cache model adds (llama.cpp: id_slot, cache_prompt)
     upstream_fields: Mapping[str, Any] = field(default_factory=dict)
 

@@ -8,15 +8,19 @@ faster than `json.dumps`. Equal marshal bytes load back to equal values with
 equal key order and types, so a hit is always exact (a value marshal cannot
 write, or two equal values with different internal sharing, is only a miss).
 
-Every memo is an `LRU` with a size cap (least recently used entry dropped
-first); `set_caching(False)` turns all of them off (tests compare the cached
-path with the uncached one).
+Every memo is an `LRU` bounded both by entries and by bytes (least recently
+used entry dropped first; an entry's bytes are its key's and value's estimated
+size, `approx_bytes`), so memory stays bounded whatever the input sizes;
+`set_caching(False)` turns all of them off (tests compare the cached path with
+the uncached one).
 """
 
 from __future__ import annotations
 
 import json
 import marshal
+import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -25,6 +29,26 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 _ENABLED = [True]
+#: prompt_lint's memos (these LRUs, the shared TokenCounter, PieceMemos, learners) are
+#: process-wide and not thread-safe: a caller that runs prompt_lint in a worker thread (the
+#: gateway's lint stage and shadow tokenizing) holds this lock around the call.
+LOCK = threading.RLock()
+DEFAULT_MAX_BYTES = 64 << 20
+_INT_BYTES = 32  # a boxed int beyond the small-int cache, plus its pointer
+
+
+def approx_bytes(value: object) -> int:
+    """Estimated memory held by `value`: exact for str/bytes, containers one level deep
+    (their str/bytes/int items counted), other objects shallow."""
+    size = sys.getsizeof(value)
+    if isinstance(value, tuple | list):
+        for item in value:
+            size += sys.getsizeof(item) if isinstance(item, str | bytes) else _INT_BYTES
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            size += sys.getsizeof(k) + (sys.getsizeof(v) if isinstance(v, str | bytes)
+                                        else _INT_BYTES)
+    return size
 
 
 def set_caching(enabled: bool) -> None:
@@ -39,14 +63,16 @@ def caching() -> bool:
 
 class LRU(Generic[K, V]):
     """A dict with a size cap: `get` refreshes an entry, `put` drops the oldest entries
-    past `cap` entries or past `max_weight` total weight (a caller-given size, e.g. chars)."""
+    past `cap` entries or past `max_weight` bytes in all (an entry weighs what the caller
+    says, else `approx_bytes` of its key and value). An entry heavier than the whole budget
+    is not stored."""
 
     __slots__ = ("_data", "_weights", "cap", "max_weight", "weight")
 
-    def __init__(self, cap: int, max_weight: int | None = None) -> None:
+    def __init__(self, cap: int, max_weight: int = DEFAULT_MAX_BYTES) -> None:
         if cap < 1:
             raise ValueError(f"cap must be >= 1, got {cap}")
-        if max_weight is not None and max_weight < 1:
+        if max_weight < 1:
             raise ValueError(f"max_weight must be >= 1, got {max_weight}")
         self.cap = cap
         self.max_weight = max_weight
@@ -66,19 +92,19 @@ class LRU(Generic[K, V]):
             self._data.move_to_end(key)
         return value
 
-    def put(self, key: K, value: V, weight: int = 0) -> V:
+    def put(self, key: K, value: V, weight: int | None = None) -> V:
         """Store `value` at `key` (nothing when caching is off); returns `value`."""
         if not _ENABLED[0]:
             return value
-        if weight:
-            if self.max_weight is not None and weight > self.max_weight:
-                return value
-            self.weight += weight - self._weights.pop(key, 0)
-            self._weights[key] = weight
+        if weight is None:
+            weight = approx_bytes(key) + approx_bytes(value)
+        if weight > self.max_weight:
+            return value
+        self.weight += weight - self._weights.pop(key, 0)
+        self._weights[key] = weight
         self._data[key] = value
         self._data.move_to_end(key)
-        while len(self._data) > self.cap or (
-                self.max_weight is not None and self.weight > self.max_weight):
+        while len(self._data) > self.cap or self.weight > self.max_weight:
             old, _ = self._data.popitem(last=False)
             self.weight -= self._weights.pop(old, 0)
         return value
@@ -105,13 +131,14 @@ def memo_by_value(memo: LRU[bytes, V], value: Any, compute: Callable[[Any], V]) 
         return compute(value)
     found = memo.get(key)
     if found is None:
-        found = memo.put(key, compute(value), len(key))
+        computed = compute(value)
+        found = memo.put(key, computed, len(key) + approx_bytes(computed))
     return found
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 #: Compact JSON texts of tools, messages and content blocks: at most 16384 values and
-#: 32 MB of keys (each text is about as long as its key, so about 64 MB in all).
+#: 32 MB of keys and texts together.
 JSON_MEMO: LRU[bytes, str] = LRU(16384, max_weight=32 << 20)
 
 

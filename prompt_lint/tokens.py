@@ -71,19 +71,22 @@ def chunks(text: str) -> list[str]:
 
 
 class TokenCounter:
-    """Encodes texts through a bounded LRU cache of chunk -> token ids."""
+    """Encodes texts through bounded LRU caches (chunk -> token ids, text -> count, text ->
+    ids), each capped at `max_chunks` entries and `max_weight` characters of keys (default
+    `max_chunks * 256`)."""
 
-    def __init__(self, encoding: str = DEFAULT_ENCODING, max_chunks: int = 65536) -> None:
+    def __init__(self, encoding: str = DEFAULT_ENCODING, max_chunks: int = 65536,
+                 max_weight: int | None = None) -> None:
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
         self.encoding_name = encoding
         self._encoding = get_encoding(encoding)
         # bounded by entries and by the characters of their keys (values are about as big)
-        self._cache: LRU[str, tuple[int, ...]] = LRU(max_chunks, max_weight=max_chunks * 256)
-        self._counts: LRU[str, int] = LRU(max_chunks, max_weight=max_chunks * 256)
+        budget = max_weight or max_chunks * 256
+        self._cache: LRU[str, tuple[int, ...]] = LRU(max_chunks, max_weight=budget)
+        self._counts: LRU[str, int] = LRU(max_chunks, max_weight=budget)
         # whole texts -> ids: a resent message is one lookup, not one per chunk
-        self._ids: LRU[str, tuple[int, ...]] = LRU(max_chunks // 4 or 1,
-                                                   max_weight=max_chunks * 256)
+        self._ids: LRU[str, tuple[int, ...]] = LRU(max_chunks // 4 or 1, max_weight=budget)
         self._memo: PieceMemo[int] = PieceMemo(chunks, lambda c: len(self.chunk_tokens(c)))
 
     def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
@@ -123,11 +126,10 @@ class TokenCounter:
         """count_at(seg.text, seg.path) for each segment (short texts straight from the
         whole-text cache)."""
         out: list[int | None] = list(map(self._counts.get, [seg.text for seg in segments]))
-        k = -1
-        while None in out:  # misses (and long texts not counted whole before)
-            k = out.index(None, k + 1)
-            seg = segments[k]
-            out[k] = self.count_at(seg.text, seg.path)
+        for k, found in enumerate(out):  # one pass: linear in the number of segments
+            if found is None:  # a miss (or a long text not counted whole before)
+                seg = segments[k]
+                out[k] = self.count_at(seg.text, seg.path)
         return cast(list[int], out)
 
     def count_prefixes_at(self, text: str, slot: str, ends: list[int]) -> list[int]:

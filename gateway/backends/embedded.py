@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+import anyio
+
 from engine import (
     AsyncEngine,
     EngineUnavailable,
@@ -99,7 +101,7 @@ class EmbeddedBackend:
             raise BackendError(400, str(exc), param="sampling") from exc
 
     async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
-        ids = self.prompt_ids(req)
+        ids = await anyio.to_thread.run_sync(self.prompt_ids, req)  # template: off the loop
         params = self.sampling_params(req)
         filt = ToolCallFilter() if req.tools and not _tool_choice_none(req) else None
         first = True

@@ -24,6 +24,7 @@ from gateway.backends.upstream_http import (
     loads_event,
     stream_error_event,
 )
+from gateway.salt import SaltMode, salt_upstream_body
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
@@ -103,7 +104,9 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
     else:
         body.pop("stream_options", None)
     body.update(req.upstream_fields)
-    wants_key = req.prompt is None and req.family and _wants_cache_key(options)
+    mode: SaltMode = "prompt_cache_key" if _wants_cache_key(options) else "cache_salt"
+    salt_upstream_body(body, req.upstream_salt, mode, req.family)  # tenant isolation upstream
+    wants_key = req.prompt is None and req.family and mode == "prompt_cache_key"
     if wants_key and "prompt_cache_key" not in body:
         body["prompt_cache_key"] = derive_prompt_cache_key(req.namespace, str(req.family))
     return path, body

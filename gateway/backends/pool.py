@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence, Sized
 from contextlib import aclosing
 from typing import Any
 
+import anyio
 import httpx
 
 from gateway.backends.anthropic_upstream import AnthropicUpstream
@@ -28,6 +29,7 @@ from gateway.metrics import Registry
 from gateway.shadow import CacheModel, Prompt, request_prompt
 from gateway.shadow_models import SlotShadow, cache_model_for
 from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta, Usage
+from prompt_lint.memo import LOCK as MEMO_LOCK
 
 
 class PoolMetrics:
@@ -123,7 +125,9 @@ class ReplicaPool:
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         if not self._probed:
             await self._probe_slots()
-        prompt = request_prompt(req)  # tokenized and packed once for every replica
+        # tokenized and packed once for every replica, in a worker thread (prompt_lint's
+        # shared memos are guarded by one lock)
+        prompt = await anyio.to_thread.run_sync(_prompt_of, req)
         tried: set[str] = set()
         while True:
             route = self.router.choose(prompt, req.namespace, tried)
@@ -232,6 +236,11 @@ def final_usage(usage: Usage, prompt: Prompt, predicted: int) -> Usage:
         cached_tokens=usage.cached_tokens if reported else scaled,
         cached_source="reported" if reported else "predicted",
         estimated=usage.estimated or not usage.prompt_tokens)
+
+
+def _prompt_of(req: ChatRequest) -> Prompt:
+    with MEMO_LOCK:
+        return request_prompt(req)
 
 
 def in_upstream_tokens(predicted: int, tokens: Sized | int, upstream_prompt: int) -> int:

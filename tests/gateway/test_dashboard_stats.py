@@ -16,6 +16,7 @@ import pytest
 
 from gateway import bench, stats_cli
 from gateway.api_stats import compute_stats
+from gateway.auth import SESSION_COOKIE, session_token
 from gateway.pricing import DEFAULT_PRICES, Price, PriceTable
 from gateway.stats import RecordStore, RequestRecord
 
@@ -116,12 +117,15 @@ async def test_admin_key_guards_stats_and_dashboard(admin_app: Any) -> None:
             assert (await client.get(path, headers={"authorization": "Bearer user-key"})
                     ).status_code == 401
         for how in ({"headers": {"authorization": f"Bearer {ADMIN}"}},
-                    {"headers": {"x-api-key": ADMIN}}, {"params": {"key": ADMIN}}):
+                    {"headers": {"x-api-key": ADMIN}}):
             r = await client.get("/api/stats", **how)
             assert r.status_code == 200 and r.json()["totals"]["requests"] == 60
-        bad = await client.get("/api/stats", params={"key": ADMIN, "window": "soon"})
+        # a key in the URL is never accepted (URLs are logged)
+        assert (await client.get("/api/stats", params={"key": ADMIN})).status_code == 401
+        bad = await client.get("/api/stats", params={"window": "soon"},
+                               headers={"x-api-key": ADMIN})
         assert bad.status_code == 400
-        page = await client.get("/dashboard", params={"key": ADMIN})
+        page = await client.get("/dashboard", headers={"x-api-key": ADMIN})
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     html = page.text
     assert "<script>" in html and "api/stats" in html
@@ -163,12 +167,26 @@ def _chromium(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProc
                           timeout=90, check=False)
 
 
+def signed_in(app: Any) -> Any:
+    """`app` as a browser sees it after `POST /dashboard/login`: every request carries the
+    HttpOnly session cookie (headless Chromium cannot sign in by itself)."""
+    token = session_token(app.state.config)
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            cookie = f"{SESSION_COOKIE}={token}".encode()
+            scope = {**scope, "headers": [*scope["headers"], (b"cookie", cookie)]}
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 def test_dashboard_draws_in_headless_chromium(admin_app: Any, tmp_path: Path) -> None:
     seed_records(admin_app.state.store)
-    with serving(admin_app) as server:
-        url = f"{server.url}/dashboard?key={ADMIN}"
+    with serving(signed_in(admin_app)) as server:
+        url = f"{server.url}/dashboard"
         dom = _chromium(url, tmp_path, "--dump-dom").stdout
         shot = tmp_path / "dashboard.png"
         _chromium(url, tmp_path, f"--screenshot={shot}")
@@ -213,8 +231,8 @@ def test_dashboard_at_1400px_clips_no_table_and_labels_replicas_whole(
         reported_cached_tokens=3000, completion_tokens=20, latency_ms=90.0,
         prefill_saved_ms=12.0, lint_ids="", family="family-x", stream=False))
     store.flush()
-    with serving(admin_app) as server:
-        url = f"{server.url}/dashboard?key={ADMIN}&window=7d"
+    with serving(signed_in(admin_app)) as server:
+        url = f"{server.url}/dashboard?window=7d"
         dom = _chromium(url, tmp_path, "--dump-dom").stdout
         shot = tmp_path / "dashboard-1400.png"
         _chromium(url, tmp_path, f"--screenshot={shot}")

@@ -75,7 +75,8 @@ async def test_admin_key_guards_metrics(make_fake_app):
     async with asgi_client(app) as http:
         assert (await http.get("/metrics")).status_code == 401
         assert (await http.get("/metrics", headers={"x-api-key": "key-alice"})).status_code == 401
-        assert (await http.get("/metrics?key=root")).status_code == 200
+        assert (await http.get("/metrics?key=root")).status_code == 401  # never in a URL
+        assert (await http.get("/metrics", headers={"x-api-key": "root"})).status_code == 200
         assert (await http.get("/healthz")).status_code == 200
 
 

@@ -1,0 +1,91 @@
+"""Request bodies in: bounded JSON that can never become a 5xx.
+
+`parse_body` turns raw bytes into a JSON object or a 400 (`GatewayError`) that the route renders
+in its caller's format: invalid JSON, nesting deeper than `max_depth` (the C parser's recursion
+guard, or a shallower configured bound), integers with more digits than Python converts, and any
+integer or float outside what a sampling field can mean (|n| >= 2**63, non-finite numbers), and
+a lone UTF-16 surrogate escape (`"\ud800"`: no encoder, database or upstream accepts it; a valid
+escaped pair such as an emoji is fine).
+`cap_max_tokens` clamps a body's token limits to the server's cap before it is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from gateway.errors import invalid
+
+MAX_INT = 2**63
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # \ud800..\udfff in JSON text
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
+    """The body as a JSON object within `max_depth` levels, or a 400 naming the body."""
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise invalid(f"request body is nested deeper than {max_depth} levels", "body") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, too-long integers
+        raise invalid(f"request body is not valid JSON: {exc}", "body") from None
+    if not isinstance(data, dict):
+        raise invalid("request body must be a JSON object", "body")
+    check_shape(data, max_depth, strings=_SURROGATE_ESCAPE.search(raw) is not None)
+    return data
+
+
+def check_shape(data: Any, max_depth: int, *, strings: bool = False) -> None:
+    """Walk `data` without recursion: depth bound and number range (and with `strings`, no
+    lone surrogate in any key or string), else a 400."""
+    kinds = (dict, list, int, float, str) if strings else (dict, list, int, float)
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+            if strings:
+                stack.extend((key, depth) for key in value)
+        elif isinstance(value, list):
+            children = value
+        elif isinstance(value, str):
+            _check_text(value)
+            continue
+        else:
+            _check_number(value)
+            continue
+        if depth > max_depth:
+            raise invalid(f"request body is nested deeper than {max_depth} levels", "body")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, kinds))
+
+
+def _check_text(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("request body has a lone UTF-16 surrogate in a string", "body") from None
+
+
+def _check_number(value: Any) -> None:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and not -MAX_INT <= value < MAX_INT:
+        raise invalid("request body has an integer outside the 64-bit range", "body")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise invalid("request body has a number outside the float range", "body")
+
+
+def cap_max_tokens(body: dict[str, Any], cap: int) -> dict[str, Any]:
+    """`body` with `max_tokens` / `max_completion_tokens` clamped to `cap` (a copy when any
+    changes; other values, wrong types included, are left for the parser to judge)."""
+    over = [name for name in TOKEN_FIELDS
+            if type(body.get(name)) is int and body[name] > cap]
+    if not over:
+        return body
+    return {**body, **{name: cap for name in over}}
