@@ -16,6 +16,8 @@ import torch
 from engine.linear import QUANTIZATIONS, Quantization
 
 DType = Literal["float32", "bfloat16", "float16"]
+KernelBackend = Literal["auto", "torch", "triton"]
+KERNEL_BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -44,7 +46,12 @@ class EngineConfig:
     max_model_len: most tokens (prompt + generated) of one sequence; None = the model's context.
     enable_prefix_caching: reuse KV pages of earlier requests through the radix cache.
     seed: seeds the sampler of requests that carry no seed of their own.
-    device: torch device of weights and KV cache ("cpu" runs the torch reference kernels).
+    device: torch device of weights and KV cache ("cpu", "cuda", "cuda:1", ...).
+    kernel_backend: how the forward pass runs its hot ops (KV store, paged attention, RMSNorm,
+        rotary, SiLU-and-mul): "auto" = Triton kernels on CUDA, torch on CPU; "torch"; or
+        "triton" (on CPU only under TRITON_INTERPRET=1, Triton's interpreter: slow, for tests).
+        On CUDA the weights are plain `dtype` tensors: CPU weight formats (`quantization`)
+        are refused there.
     """
 
     model: str | Path | None = None
@@ -59,6 +66,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     device: str = "cpu"
+    kernel_backend: KernelBackend = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in TORCH_DTYPES:
@@ -84,10 +92,33 @@ class EngineConfig:
             raise ValueError("give num_pages or memory_budget_bytes, not both")
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        self._check_device()
+
+    def _check_device(self) -> None:
+        if self.kernel_backend not in KERNEL_BACKENDS:
+            raise ValueError(
+                f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}"
+            )
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device must be a torch device string, got {self.device!r}") from exc
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if device.type == "cuda" and self.quantization != "none":
+            raise ValueError(
+                f"quantization {self.quantization!r} is a CPU weight format; on CUDA use "
+                "quantization='none' with dtype 'float16' or 'bfloat16' (plain weight tensors)"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return TORCH_DTYPES[self.dtype]
+
+    @property
+    def kernel_backend_or_none(self) -> str | None:
+        """The `backend=` the kernels take: None for "auto" (chosen by the tensors' device)."""
+        return None if self.kernel_backend == "auto" else self.kernel_backend
 
 
 def _positive(name: str, value: object) -> None:

@@ -31,7 +31,7 @@ pass them as ``plan=`` (the op checks the plan was built for the tensors it gets
 """
 
 from .attention import paged_decode_attention, paged_prefill_attention, store_kv
-from .backend import BACKENDS, Backend, resolve_backend, triton_interpret_enabled
+from .backend import BACKENDS, Backend, resolve_backend
 from .layer_ops import rms_norm, rotary, rotary_cache, silu_and_mul
 from .plan import AttentionPlan, RotaryPlan, plan_attention, plan_rotary
 
@@ -50,5 +50,4 @@ __all__ = [
     "rotary_cache",
     "silu_and_mul",
     "store_kv",
-    "triton_interpret_enabled",
 ]
