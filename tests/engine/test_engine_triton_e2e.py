@@ -313,3 +313,38 @@ def test_kernels_export_what_the_engine_uses() -> None:
             name = word.split("(")[0].split(")")[0].split(",")[0].split()[0].strip("`:")
             if name.isidentifier():
                 assert name in kernels.__all__, f"{path.name} uses kernels.{name}"
+
+
+@pytest.mark.skipif(
+    triton_interpret_enabled() or not torch.cuda.is_available(),
+    reason="needs a GPU with TRITON_INTERPRET=0 (benchmarks/gpu_check.sh)",
+)
+def test_cuda_decode_steps_never_sync_with_the_host(tiny_llama: Path) -> None:
+    """On CUDA a decode step (inputs prepared, model run, logits) issues no host sync: every
+    one runs under torch's sync debugger in "error" mode. 16-bit weights, Triton kernels."""
+    engine = Engine(EngineConfig(
+        model=tiny_llama, page_size=PAGE_SIZE, num_pages=48, max_num_batched_tokens=CHUNK,
+        device="cuda", dtype="float16", kernel_backend="triton",
+    ))  # fmt: skip
+    runner = engine.runner
+    prepare, run = runner.prepare, runner.run
+    decode_steps = [0]
+
+    def strict(fn: Callable[[Any], Any], arg: Any, decode: bool) -> Any:
+        if not decode:
+            return fn(arg)
+        decode_steps[0] += 1
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn(arg)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    runner.prepare = lambda batch: strict(  # type: ignore[method-assign]
+        prepare, batch, all(n == 1 for _, n in batch)
+    )
+    runner.run = lambda inputs: strict(run, inputs, inputs.meta.is_decode)  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params)
+    assert all(len(o.token_ids) == MAX_TOKENS for o in outputs)
+    assert decode_steps[0] >= 2 * (MAX_TOKENS - 1)
