@@ -75,7 +75,7 @@ def gather_kv(
 class SeqPages(NamedTuple):
     """Where one sequence's K/V lives: its pages, or a run of consecutive pages."""
 
-    index: int  # b, the row of q and of the output
+    row: int  # b, the row of q and of the output
     length: int  # tokens in cache
     pages: torch.Tensor  # [n] int64 page ids
     first_page: int  # >= 0: the pages are first_page.. consecutively (read a view, no gather)
@@ -191,8 +191,8 @@ def _decode_each(
         return _attend_one(q[0], k_cache, v_cache, plan.seqs[0], scale).reshape(q.shape)
     out = torch.zeros_like(q)
     for seq in plan.seqs:
-        o = _attend_one(q[seq.index], k_cache, v_cache, seq, scale)
-        out[seq.index] = o.reshape(num_q_heads, head_dim)
+        o = _attend_one(q[seq.row], k_cache, v_cache, seq, scale)
+        out[seq.row] = o.reshape(num_q_heads, head_dim)
     return out
 
 

@@ -131,7 +131,7 @@ def test_decode_consecutive_pages_matches_naive(case: str, dtype: torch.dtype) -
     # the case reads sequence by sequence, each as a view exactly when its pages are consecutive
     assert plan.pages is None
     for seq in plan.seqs:
-        is_run = pages[seq.index] == consecutive(pages[seq.index][0], lens[seq.index])
+        is_run = pages[seq.row] == consecutive(pages[seq.row][0], lens[seq.row])
         assert (seq.first_page >= 0) == is_run
     k_before, v_before = k_cache.clone(), v_cache.clone()
     scale = HEAD_DIM**-0.5
