@@ -2,28 +2,26 @@
 
 Every component takes the whole config and copies out what it uses. The page pool is sized
 either by an explicit `num_pages` or from `memory_budget_bytes` with the same memory formula
-`prefixgate plan` prints (see `engine.plan`).
+`prefixgate plan` prints (see `engine.plan`). Importing this module does not import torch (the
+gateway nests an EngineConfig in its own config).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
-import torch
-
-from engine.linear import QUANTIZATIONS, Quantization
+if TYPE_CHECKING:
+    import torch
 
 DType = Literal["float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(DType)
 KernelBackend = Literal["auto", "torch", "triton"]
-KERNEL_BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+Quantization = Literal["none", "fp16"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # 1 GiB: weights + KV cache + overhead
 
@@ -69,8 +67,8 @@ class EngineConfig:
     kernel_backend: KernelBackend = "auto"
 
     def __post_init__(self) -> None:
-        if self.dtype not in TORCH_DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
@@ -99,13 +97,10 @@ class EngineConfig:
             raise ValueError(
                 f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}"
             )
-        try:
-            device = torch.device(self.device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device must be a torch device string, got {self.device!r}") from exc
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
-        if device.type == "cuda" and self.quantization != "none":
+        kind, _, index = str(self.device).partition(":")
+        if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if kind == "cuda" and self.quantization != "none":
             raise ValueError(
                 f"quantization {self.quantization!r} is a CPU weight format; on CUDA use "
                 "quantization='none' with dtype 'float16' or 'bfloat16' (plain weight tensors)"
@@ -113,12 +108,10 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self.dtype]
+        import torch  # here, so that importing the config (the gateway does) skips torch
 
-    @property
-    def kernel_backend_or_none(self) -> str | None:
-        """The `backend=` the kernels take: None for "auto" (chosen by the tensors' device)."""
-        return None if self.kernel_backend == "auto" else self.kernel_backend
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
 
 
 def _positive(name: str, value: object) -> None:

@@ -10,11 +10,12 @@ import os
 
 import pytest
 import torch
-from kernels_cases import ATTENTION_TOL, PagedBatch, assert_close, make_paged_batch
 
 import kernels
 from kernels import naive
 from kernels.backend import triton_interpret_enabled
+
+from .kernels_cases import ATTENTION_TOL, PagedBatch, assert_close, make_paged_batch
 
 pytest.importorskip("triton")
 
