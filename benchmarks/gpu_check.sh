@@ -13,6 +13,7 @@
 # Without one it says so and runs what a CPU can: the sm_90 compile of every kernel, the
 # end-to-end test in Triton's interpreter, and the CPU float32 reference of part 4.
 # Every part logs to $GPU_CHECK_OUT (default /tmp/gpu_check); one table is printed at the end.
+# On a GPU the parts' time limits add up to 570 s, so the script ends within 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -38,11 +39,11 @@ step() {
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   echo "GPU: $("$PY" -c 'import torch; print(torch.cuda.get_device_name())')"
   export TRITON_INTERPRET=0
-  step kernel_tests_gpu 200 env PREFIXGATE_KERNEL_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider \
+  step kernel_tests_gpu 180 env PREFIXGATE_KERNEL_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider \
     tests/kernels/test_kernels_triton_ops.py tests/kernels/test_kernels_triton_attention.py
-  step engine_e2e_gpu 120 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_engine_triton_e2e.py
-  step bench_kernels 150 "$PY" benchmarks/bench_kernels.py $QUICK --out "$OUT/bench_kernels.json"
-  step bench_gpu_engine 200 "$PY" benchmarks/bench_gpu_engine.py $QUICK --out "$OUT/bench_gpu_engine.json"
+  step engine_e2e_gpu 90 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_engine_triton_e2e.py
+  step bench_kernels 120 "$PY" benchmarks/bench_kernels.py $QUICK --out "$OUT/bench_kernels.json"
+  step bench_gpu_engine 180 "$PY" benchmarks/bench_gpu_engine.py $QUICK --out "$OUT/bench_gpu_engine.json"
 else
   echo "no CUDA GPU on this machine: the GPU parts do not run; running the CPU-runnable parts"
   step sm90_compile 240 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_triton_compile.py
