@@ -345,7 +345,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="CPU table: torch.set_num_threads for this run (0 = torch's default)")
     parser.add_argument("--no-cpu-table", action="store_true",
                         help="without CUDA, skip the CPU torch-path timings too")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path (default: benchmarks/results/, or /tmp with --quick)")
     return parser.parse_args(argv)
+
+
+def _out_path(args: argparse.Namespace, name: str) -> Path:
+    """--out, else the committed results (full runs) or a scratch file (--quick)."""
+    if args.out is not None:
+        out: Path = args.out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out
+    return Path("/tmp") / f"quick_{name}" if args.quick else RESULTS / name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if torch.cuda.is_available():
         result = run_cuda(args.quick, getattr(torch, args.dtype))
         print(f"device {result['device']}, copy bandwidth {result['copy_gbps']:.0f} GB/s")
-        path = RESULTS / "bench_kernels.json"
+        path = _out_path(args, "bench_kernels.json")
     else:
         print("no CUDA device present: the Triton kernels are not benchmarked on this machine")
         if args.no_cpu_table:
@@ -363,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         result = run_cpu(args.quick)
-        path = RESULTS / "bench_kernels_cpu.json"
+        path = _out_path(args, "bench_kernels_cpu.json")
     print_table(result["rows"])  # type: ignore[arg-type]
     if "targets" in result:
         print("decode targets:", json.dumps(result["targets"], indent=1))

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
+KernelBackend = Literal["auto", "torch", "triton"]
+KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
 
 Quantization = Literal["none", "fp16"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
@@ -42,7 +44,12 @@ class EngineConfig:
     max_model_len: most tokens (prompt + generated) of one sequence; None = the model's context.
     enable_prefix_caching: reuse KV pages of earlier requests through the radix cache.
     seed: seeds the sampler of requests that carry no seed of their own.
-    device: torch device of weights and KV cache ("cpu" runs the torch reference kernels).
+    device: torch device of weights and KV cache ("cpu", "cuda", "cuda:1", ...).
+    kernel_backend: how the forward pass runs its hot ops (KV store, paged attention, RMSNorm,
+        rotary, SiLU-and-mul): "auto" = Triton kernels on CUDA, torch on CPU; "torch"; or
+        "triton" (on CPU only under TRITON_INTERPRET=1, Triton's interpreter: slow, for tests).
+        On CUDA the weights are plain `dtype` tensors: CPU weight formats (`quantization`)
+        are refused there.
     """
 
     model: str | Path | None = None
@@ -57,6 +64,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     device: str = "cpu"
+    kernel_backend: KernelBackend = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -82,6 +90,21 @@ class EngineConfig:
             raise ValueError("give num_pages or memory_budget_bytes, not both")
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        self._check_device()
+
+    def _check_device(self) -> None:
+        if self.kernel_backend not in KERNEL_BACKENDS:
+            raise ValueError(
+                f"kernel_backend must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}"
+            )
+        kind, _, index = str(self.device).partition(":")
+        if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if kind == "cuda" and self.quantization != "none":
+            raise ValueError(
+                f"quantization {self.quantization!r} is a CPU weight format; on CUDA use "
+                "quantization='none' with dtype 'float16' or 'bfloat16' (plain weight tensors)"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:

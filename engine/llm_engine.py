@@ -69,7 +69,9 @@ class Engine:
             self.num_pages, config.page_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(self.loaded, self.num_pages, config.page_size, config.device)
+        self.runner = ModelRunner(
+            self.loaded, self.num_pages, config.page_size, config.device, config.kernel_backend
+        )
         self.sampler = Sampler()
         self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._seqs: dict[str, Sequence] = {}

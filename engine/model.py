@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,6 @@ import kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.linear import QUANTIZATIONS, DenseLinear, Linear, Quantization, quantize_linear
 from engine.model_config import ModelConfig
-from kernels.checks import step_scope
 
 # Canonical weight names (what engine.gguf and engine.hf_folder produce), per layer i:
 #   layers.{i}.attn_norm, layers.{i}.q, layers.{i}.k, layers.{i}.v, layers.{i}.o,
@@ -21,6 +21,19 @@ from kernels.checks import step_scope
 # Linear weights are [out_features, in_features] like torch.nn.Linear.
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
+class StepContext(NamedTuple):
+    """What every layer of one step shares: the kernel backend and the step's checked plans."""
+
+    backend: kernels.Backend
+    meta: AttentionMetadata  # carries its `kernels.AttentionPlan` (meta.plan is not None)
+    rotary: kernels.RotaryPlan  # positions + cos/sin table, checked once
+
+    @property
+    def attention(self) -> kernels.AttentionPlan:
+        assert self.meta.plan is not None, "StepContext needs planned metadata"
+        return self.meta.plan
 
 
 def _vector(size: int, dtype: torch.dtype) -> nn.Parameter:
@@ -49,30 +62,26 @@ class DecoderLayer(nn.Module):
         self,
         hidden: Tensor,  # [T, hidden]: this block's input (output of the previous block)
         residual: Tensor | None,  # [T, hidden] running residual stream, None for the first block
-        positions: Tensor,  # [T] int64
-        meta: AttentionMetadata,
+        step: StepContext,
         k_cache: Tensor,  # [P, page, Hkv, D]
         v_cache: Tensor,  # [P, page, Hkv, D]
-        cos_sin: Tensor,  # [max_pos, D]
     ) -> tuple[Tensor, Tensor]:
-        eps = self.config.rms_eps
+        eps, be = self.config.rms_eps, step.backend
         if residual is None:
             residual = hidden
-            x = kernels.rms_norm(hidden, self.attn_norm, eps)
+            x = kernels.rms_norm(hidden, self.attn_norm, eps, backend=be)
         else:
-            x, residual = kernels.rms_norm(hidden, self.attn_norm, eps, residual)
-        attn = self._attention(x, positions, meta, k_cache, v_cache, cos_sin)
-        x, residual = kernels.rms_norm(attn, self.ffn_norm, eps, residual)
-        return self.down(kernels.silu_and_mul(self.gate_up(x))), residual
+            x, residual = kernels.rms_norm(hidden, self.attn_norm, eps, residual, backend=be)
+        attn = self._attention(x, step, k_cache, v_cache)
+        x, residual = kernels.rms_norm(attn, self.ffn_norm, eps, residual, backend=be)
+        return self.down(kernels.silu_and_mul(self.gate_up(x), backend=be)), residual
 
     def _attention(
         self,
         x: Tensor,  # [T, hidden]
-        positions: Tensor,
-        meta: AttentionMetadata,
+        step: StepContext,
         k_cache: Tensor,
         v_cache: Tensor,
-        cos_sin: Tensor,
     ) -> Tensor:
         c = self.config
         t = x.shape[0]
@@ -81,16 +90,21 @@ class DecoderLayer(nn.Module):
         q = qkv[:, :kv_start].view(t, c.num_heads, c.head_dim)  # [T, Hq, D]
         k = qkv[:, kv_start:v_start].view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
         v = qkv[:, v_start:].view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
-        q, k = kernels.rotary(q, k, positions, cos_sin, layout=c.rope_layout)
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        rot, meta, plan, be = step.rotary, step.meta, step.attention, step.backend
+        q, k = kernels.rotary(
+            q, k, rot.positions, rot.cos_sin_cache, c.rope_layout, backend=be, plan=rot
+        )
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=be, plan=plan)
         if meta.is_decode:
             out = kernels.paged_decode_attention(
-                q, k_cache, v_cache, meta.block_table, meta.seq_lens, self.scale
-            )
+                q, k_cache, v_cache, meta.block_table, meta.seq_lens, self.scale,
+                backend=be, plan=plan,
+            )  # fmt: skip
         else:
             out = kernels.paged_prefill_attention(
-                q, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens, self.scale
-            )
+                q, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
+                self.scale, backend=be, plan=plan,
+            )  # fmt: skip
         projected: Tensor = self.o(out.reshape(t, c.q_size))  # [T, hidden]
         return projected
 
@@ -103,6 +117,8 @@ class LlamaModel(nn.Module):
     Weights start uninitialised; fill them with `load_weights` (or copy into every parameter),
     then optionally `quantize`.
     """
+
+    cos_sin: Tensor  # [max_pos, D] float32 rotary table (a non-persistent buffer)
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -131,23 +147,36 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         k_caches: list[Tensor],  # num_layers x [P, page, Hkv, D]
         v_caches: list[Tensor],  # num_layers x [P, page, Hkv, D]
+        kernel_backend: str | None = None,
     ) -> Tensor:  # [T, hidden]
+        """One step. `kernel_backend`: "torch", "triton", or None/"auto" (by device); a
+        planned `meta` (see `AttentionMetadata.planned`) must have been planned for it."""
         if len(k_caches) != self.config.num_layers or len(v_caches) != self.config.num_layers:
             raise ValueError(
                 f"expected {self.config.num_layers} K and V caches, "
                 f"got {len(k_caches)} and {len(v_caches)}"
             )
         hidden = F.embedding(input_ids, self.embed)  # [T, hidden]
+        step = self._step_context(positions, meta, k_caches[0], kernel_backend)
         residual: Tensor | None = None
-        # Every layer sees the same metadata tensors: the kernels check them and derive their
-        # index plans (rotary angles, page reads, slots) once in this scope, not once per layer.
-        with step_scope():
-            for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
-                hidden, residual = layer(
-                    hidden, residual, positions, meta, k_cache, v_cache, self.cos_sin
-                )
-        normed, _ = kernels.rms_norm(hidden, self.norm, self.config.rms_eps, residual)
+        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
+            hidden, residual = layer(hidden, residual, step, k_cache, v_cache)
+        normed, _ = kernels.rms_norm(
+            hidden, self.norm, self.config.rms_eps, residual, backend=step.backend
+        )
         return normed
+
+    def _step_context(
+        self, positions: Tensor, meta: AttentionMetadata, k_cache: Tensor, backend: str | None
+    ) -> StepContext:
+        """Every layer sees the same metadata: check it and derive the index plans (page reads,
+        slots, rotary angles) once per step, explicitly, not once per layer."""
+        chosen = kernels.resolve_backend(None if backend == "auto" else backend, k_cache)
+        if meta.plan is None:
+            meta = meta.planned(k_cache, chosen)
+        layout = self.config.rope_layout
+        rotary = kernels.plan_rotary(positions, self.cos_sin, layout, backend=chosen)
+        return StepContext(chosen, meta, rotary)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """[N, hidden] -> [N, vocab] float32."""

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+import kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
@@ -22,14 +23,43 @@ class StepInputs(NamedTuple):
 
 
 class ModelRunner:
-    """Owns the paged KV cache and runs the model over one step's ragged batch."""
+    """Owns the paged KV cache and runs the model over one step's ragged batch.
 
-    def __init__(self, loaded: LoadedModel, num_pages: int, page_size: int, device: str) -> None:
+    `kernel_backend` ("auto", "torch", "triton") is checked against the cache's device here, so
+    an impossible choice (Triton on CPU without TRITON_INTERPRET=1) fails at construction.
+    Each step's metadata carries its kernel plan, built once in `prepare`. On CUDA the step's
+    index tensors travel from pinned host memory without blocking, so a step issues no host
+    sync before its logits are read.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_pages: int,
+        page_size: int,
+        device: str,
+        kernel_backend: str = "auto",
+    ) -> None:
         self.model = loaded.model
         self.page_size = page_size
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.model.quantization != "none":
+            raise ValueError(
+                f"the model's {self.model.quantization!r} weights are a CPU format; load it "
+                "with quantization='none' and dtype float16 or bfloat16 for CUDA"
+            )
         dtype = self.model.embed.dtype  # the model dtype (quantised weights keep fp32 activations)
         self.kv_cache = KVCache(loaded.config, num_pages, page_size, dtype, self.device)
+        requested = None if kernel_backend == "auto" else kernel_backend
+        first_cache = self.kv_cache.k[0]
+        self.kernel_backend: kernels.Backend = kernels.resolve_backend(requested, first_cache)
+
+    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        """Host values -> a tensor on the runner's device (pinned, non-blocking on CUDA)."""
+        if self.device.type != "cuda":
+            return torch.tensor(values, dtype=dtype)
+        host = torch.tensor(values, dtype=dtype, pin_memory=True)
+        return host.to(self.device, non_blocking=True)
 
     def prepare(self, batch: Seq[ScheduledSeq]) -> StepInputs:
         """Flatten the step: new tokens, positions, slots, page tables, who samples."""
@@ -51,18 +81,17 @@ class ModelRunner:
                 sampling.append(index)
         width = max(len(s.pages) for s, _ in batch)
         table = [s.pages + [0] * (width - len(s.pages)) for s, _ in batch]
-        dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_table=torch.tensor(table, dtype=torch.int32, device=dev),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            slot_mapping=self._tensor(slots, torch.int64),
+            block_table=self._tensor(table, torch.int32),
+            cu_seqlens_q=self._tensor(cu, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
             is_decode=all(n == 1 for _, n in batch),
-        )
-        rows = torch.tensor([cu[i + 1] - 1 for i in sampling], dtype=torch.int64, device=dev)
+        ).planned(self.kv_cache.k[0], self.kernel_backend, max(n for _, n in batch))
+        rows = self._tensor([cu[i + 1] - 1 for i in sampling], torch.int64)
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            input_ids=self._tensor(ids, torch.int64),
+            positions=self._tensor(positions, torch.int64),
             meta=meta,
             logit_rows=rows,
             sampling=sampling,
@@ -72,7 +101,8 @@ class ModelRunner:
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Run the step; -> logits [N, vocab] float32 for the sampling sequences only."""
         hidden = self.model(
-            inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache.k, self.kv_cache.v
+            inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache.k, self.kv_cache.v,
+            self.kernel_backend,
         )  # [T, hidden]
         if not inputs.sampling:
             return torch.empty(0, 0)

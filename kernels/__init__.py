@@ -1,8 +1,9 @@
 """prefixgate kernels: paged attention and layer ops, Triton on CUDA, torch on CPU.
 
 Every op takes ``backend=None | "triton" | "torch"``; ``None`` picks Triton for CUDA tensors
-and the torch path otherwise. Triton is imported only when a Triton kernel is first used, so
-``TRITON_INTERPRET=1`` set before that point runs the kernels on CPU tensors.
+and the torch path otherwise (``resolve_backend``). Triton is imported only when a Triton
+kernel is first used, so ``TRITON_INTERPRET=1`` set before that point runs the kernels on CPU
+tensors.
 
 KV cache layout: ``[num_pages, page_size, num_kv_heads, head_dim]``, contiguous, page size a
 power of two >= 8; slot of (page, offset) = ``page * page_size + offset``.
@@ -19,15 +20,31 @@ power of two >= 8; slot of (page, offset) = ``page * page_size + offset``.
     rotary_cache(max_positions, head_dim, theta, dtype=float32) -> [max_positions, head_dim]
     silu_and_mul(x) -> silu(x[..., :F]) * x[..., F:]
 
+One engine step runs every op once per layer over the same metadata; build its plans once and
+pass them as ``plan=`` (the op checks the plan was built for the tensors it gets):
+
+    plan_attention(block_table, seq_lens, cu_seqlens_q, slot_mapping, k_cache, *, is_decode,
+                   backend, max_new_tokens) -> AttentionPlan   # store_kv + both attentions
+    plan_rotary(positions, cos_sin_cache, layout, *, backend) -> RotaryPlan
+
 ``kernels.naive`` holds the slow, obviously-correct references the tests compare against.
 """
 
 from .attention import paged_decode_attention, paged_prefill_attention, store_kv
+from .backend import BACKENDS, Backend, resolve_backend
 from .layer_ops import rms_norm, rotary, rotary_cache, silu_and_mul
+from .plan import AttentionPlan, RotaryPlan, plan_attention, plan_rotary
 
 __all__ = [
+    "BACKENDS",
+    "AttentionPlan",
+    "Backend",
+    "RotaryPlan",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "plan_attention",
+    "plan_rotary",
+    "resolve_backend",
     "rms_norm",
     "rotary",
     "rotary_cache",

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import TypeVar
+from collections.abc import Sequence
 
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32,)
+ROTARY_LAYOUTS = ("interleaved", "half")
 
 
 def check_tensor(
@@ -97,17 +95,9 @@ def check_block_table(block_table: torch.Tensor, seq_lens: torch.Tensor, batch: 
 
 
 def check_seq_lens_fit(seq_lens: torch.Tensor, max_pages: int, page_size: int) -> None:
-    """On CPU, check every length is within what the block table can address (once per scope)."""
+    """On CPU, check every length lies in [0, what the block table can address]."""
     if seq_lens.is_cuda or seq_lens.numel() == 0:
         return
-    memoized(
-        ("seq_lens_fit", max_pages, page_size),
-        (seq_lens,),
-        lambda: _check_seq_lens_values(seq_lens, max_pages, page_size),
-    )
-
-
-def _check_seq_lens_values(seq_lens: torch.Tensor, max_pages: int, page_size: int) -> None:
     lo, hi = int(seq_lens.min()), int(seq_lens.max())
     if lo < 0:
         raise ValueError(f"seq_lens must be >= 0, got min {lo}")
@@ -136,56 +126,43 @@ def check_pages_in_cache(
         raise ValueError(f"block_table uses page {bad}, outside the cache's {num_pages} pages")
 
 
-# --- per-step memo -----------------------------------------------------------------------------
-# A decode step runs the same ops once per layer over the same metadata tensors (block table,
-# lengths, slots, positions). Inside ``step_scope`` the value checks and the index plans derived
-# from those tensors are computed once per tensor object and reused by every later layer.
-
-_scope = threading.local()
-_T = TypeVar("_T")
-
-
-class StepMemo:
-    """Values derived from metadata tensors, keyed by a tag and the tensors' identities.
-
-    Holding the tensors keeps their ids from being reused while the memo lives.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[Hashable, ...], tuple[tuple[torch.Tensor, ...], object]] = {}
-
-    def get(
-        self, tag: Hashable, tensors: tuple[torch.Tensor, ...], compute: Callable[[], _T]
-    ) -> _T:
-        key = (tag, *(id(t) for t in tensors))
-        hit = self._entries.get(key)
-        if hit is not None:
-            return hit[1]  # type: ignore[return-value]
-        value = compute()
-        self._entries[key] = (tensors, value)
-        return value
+def check_block_table_values(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, num_pages: int
+) -> None:
+    """Shapes of block_table [B, max_pages] / seq_lens [B]; on CPU also their values."""
+    check_block_table(block_table, seq_lens, seq_lens.shape[0] if seq_lens.dim() == 1 else -1)
+    check_seq_lens_fit(seq_lens, block_table.shape[1], page_size)
+    check_pages_in_cache(block_table, seq_lens, page_size, num_pages)
 
 
-@contextmanager
-def step_scope() -> Iterator[StepMemo]:
-    """Check and preprocess each metadata tensor once for the ops run inside this scope.
-
-    The caller promises not to modify, inside the scope, any index tensor it passes to the ops
-    (block tables, lengths, slots, positions, cu_seqlens): results derived from them are reused.
-    Shape and dtype checks still run on every call. Scopes nest; the inner one starts empty.
-    """
-    previous = getattr(_scope, "memo", None)
-    memo = StepMemo()
-    _scope.memo = memo
-    try:
-        yield memo
-    finally:
-        _scope.memo = previous
+def check_cu_seqlens_values(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, total: int) -> None:
+    """On CPU, check cu_seqlens_q is a non-decreasing split of T=total tokens within seq_lens."""
+    if cu_seqlens_q.is_cuda:
+        return
+    bounds = cu_seqlens_q.tolist()
+    if bounds[0] != 0 or bounds[-1] != total:
+        raise ValueError(f"cu_seqlens_q must start at 0 and end at T={total}, got {bounds}")
+    n_new = [hi - lo for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    for b, (n, length) in enumerate(zip(n_new, seq_lens.tolist(), strict=True)):
+        if n < 0 or n > length:
+            raise ValueError(
+                f"sequence {b}: {n} new tokens but seq_len {length} (need 0 <= new <= seq_len)"
+            )
 
 
-def memoized(tag: Hashable, tensors: tuple[torch.Tensor, ...], compute: Callable[[], _T]) -> _T:
-    """``compute()``, or inside ``step_scope`` its value from an earlier call with these tensors."""
-    memo: StepMemo | None = getattr(_scope, "memo", None)
-    if memo is None:
-        return compute()
-    return memo.get(tag, tensors, compute)
+def check_slots_fit(slot_mapping: torch.Tensor, capacity: int) -> None:
+    """On CPU, check every slot is below the cache capacity (negative slots are skips)."""
+    if slot_mapping.is_cuda or slot_mapping.numel() == 0:
+        return
+    top = int(slot_mapping.max())
+    if top >= capacity:
+        raise ValueError(f"slot {top} >= cache capacity {capacity} (num_pages * page_size)")
+
+
+def check_positions_fit(positions: torch.Tensor, max_positions: int) -> None:
+    """On CPU, check every position indexes a row of a rotary table of ``max_positions`` rows."""
+    if positions.is_cuda or positions.numel() == 0:
+        return
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= max_positions:
+        raise ValueError(f"positions must lie in [0, {max_positions}), got [{lo}, {hi}]")

@@ -10,13 +10,13 @@ from . import torch_ops
 from .backend import resolve_backend
 from .checks import (
     FLOAT_DTYPES,
+    ROTARY_LAYOUTS,
     check_last_dim_contiguous,
+    check_positions_fit,
     check_same_device,
     check_tensor,
-    memoized,
 )
-
-ROTARY_LAYOUTS = ("interleaved", "half")
+from .plan import RotaryPlan
 
 
 @overload
@@ -99,12 +99,14 @@ def rotary(
     cos_sin_cache: torch.Tensor,
     layout: str = "interleaved",
     backend: str | None = None,
+    plan: RotaryPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding of q [T, Hq, D] and k [T, Hkv, D]; returns (q_rot, k_rot).
 
     positions [T] int64 (or int32); cos_sin_cache [max_pos, D] from ``rotary_cache``.
     layout "interleaved": pairs (x[2i], x[2i+1]), as GGUF stores Q/K weights;
     layout "half": pairs (x[i], x[i + D/2]), as Hugging Face checkpoints.
+    ``plan``: the step's ``plan_rotary`` for these positions, table and layout.
     Out of place; outputs keep the inputs' dtypes.
     """
     if layout not in ROTARY_LAYOUTS:
@@ -124,16 +126,14 @@ def rotary(
         )
     if cos_sin_cache.shape[1] != head_dim:
         raise ValueError(f"cos_sin_cache width {cos_sin_cache.shape[1]} != head_dim {head_dim}")
-    if not positions.is_cuda and positions.numel():
-        lo, hi = memoized(
-            "positions_range", (positions,), lambda: (int(positions.min()), int(positions.max()))
-        )
-        if lo < 0 or hi >= cos_sin_cache.shape[0]:
-            raise ValueError(
-                f"positions must lie in [0, {cos_sin_cache.shape[0]}), got [{lo}, {hi}]"
-            )
-    if resolve_backend(backend, q) == "torch":
-        return torch_ops.rotary(q, k, positions, cos_sin_cache, layout)
+    chosen = resolve_backend(backend, q)
+    if plan is not None:
+        plan.check_call(chosen, positions, cos_sin_cache, layout)
+    else:
+        check_positions_fit(positions, cos_sin_cache.shape[0])
+    if chosen == "torch":
+        angles = plan.angles if plan is not None else None
+        return torch_ops.rotary(q, k, positions, cos_sin_cache, layout, angles)
     from . import triton_ops
 
     return triton_ops.rotary(q, k, positions, cos_sin_cache, layout)

@@ -6,10 +6,10 @@ is reused across calls: a fresh 100 MB tensor per call costs more in page faults
 copy itself. Decode folds GQA into the query axis (the G query heads that share one KV head
 are G query rows of one problem), so K/V are never repeated.
 
-Decode derives a read plan (lengths, page ids, mask) from the block table once per
-``checks.step_scope`` and reuses it in every layer. A sequence whose pages are consecutive is
-read as a view of the cache, without a gather. On CPU in float32 a sequence read on its own
-is two small ``bmm``s: cheaper at one query token than ``scaled_dot_product_attention``.
+Decode derives a read plan (lengths, page ids, mask) from the block table; the engine builds
+it once per step (``kernels.plan_attention``) and every layer reuses it. A sequence whose pages
+are consecutive is read as a view of the cache, without a gather. On CPU in float32 a sequence
+read on its own is two small ``bmm``s: cheaper at one query token than SDPA.
 
 On CPU in float32 decode always goes sequence by sequence: a padded gather of the whole batch
 writes and re-reads every K/V byte through memory (the gathered batch outgrows the cache), and
@@ -25,8 +25,6 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-
-from .checks import memoized
 
 _local = threading.local()
 
@@ -74,19 +72,19 @@ def gather_kv(
     return k_buf.view(out_shape), v_buf.view(out_shape)
 
 
-class _SeqPages(NamedTuple):
+class SeqPages(NamedTuple):
     """Where one sequence's K/V lives: its pages, or a run of consecutive pages."""
 
-    index: int  # type: ignore[assignment]  # b, the row of q and of the output (shadows tuple.index)
+    row: int  # b, the row of q and of the output
     length: int  # tokens in cache
     pages: torch.Tensor  # [n] int64 page ids
     first_page: int  # >= 0: the pages are first_page.. consecutively (read a view, no gather)
 
 
-class _DecodePlan(NamedTuple):
+class DecodeReadPlan(NamedTuple):
     """How one decode step reads the cache; the same for every layer of the step."""
 
-    seqs: list[_SeqPages]  # per-sequence reads (empty when the batch is padded)
+    seqs: list[SeqPages]  # per-sequence reads (empty when the batch is padded)
     pages: torch.Tensor | None  # [B, n_pages] int64, padded batch only
     mask: torch.Tensor | None  # [B, 1, 1, L] bool, padded batch with unequal lengths
     empty_rows: torch.Tensor | None  # [B] bool: sequences with no tokens (padded batch)
@@ -94,23 +92,23 @@ class _DecodePlan(NamedTuple):
 
 def _seq_pages(
     block_table: torch.Tensor, b: int, length: int, page_size: int, num_pages: int
-) -> _SeqPages:
+) -> SeqPages:
     count = -(-length // page_size)
     row = block_table[b, :count]
     ids = row.tolist()
     first = ids[0]
     consecutive = ids == list(range(first, first + count)) and first >= 0
     in_range = consecutive and first + count <= num_pages
-    return _SeqPages(b, length, row.long(), first if in_range else -1)
+    return SeqPages(b, length, row.long(), first if in_range else -1)
 
 
-def _decode_plan(
+def decode_read_plan(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     page_size: int,
     num_pages: int,
     allow_padding: bool = True,
-) -> _DecodePlan:
+) -> DecodeReadPlan:
     """The step's read plan; ``allow_padding=False`` always reads sequence by sequence."""
     lengths = seq_lens.tolist()
     page_counts = [-(-n // page_size) for n in lengths]
@@ -126,21 +124,21 @@ def _decode_plan(
             for b, n in enumerate(lengths)
             if n > 0
         ]
-        return _DecodePlan(seqs, None, None, None)
+        return DecodeReadPlan(seqs, None, None, None)
     pages = block_table[:, :n_pages].clamp(0, num_pages - 1).long()  # padding may hold junk
     mask = None
     if min(lengths) != n_pages * page_size:  # some sequence ends before the padded length
         positions = torch.arange(n_pages * page_size, device=seq_lens.device)
         mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
     empty = seq_lens == 0 if 0 in lengths else None
-    return _DecodePlan([], pages, mask, empty)
+    return DecodeReadPlan([], pages, mask, empty)
 
 
 def _decode_padded(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    plan: _DecodePlan,
+    plan: DecodeReadPlan,
     scale: float,
 ) -> torch.Tensor:
     """All sequences at once, padded to the longest and masked by length."""
@@ -159,7 +157,7 @@ def _decode_padded(
 
 
 def _attend_one(
-    q_row: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: _SeqPages, scale: float
+    q_row: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqPages, scale: float
 ) -> torch.Tensor:
     """q_row [Hq, D] over one sequence's cached tokens -> [Hkv, G, D]."""
     num_q_heads, head_dim = q_row.shape
@@ -184,7 +182,7 @@ def _decode_each(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    plan: _DecodePlan,
+    plan: DecodeReadPlan,
     scale: float,
 ) -> torch.Tensor:
     """One sequence at a time, each reading only its own pages."""
@@ -193,9 +191,14 @@ def _decode_each(
         return _attend_one(q[0], k_cache, v_cache, plan.seqs[0], scale).reshape(q.shape)
     out = torch.zeros_like(q)
     for seq in plan.seqs:
-        o = _attend_one(q[seq.index], k_cache, v_cache, seq, scale)
-        out[seq.index] = o.reshape(num_q_heads, head_dim)
+        o = _attend_one(q[seq.row], k_cache, v_cache, seq, scale)
+        out[seq.row] = o.reshape(num_q_heads, head_dim)
     return out
+
+
+def padding_allowed(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether decode may gather the batch padded: not on CPU float32 (see the module doc)."""
+    return device.type != "cpu" or dtype != torch.float32
 
 
 def paged_decode_attention(
@@ -205,21 +208,19 @@ def paged_decode_attention(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    reads: DecodeReadPlan | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] over paged K/V -> [B, Hq, D] in q's dtype (inputs already checked).
 
-    The read plan (lengths, page ids, mask) is derived once per ``step_scope`` for all layers.
+    ``reads``: the step's read plan from ``decode_read_plan`` (None: derived here).
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-    # CPU float32 reads each sequence on its own (see the module docstring).
-    allow_padding = q.device.type != "cpu" or q.dtype != torch.float32
-    plan = memoized(
-        ("decode_plan", page_size, num_pages, allow_padding),
-        (block_table, seq_lens),
-        lambda: _decode_plan(block_table, seq_lens, page_size, num_pages, allow_padding),
-    )
+    plan = reads
+    if plan is None:
+        num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+        allow = padding_allowed(q.device, q.dtype)
+        plan = decode_read_plan(block_table, seq_lens, page_size, num_pages, allow)
     if plan.pages is not None:
         return _decode_padded(q, k_cache, v_cache, plan, scale)
     return _decode_each(q, k_cache, v_cache, plan, scale)

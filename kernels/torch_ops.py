@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
-from .checks import memoized
+
+class KeptSlots(NamedTuple):
+    """The slots a store writes: negative ("skip") slots dropped once per step."""
+
+    slots: torch.Tensor  # [T'] int64 slots to write
+    keep: torch.Tensor | None  # [T] bool rows of k/v to write, None when every row is kept
 
 
-def _kept_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """slot_mapping [T] -> (int64 slots to write, bool keep mask [T] or None when all kept)."""
+def kept_slots(slot_mapping: torch.Tensor) -> KeptSlots:
+    """slot_mapping [T] -> the slots to write and which rows they come from."""
     slots = slot_mapping.long()
     if bool((slots < 0).any()):
         keep = slots >= 0
-        return slots[keep], keep
-    return slots, None
+        return KeptSlots(slots[keep], keep)
+    return KeptSlots(slots, None)
+
+
+class RotaryAngles(NamedTuple):
+    """cos/sin of each token's rotary angles, gathered once per step from the table."""
+
+    cos: torch.Tensor  # [T, 1, D/2] float32
+    sin: torch.Tensor  # [T, 1, D/2] float32
+    rotation: torch.Tensor | None  # [T, 1, D/2] complex64 cos + i sin ("interleaved" only)
+
+
+def rotary_angles(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor, layout: str
+) -> RotaryAngles:
+    """positions [T] -> the angles ``rotary`` multiplies by in ``layout``."""
+    cos, sin = _cos_sin(positions, cos_sin_cache)
+    rotation = torch.complex(cos, sin) if layout == "interleaved" else None
+    return RotaryAngles(cos, sin, rotation)
 
 
 def store_kv(
@@ -23,10 +47,14 @@ def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kept: KeptSlots | None = None,
 ) -> None:
-    """Scatter k, v [T, Hkv, D] into the flat slots of the caches; negative slots are skipped."""
+    """Scatter k, v [T, Hkv, D] into the flat slots of the caches; negative slots are skipped.
+
+    ``kept``: ``kept_slots(slot_mapping)`` computed once for the step (None: computed here).
+    """
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    slots, keep = memoized("kept_slots", (slot_mapping,), lambda: _kept_slots(slot_mapping))
+    slots, keep = kept if kept is not None else kept_slots(slot_mapping)
     if keep is not None:
         k, v = k[keep], v[keep]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
@@ -60,7 +88,7 @@ def rotary_cache(
 
 def _as_complex_pairs(xf: torch.Tensor) -> torch.Tensor:
     """float32 [..., D] -> complex64 [..., D/2] view of the pairs (x[2i], x[2i+1])."""
-    pairs = xf.unflatten(-1, (-1, 2))  # type: ignore[no-untyped-call]  # [..., D/2, 2]
+    pairs = torch.unflatten(xf, -1, (-1, 2))  # [..., D/2, 2]
     if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-2]):
         pairs = pairs.contiguous()  # a complex view needs even offsets and strides
     return torch.view_as_complex(pairs)
@@ -90,23 +118,24 @@ def rotary(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     layout: str,
+    angles: RotaryAngles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [T, Hq, D] and k [T, Hkv, D] by their positions; out of place."""
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] by their positions; out of place.
+
+    ``angles``: ``rotary_angles(positions, cos_sin_cache, layout)`` computed once for the step.
+    """
+    if angles is None:
+        angles = rotary_angles(positions, cos_sin_cache, layout)
     if layout == "interleaved":
-        rot = memoized(
-            "rotary_complex",
-            (positions, cos_sin_cache),
-            lambda: _rotation(positions, cos_sin_cache),
-        )  # [T, 1, D/2] complex
+        rot = angles.rotation  # [T, 1, D/2] complex
+        if rot is None:
+            rot = torch.complex(angles.cos, angles.sin)
         qk = _adjacent_heads(q, k)
         if qk is not None:  # q and k are neighbouring views of one fused projection: one pass
             rotated = _rotate_interleaved(qk, rot)  # [T, Hq + Hkv, D]
             return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
         return _rotate_interleaved(q, rot), _rotate_interleaved(k, rot)
-    cos, sin = memoized(
-        "rotary_cos_sin", (positions, cos_sin_cache), lambda: _cos_sin(positions, cos_sin_cache)
-    )
-    return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+    return _rotate_half(q, angles.cos, angles.sin), _rotate_half(k, angles.cos, angles.sin)
 
 
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -135,11 +164,6 @@ def _cos_sin(
     cos_sin = cos_sin_cache[positions.long()].float()  # [T, D]
     half = cos_sin.shape[-1] // 2
     return cos_sin[:, None, :half], cos_sin[:, None, half:]
-
-
-def _rotation(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
-    """positions [T] -> cos + i sin [T, 1, D/2] complex64."""
-    return torch.complex(*_cos_sin(positions, cos_sin_cache))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

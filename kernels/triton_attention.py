@@ -300,15 +300,20 @@ def paged_prefill_attention(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    max_new_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Triton prefill/extend attention; see ``kernels.paged_prefill_attention``."""
+    """Triton prefill/extend attention; see ``kernels.paged_prefill_attention``.
+
+    ``max_new_tokens``: the longest chunk, known on the host (sizes the grid without reading
+    cu_seqlens_q back from the device); None derives it.
+    """
     assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert block_table.stride(-1) == 1 and seq_lens.is_contiguous()
     assert cu_seqlens_q.is_contiguous()
     total, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    max_new = _max_new_tokens(cu_seqlens_q, total)
+    max_new = _max_new_tokens(cu_seqlens_q, total) if max_new_tokens is None else max_new_tokens
     if total == 0 or max_new == 0:
         return out
     group = num_q_heads // num_kv_heads

@@ -1,13 +1,21 @@
-"""Shared engine fixtures. The real model and the transformers references load once per session."""
+"""Shared engine fixtures. The real model and the transformers references load once per session.
+
+TRITON_INTERPRET is read when a Triton kernel is decorated, and the kernels package imports its
+Triton modules on first use: set here, at collection, it reaches the end-to-end Triton test
+(test_engine_triton_e2e.py) on CPU. A run that sets TRITON_INTERPRET=0 (a GPU) keeps its value.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from engine.loader import LoadedModel, default_model_path, load_model
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -24,13 +24,13 @@ SAMPLES: dict[str, str] = {
     "model": "/models/x.gguf", "dtype": "float16", "quantization": "fp16", "page_size": "32",
     "num_pages": "64", "memory_budget_bytes": "1000000", "max_num_seqs": "3",
     "max_num_batched_tokens": "128", "max_model_len": "256", "enable_prefix_caching": "false",
-    "seed": "7", "device": "cuda",
+    "seed": "7", "device": "cuda", "kernel_backend": "triton",
 }
 EXPECTED: dict[str, object] = {
     "model": "/models/x.gguf", "dtype": "float16", "quantization": "fp16", "page_size": 32,
     "num_pages": 64, "memory_budget_bytes": 1_000_000, "max_num_seqs": 3,
     "max_num_batched_tokens": 128, "max_model_len": 256, "enable_prefix_caching": False,
-    "seed": 7, "device": "cuda",
+    "seed": 7, "device": "cuda", "kernel_backend": "triton",
 }
 
 

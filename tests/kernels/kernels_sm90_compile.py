@@ -24,12 +24,16 @@ ATTENTION_CASES = [  # (kernel, dtype, constexprs) as the launch wrappers choose
                                      BLOCK_N=32, BLOCK_D=128, DOT_PRECISION="tf32")),
 ]
 OP_CASES = [  # (kernel, pointer types beyond the fp16 defaults, constexprs)
-    ("_store_kv_kernel", {"slot_ptr": "*i64"}, dict(NUM_HEADS=3, HEAD_DIM=64, BLOCK_H=4,
-                                                    BLOCK_D=64)),
-    ("_rms_norm_kernel", {"eps": "fp32"}, dict(HAS_RESIDUAL=True, BLOCK=1024)),
+    ("_store_kv_kernel", {"slot_ptr": "*i64"}, dict(NUM_HEADS=3, HEAD_DIM=64, BLOCK_T=1,
+                                                    BLOCK_HD=256)),
+    ("_rms_norm_kernel", {"eps": "fp32"}, dict(HAS_RESIDUAL=True, BLOCK_R=1, BLOCK=1024)),
     ("_rotary_kernel", {"pos_ptr": "*i64", "cache_ptr": "*fp32"},
-     dict(HALF=32, INTERLEAVED=True, BLOCK=32)),
-    ("_silu_and_mul_kernel", {}, dict(BLOCK=1024)),
+     dict(NUM_Q_HEADS=9, NUM_K_HEADS=3, HALF=32, INTERLEAVED=True, BLOCK_T=1, BLOCK_JQ=512,
+          BLOCK_JK=128)),
+    ("_rotary_kernel", {"pos_ptr": "*i64", "cache_ptr": "*fp32"},
+     dict(NUM_Q_HEADS=32, NUM_K_HEADS=8, HALF=64, INTERLEAVED=False, BLOCK_T=1, BLOCK_JQ=2048,
+          BLOCK_JK=512)),
+    ("_silu_and_mul_kernel", {}, dict(BLOCK_R=1, BLOCK=1024)),
 ]
 
 

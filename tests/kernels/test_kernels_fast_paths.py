@@ -1,16 +1,15 @@
 """The CPU torch fast paths against kernels.naive: fused-QKV rotary, consecutive-page decode
-reads, and the per-step memo of ``kernels.checks.step_scope``."""
+reads, and the explicit per-step plans of ``kernels.plan_attention`` / ``kernels.plan_rotary``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import pytest
 import torch
 
 import kernels
-from kernels import checks, naive, torch_attention, torch_ops
+from kernels import naive, torch_attention, torch_ops
 
 from .kernels_cases import ATTENTION_TOL, ROTARY_TOL, STORE_TOL, assert_close, make_paged_batch
 
@@ -129,11 +128,11 @@ DECODE_VIEW_CASES = {  # name: (lengths, page lists, num_pages)
 def test_decode_consecutive_pages_matches_naive(case: str, dtype: torch.dtype) -> None:
     lens, pages, num_pages = DECODE_VIEW_CASES[case]
     q, k_cache, v_cache, block_table, seq_lens = paged_case(lens, pages, num_pages, dtype)
-    plan = torch_attention._decode_plan(block_table, seq_lens, PAGE_SIZE, num_pages)
+    plan = torch_attention.decode_read_plan(block_table, seq_lens, PAGE_SIZE, num_pages)
     # the case reads sequence by sequence, each as a view exactly when its pages are consecutive
     assert plan.pages is None
     for seq in plan.seqs:
-        is_run = pages[seq.index] == consecutive(pages[seq.index][0], lens[seq.index])
+        is_run = pages[seq.row] == consecutive(pages[seq.row][0], lens[seq.row])
         assert (seq.first_page >= 0) == is_run
     k_before, v_before = k_cache.clone(), v_cache.clone()
     scale = HEAD_DIM**-0.5
@@ -168,29 +167,35 @@ def test_decode_view_reads_only_the_sequence_length(dtype: torch.dtype) -> None:
     assert torch.equal(before, after)
 
 
-# --- 3. step_scope: the per-step memo -----------------------------------------------------------
+# --- 3. explicit step plans -------------------------------------------------------------------
 
 
 DecodeArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]
 
 
-def decode_call(args: DecodeArgs) -> torch.Tensor:
+def decode_call(args: DecodeArgs, plan: kernels.AttentionPlan | None = None) -> torch.Tensor:
     """The torch decode on (q, k_cache, v_cache, block_table, seq_lens, scale)."""
     q, k_cache, v_cache, block_table, seq_lens, scale = args
     return kernels.paged_decode_attention(
-        q, k_cache, v_cache, block_table, seq_lens, scale, backend="torch"
+        q, k_cache, v_cache, block_table, seq_lens, scale, backend="torch", plan=plan
     )
 
 
-def scoped_twice(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """fn() inside a scope, twice (the second call reads the memo), and inside a nested one."""
-    with checks.step_scope():
-        first = fn()
-        again = fn()
-        with checks.step_scope():
-            nested = fn()
-    assert torch.equal(first, again)
-    return first, nested
+def decode_plan(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, k_cache: torch.Tensor
+) -> kernels.AttentionPlan:
+    """A decode step's plan: one new token per non-empty sequence, its slots skipped (-1)."""
+    new = (seq_lens > 0).to(torch.int32)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), new.cumsum(0, dtype=torch.int32)])
+    return kernels.plan_attention(
+        block_table,
+        seq_lens,
+        cu,
+        torch.full((int(new.sum()),), -1, dtype=torch.int64),
+        k_cache,
+        is_decode=True,
+        backend="torch",
+    )
 
 
 DECODE_LENS = {"padded": [40, 33, 48], "per-sequence": [70, 5, 0]}
@@ -198,21 +203,22 @@ DECODE_LENS = {"padded": [40, 33, 48], "per-sequence": [70, 5, 0]}
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("kind", list(DECODE_LENS))
-def test_decode_in_scope_equals_outside(kind: str, dtype: torch.dtype) -> None:
+def test_decode_with_plan_equals_without(kind: str, dtype: torch.dtype) -> None:
     batch = make_paged_batch(DECODE_LENS[kind], [1] * 3, 6, 2, HEAD_DIM, PAGE_SIZE, dtype, seed=3)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_table, batch.seq_lens, batch.scale)
-    plan = torch_attention._decode_plan(
-        batch.block_table, batch.seq_lens, PAGE_SIZE, batch.k_cache.shape[0]
-    )
-    assert (plan.pages is not None) == (kind == "padded")
+    plan = decode_plan(batch.block_table, batch.seq_lens, batch.k_cache)
+    assert plan.decode_reads is not None
+    # float16 may pad the batch; float32 on CPU always reads sequence by sequence
+    padded = kind == "padded" and dtype == torch.float16
+    assert (plan.decode_reads.pages is not None) == padded
     outside = decode_call(args)
-    scoped, nested = scoped_twice(lambda: decode_call(args))
-    assert torch.equal(scoped, outside) and torch.equal(nested, outside)
+    first, again = decode_call(args, plan), decode_call(args, plan)
+    assert torch.equal(first, outside) and torch.equal(again, outside)
     want = naive.paged_decode_attention(*args)
     assert_close(outside, want, ATTENTION_TOL[dtype])
 
 
-def test_decode_scope_reuses_plan_across_layers_with_other_caches() -> None:
+def test_decode_plan_reused_across_layers_with_other_caches() -> None:
     """One step, several layers: the same metadata tensors, a different q and cache per layer."""
     base = make_paged_batch([70, 5, 33], [1] * 3, 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
     shape = tuple(base.k_cache.shape)
@@ -221,15 +227,22 @@ def test_decode_scope_reuses_plan_across_layers_with_other_caches() -> None:
         for s in (10, 20)
     ]
     meta = (base.block_table, base.seq_lens, base.scale)
-    with checks.step_scope():
-        scoped = [decode_call((*layer, *meta)) for layer in layers]
-    for layer, out in zip(layers, scoped, strict=True):
+    plan = decode_plan(base.block_table, base.seq_lens, base.k_cache)
+    planned = [decode_call((*layer, *meta), plan) for layer in layers]
+    for layer, out in zip(layers, planned, strict=True):
         assert_close(out, naive.paged_decode_attention(*layer, *meta), ATTENTION_TOL[torch.float32])
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_prefill_in_scope_equals_outside(dtype: torch.dtype) -> None:
+def test_prefill_with_plan_equals_without(dtype: torch.dtype, backend: str) -> None:
     batch = make_paged_batch([20, 40, 9], [0, 5, 9], 6, 2, HEAD_DIM, PAGE_SIZE, dtype, seed=4)
+    slots = torch.full((batch.q.shape[0],), -1, dtype=torch.int64)
+    plan = kernels.plan_attention(
+        batch.block_table, batch.seq_lens, batch.cu_seqlens_q, slots, batch.k_cache,
+        backend=backend,
+    )  # fmt: skip
+    assert plan.max_new_tokens == 9
     args = (
         batch.q,
         batch.k_cache,
@@ -240,18 +253,18 @@ def test_prefill_in_scope_equals_outside(dtype: torch.dtype) -> None:
         batch.scale,
     )
 
-    def call() -> torch.Tensor:
-        return kernels.paged_prefill_attention(*args, backend="torch")
+    def call(plan: kernels.AttentionPlan | None) -> torch.Tensor:
+        return kernels.paged_prefill_attention(*args, backend=backend, plan=plan)
 
-    outside = call()
-    scoped, nested = scoped_twice(call)
-    assert torch.equal(scoped, outside) and torch.equal(nested, outside)
+    outside = call(None)
+    first, again = call(plan), call(plan)
+    assert torch.equal(first, outside) and torch.equal(again, outside)
     assert_close(outside, naive.paged_prefill_attention(*args), ATTENTION_TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_store_kv_in_scope_equals_outside(dtype: torch.dtype) -> None:
-    """Two layers store with one slot tensor: in a scope the second reuses the slots' plan."""
+def test_store_kv_with_plan_equals_without(dtype: torch.dtype) -> None:
+    """Two layers store with one slot tensor: with a plan the second reuses the kept slots."""
     shape = (5, 8, 2, HEAD_DIM)
     slots = torch.tensor([3, -1, 17, 39, -1, 8], dtype=torch.int32)
     layer_kv = [
@@ -265,98 +278,97 @@ def test_store_kv_in_scope_equals_outside(dtype: torch.dtype) -> None:
             for _ in layer_kv
         ]
 
-    want, outside, scoped = fresh_caches(), fresh_caches(), fresh_caches()
+    want, outside, planned = fresh_caches(), fresh_caches(), fresh_caches()
+    table = torch.zeros((1, 5), dtype=torch.int32)
+    plan = kernels.plan_attention(
+        table, torch.tensor([6], dtype=torch.int32), torch.tensor([0, 6], dtype=torch.int32),
+        slots, planned[0][0], backend="torch",
+    )  # fmt: skip
+    assert plan.kept_slots is not None and plan.kept_slots.keep is not None
     for (k, v), (kc, vc) in zip(layer_kv, want, strict=True):
         naive.store_kv(k, v, kc, vc, slots)
     for (k, v), (kc, vc) in zip(layer_kv, outside, strict=True):
         kernels.store_kv(k, v, kc, vc, slots, backend="torch")
-    with checks.step_scope():
-        for (k, v), (kc, vc) in zip(layer_kv, scoped, strict=True):
-            kernels.store_kv(k, v, kc, vc, slots, backend="torch")
-    for (wk, wv), (ok, ov), (sk, sv) in zip(want, outside, scoped, strict=True):
+    for (k, v), (kc, vc) in zip(layer_kv, planned, strict=True):
+        kernels.store_kv(k, v, kc, vc, slots, backend="torch", plan=plan)
+    for (wk, wv), (ok, ov), (sk, sv) in zip(want, outside, planned, strict=True):
         assert_close(ok, wk, STORE_TOL)
         assert_close(ov, wv, STORE_TOL)
         assert torch.equal(sk, ok) and torch.equal(sv, ov)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_rotary_in_scope_equals_outside(layout: str) -> None:
+def test_rotary_with_plan_equals_without(layout: str) -> None:
     cache = kernels.rotary_cache(64, HEAD_DIM, THETA)
     positions = torch.arange(9, 16)
+    plan = kernels.plan_rotary(positions, cache, layout, backend="torch")
     fused = fused_qkv_views(7, 6, 2, HEAD_DIM, torch.float32)[1:]
     separate = (randn(7, 6, HEAD_DIM, seed=5), randn(7, 2, HEAD_DIM, seed=6))
     for q, k in (fused, separate):
 
-        def call(q: torch.Tensor = q, k: torch.Tensor = k) -> torch.Tensor:
-            return torch.cat(kernels.rotary(q, k, positions, cache, layout, backend="torch"), 1)
+        def call(
+            plan: kernels.RotaryPlan | None, q: torch.Tensor = q, k: torch.Tensor = k
+        ) -> torch.Tensor:
+            rotated = kernels.rotary(q, k, positions, cache, layout, backend="torch", plan=plan)
+            return torch.cat(rotated, 1)
 
-        outside = call()
-        scoped, nested = scoped_twice(call)
-        assert torch.equal(scoped, outside) and torch.equal(nested, outside)
+        outside = call(None)
+        first, again = call(plan), call(plan)
+        assert torch.equal(first, outside) and torch.equal(again, outside)
         ref_q, ref_k = naive.rotary(q, k, positions, HEAD_DIM, THETA, layout)
         assert_close(outside, torch.cat([ref_q, ref_k], 1), ROTARY_TOL[torch.float32])
 
 
-def test_scope_memo_is_per_scope_nested_and_restored() -> None:
-    t = torch.tensor([1, 2, 3])
-    calls: list[int] = []
-
-    def compute() -> int:
-        calls.append(1)
-        return len(calls)
-
-    assert checks.memoized("tag", (t,), compute) == 1  # no scope: always computed
-    assert checks.memoized("tag", (t,), compute) == 2
-    with checks.step_scope() as outer:
-        assert checks.memoized("tag", (t,), compute) == 3
-        assert checks.memoized("tag", (t,), compute) == 3  # memo hit
-        assert checks.memoized("other", (t,), compute) == 4  # the tag is part of the key
-        with checks.step_scope() as inner:
-            assert inner is not outer
-            assert checks.memoized("tag", (t,), compute) == 5  # inner starts empty
-            assert checks.memoized("tag", (t,), compute) == 5
-        assert checks.memoized("tag", (t,), compute) == 3  # outer memo restored
-    assert checks.memoized("tag", (t,), compute) == 6  # scope closed: computed again
-
-
-def test_scope_memo_never_confuses_a_new_tensor_with_a_freed_one() -> None:
-    """The memo keys by id(); it must hold its tensors so a new tensor cannot reuse an id."""
-    with checks.step_scope():
-        for i in range(50):
-            t = torch.tensor([i])
-            assert checks.memoized("value", (t,), lambda t=t: int(t.item())) == i
-            del t
+def test_plan_refuses_a_call_it_was_not_built_for() -> None:
+    """A plan names its tensors, cache geometry, backend and layout; any other call is refused."""
+    batch = make_paged_batch([40, 33], [1, 1], 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_table, batch.seq_lens, batch.scale)
+    plan = decode_plan(batch.block_table, batch.seq_lens, batch.k_cache)
+    equal_copy = (*args[:3], batch.block_table.clone(), *args[4:])
+    with pytest.raises(ValueError, match="another block_table"):
+        decode_call(equal_copy, plan)  # type: ignore[arg-type]
+    bigger = torch.zeros((batch.k_cache.shape[0] + 1, *batch.k_cache.shape[1:]))
+    with pytest.raises(ValueError, match="plan built for a cache"):
+        decode_call((args[0], bigger, bigger, *args[3:]), plan)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="backend"):
+        kernels.paged_decode_attention(*args, backend="triton", plan=plan)
+    cache = kernels.rotary_cache(64, HEAD_DIM, THETA)
+    positions = torch.arange(3)
+    rot = kernels.plan_rotary(positions, cache, "half", backend="torch")
+    q, k = randn(3, 2, HEAD_DIM), randn(3, 1, HEAD_DIM)
+    with pytest.raises(ValueError, match="layout"):
+        kernels.rotary(q, k, positions, cache, "interleaved", backend="torch", plan=rot)
+    with pytest.raises(ValueError, match="other positions"):
+        kernels.rotary(q, k, positions.clone(), cache, "half", backend="torch", plan=rot)
 
 
-def test_new_scope_sees_metadata_changed_between_steps() -> None:
-    """The engine may refill its metadata tensors between steps: each step's scope re-reads."""
+def test_new_plan_sees_metadata_changed_between_steps() -> None:
+    """The engine may refill its metadata tensors between steps: each step's plan re-reads."""
     batch = make_paged_batch([40, 33, 48], [1] * 3, 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
     seq_lens = batch.seq_lens.clone()
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_table, seq_lens, batch.scale)
     for lens in ([40, 33, 48], [41, 34, 48], [3, 33, 20]):
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        with checks.step_scope():
-            out = decode_call(args)
+        out = decode_call(args, decode_plan(batch.block_table, seq_lens, batch.k_cache))
         assert_close(out, naive.paged_decode_attention(*args), ATTENTION_TOL[torch.float32])
     seq_lens.fill_(1000)
-    with checks.step_scope(), pytest.raises(ValueError, match="exceeds block_table capacity"):
-        decode_call(args)
+    with pytest.raises(ValueError, match="exceeds block_table capacity"):
+        decode_plan(batch.block_table, seq_lens, batch.k_cache)
 
 
-def in_and_out_of_scope(fn: Callable[[], object], error: type[Exception], match: str) -> None:
-    """fn raises the same clear error outside a scope, inside one (twice), and nested."""
+def raises_with_and_without_plan(
+    call: Callable[[], object], make_plan: Callable[[], object], error: type[Exception], match: str
+) -> None:
+    """The op refuses bad input on its own, and building the step's plan refuses it too."""
+    for _ in range(2):  # a failed check leaves nothing behind that lets the next call through
+        with pytest.raises(error, match=match):
+            call()
     with pytest.raises(error, match=match):
-        fn()
-    with checks.step_scope():
-        for _ in range(2):  # a failed check must not be memoized as passed
-            with pytest.raises(error, match=match):
-                fn()
-        with checks.step_scope(), pytest.raises(error, match=match):
-            fn()
+        make_plan()
 
 
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
-def test_seq_lens_beyond_block_table_raises_in_scope(kind: str) -> None:
+def test_seq_lens_beyond_block_table_raises(kind: str) -> None:
     batch = make_paged_batch([20, 9], [4, 9], 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
     good_lens = batch.seq_lens
     bad_lens = torch.tensor([20, 2 * PAGE_SIZE + 1], dtype=torch.int32)  # 2 pages hold 32
@@ -383,57 +395,74 @@ def test_seq_lens_beyond_block_table_raises_in_scope(kind: str) -> None:
             backend="torch",
         )
 
-    in_and_out_of_scope(lambda: call(bad_lens), ValueError, "exceeds block_table capacity")
-    with checks.step_scope():  # a good call first does not let a bad one through
-        call(good_lens)
-        with pytest.raises(ValueError, match="exceeds block_table capacity"):
-            call(bad_lens)
+    call(good_lens)  # a good call first does not let a bad one through
+    raises_with_and_without_plan(
+        lambda: call(bad_lens),
+        lambda: decode_plan(batch.block_table, bad_lens, batch.k_cache),
+        ValueError,
+        "exceeds block_table capacity",
+    )
 
 
-def test_slot_beyond_cache_raises_in_scope() -> None:
+def test_slot_beyond_cache_raises() -> None:
     k = randn(3, 1, HEAD_DIM)
     big = (randn(4, 8, 1, HEAD_DIM), randn(4, 8, 1, HEAD_DIM))  # 32 slots
     small = (randn(2, 8, 1, HEAD_DIM), randn(2, 8, 1, HEAD_DIM))  # 16 slots
     slots = torch.tensor([0, 1, 16])
-    in_and_out_of_scope(lambda: kernels.store_kv(k, k, *small, slots), ValueError, "cache capacity")
-    with checks.step_scope():  # slots that fit one cache are still checked against a smaller one
-        kernels.store_kv(k, k, *big, slots)
-        assert torch.equal(big[0][2, 0], k[2])
-        with pytest.raises(ValueError, match="cache capacity"):
-            kernels.store_kv(k, k, *small, slots)
+    meta = (
+        torch.zeros((1, 1), dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32),
+        torch.tensor([0, 3], dtype=torch.int32),
+        slots,
+    )
+    raises_with_and_without_plan(
+        lambda: kernels.store_kv(k, k, *small, slots),
+        lambda: kernels.plan_attention(*meta, small[0]),
+        ValueError,
+        "cache capacity",
+    )
+    plan = kernels.plan_attention(*meta, big[0])
+    kernels.store_kv(k, k, *big, slots, plan=plan)
+    assert torch.equal(big[0][2, 0], k[2])
+    with pytest.raises(ValueError, match="plan built for a cache"):  # a plan fits one geometry
+        kernels.store_kv(k, k, *small, slots, plan=plan)
 
 
-def test_position_beyond_rotary_cache_raises_in_scope() -> None:
+def test_position_beyond_rotary_cache_raises() -> None:
     q, k = randn(3, 2, HEAD_DIM), randn(3, 1, HEAD_DIM)
     positions = torch.tensor([0, 5, 40])
-    in_and_out_of_scope(
-        lambda: kernels.rotary(q, k, positions, kernels.rotary_cache(16, HEAD_DIM, THETA)),
+    small = kernels.rotary_cache(16, HEAD_DIM, THETA)
+    raises_with_and_without_plan(
+        lambda: kernels.rotary(q, k, positions, small),
+        lambda: kernels.plan_rotary(positions, small),
         ValueError,
         "positions must lie in",
     )
-    with checks.step_scope():  # positions checked against each call's cache, not the first one
-        kernels.rotary(q, k, positions, kernels.rotary_cache(64, HEAD_DIM, THETA))
-        with pytest.raises(ValueError, match="positions must lie in"):
-            kernels.rotary(q, k, positions, kernels.rotary_cache(16, HEAD_DIM, THETA))
+    big = kernels.rotary_cache(64, HEAD_DIM, THETA)
+    plan = kernels.plan_rotary(positions, big)
+    kernels.rotary(q, k, positions, big, plan=plan)
+    with pytest.raises(ValueError, match="another cos/sin table"):
+        kernels.rotary(q, k, positions, small, plan=plan)
 
 
 @pytest.mark.parametrize(
     "lens", [pytest.param([20, 20], id="padded"), [60, 5]], ids=str
 )
-@pytest.mark.parametrize("scoped", [False, True])
-def test_decode_page_id_beyond_cache_raises(lens: list[int], scoped: bool) -> None:
+@pytest.mark.parametrize("planned", [False, True])
+def test_decode_page_id_beyond_cache_raises(lens: list[int], planned: bool) -> None:
     """A sequence's own page id past the cache is bad input on every decode path (the padded
     path once read it silently as the last page)."""
-    batch = make_paged_batch(lens, [1, 1], 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
+    batch = make_paged_batch(lens, [1, 1], 6, 2, HEAD_DIM, PAGE_SIZE, torch.float16)
     num_pages = batch.k_cache.shape[0]
     block_table = batch.block_table.clone()
     block_table[0, 1] = num_pages + 5  # token 16 of sequence 0 lives in this page
     args = (batch.q, batch.k_cache, batch.v_cache, block_table, batch.seq_lens, batch.scale)
-    padded = torch_attention._decode_plan(block_table, batch.seq_lens, PAGE_SIZE, num_pages)
+    padded = torch_attention.decode_read_plan(block_table, batch.seq_lens, PAGE_SIZE, num_pages)
     assert (padded.pages is not None) == (lens == [20, 20])
     with pytest.raises(IndexError):  # the reference cannot read it either
         naive.paged_decode_attention(*args)
-    with checks.step_scope() if scoped else nullcontext(), pytest.raises(
-        ValueError, match="outside the cache"
-    ):
-        decode_call(args)
+    with pytest.raises(ValueError, match="outside the cache"):
+        if planned:
+            decode_plan(block_table, batch.seq_lens, batch.k_cache)
+        else:
+            decode_call(args)

@@ -6,6 +6,8 @@ two where head indexing matters.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -54,6 +56,9 @@ def prefill(batch: PagedBatch, fn=kernels.paged_prefill_attention, **kw) -> torc
               batch.seq_lens, batch.scale, **kw)
 
 
+@pytest.mark.skipif(
+    os.environ.get("PREFIXGATE_KERNEL_DEVICE", "cpu") != "cpu", reason="kernels run on a GPU"
+)
 def test_interpreter_is_on() -> None:
     assert triton_interpret_enabled()
 

@@ -84,3 +84,41 @@ def test_triton_silu_and_mul_matches_naive(shape: tuple[int, ...], dtype: torch.
     out = kernels.silu_and_mul(x, backend="triton")
     assert out.shape == (*shape[:-1], shape[-1] // 2) and out.dtype == dtype
     assert_close(out, naive.silu_and_mul(x), SILU_TOL[dtype])
+
+
+@pytest.mark.parametrize("tokens", [33, 70])
+def test_triton_ops_over_several_row_blocks(tokens: int) -> None:
+    """More rows than one program takes (32 in the interpreter): every block, tail masked.
+    q and k are views of one fused QKV row, as the engine passes them."""
+    heads, kv_heads, head_dim = 4, 2, 16
+    qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, seed=tokens)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)
+    positions = torch.arange(5, 5 + tokens)
+    cache = kernels.rotary_cache(128, head_dim, 10000.0)
+    q_rot, k_rot = kernels.rotary(q, k, positions, cache, layout="half", backend="triton")
+    want_q, want_k = naive.rotary(q, k, positions, head_dim, 10000.0, "half")
+    assert_close(q_rot, want_q, ROTARY_TOL[torch.float32])
+    assert_close(k_rot, want_k, ROTARY_TOL[torch.float32])
+
+    slots = torch.randperm(12 * 8, generator=torch.Generator().manual_seed(1))[:tokens]
+    slots[3] = -1
+    k_cache = torch.zeros(12, 8, kv_heads, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+    naive.store_kv(k, v, want_k_cache, want_v_cache, slots)
+    kernels.store_kv(k, v, k_cache, v_cache, slots, backend="triton")
+    assert torch.equal(k_cache, want_k_cache) and torch.equal(v_cache, want_v_cache)
+
+    x, res, w = randn(tokens, 64, seed=2), randn(tokens, 64, seed=3), randn(64, seed=4)
+    normed, summed = kernels.rms_norm(x, w, 1e-5, residual=res, backend="triton")
+    assert torch.equal(summed, x + res)
+    assert_close(normed, naive.rms_norm(x + res, w, 1e-5), NORM_TOL[torch.float32])
+
+    gate_up = randn(tokens, 2 * 96, seed=5)
+    assert_close(
+        kernels.silu_and_mul(gate_up, backend="triton"),
+        naive.silu_and_mul(gate_up),
+        SILU_TOL[torch.float32],
+    )

@@ -28,8 +28,9 @@ EXPORTS: dict[str, set[str]] = {
         "pack_tokens",
     },
     "kernels": {
-        "paged_decode_attention", "paged_prefill_attention", "rms_norm", "rotary",
-        "rotary_cache", "silu_and_mul", "store_kv",
+        "BACKENDS", "AttentionPlan", "Backend", "RotaryPlan", "paged_decode_attention",
+        "paged_prefill_attention", "plan_attention", "plan_rotary", "resolve_backend",
+        "rms_norm", "rotary", "rotary_cache", "silu_and_mul", "store_kv",
     },
 }
 
