@@ -16,6 +16,8 @@ import torch
 from engine.linear import QUANTIZATIONS, Quantization
 
 DType = Literal["float32", "bfloat16", "float16"]
+Speculative = Literal["ngram"]
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram",)
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -45,6 +47,10 @@ class EngineConfig:
     enable_prefix_caching: reuse KV pages of earlier requests through the radix cache.
     seed: seeds the sampler of requests that carry no seed of their own.
     device: torch device of weights and KV cache ("cpu" runs the torch reference kernels).
+    speculative: None (off) or "ngram": prompt-lookup speculative decoding (engine.speculative);
+        a request opts out with SamplingParams(speculative=False).
+    num_speculative_tokens: most draft tokens verified per sequence and step.
+    ngram_min / ngram_max: shortest and longest suffix (in tokens) looked up in the context.
     """
 
     model: str | Path | None = None
@@ -59,6 +65,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     device: str = "cpu"
+    speculative: Speculative | None = None
+    num_speculative_tokens: int = 5
+    ngram_min: int = 1
+    ngram_max: int = 4
 
     def __post_init__(self) -> None:
         if self.dtype not in TORCH_DTYPES:
@@ -84,6 +94,21 @@ class EngineConfig:
             raise ValueError("give num_pages or memory_budget_bytes, not both")
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative must be None or one of {SPECULATIVE_METHODS}, "
+                f"got {self.speculative!r}"
+            )
+        _positive("num_speculative_tokens", self.num_speculative_tokens)
+        _positive("ngram_min", self.ngram_min)
+        _positive("ngram_max", self.ngram_max)
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
