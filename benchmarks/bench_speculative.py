@@ -64,8 +64,9 @@ def source_file(lines: int = 200) -> str:
 
 def tool_result() -> str:
     records = [
-        {"id": f"rec-{i:04d}", "owner": f"user{i}@example.com", "path": f"/srv/data/part-{i:03d}.csv",
-         "size_bytes": 1000 + 37 * i, "tags": ["nightly", f"shard-{i % 4}"], "checksum": f"{i * 7919:08x}"}
+        {"id": f"rec-{i:04d}", "owner": f"user{i}@example.com",
+         "path": f"/srv/data/part-{i:03d}.csv", "size_bytes": 1000 + 37 * i,
+         "tags": ["nightly", f"shard-{i % 4}"], "checksum": f"{i * 7919:08x}"}
         for i in range(12)
     ]
     return json.dumps({"status": "ok", "records": records}, indent=2)
@@ -84,7 +85,8 @@ def traces(max_tokens: int) -> dict[str, tuple[list[dict[str, Any]], int]]:
         {"role": "system", "content": "You are an operations agent. Call tools by writing one "
          "JSON object with the keys name and arguments."},
         {"role": "user", "content": "List the nightly records."},
-        {"role": "assistant", "content": '{"name": "list_records", "arguments": {"tag": "nightly"}}'},
+        {"role": "assistant",
+         "content": '{"name": "list_records", "arguments": {"tag": "nightly"}}'},
         {"role": "user", "content": "Tool result:\n" + tool_result() + "\n\nNow call "
          "`archive_records` with the full JSON objects of records rec-0003, rec-0004 and "
          "rec-0005 exactly as returned (all fields)."},
@@ -119,7 +121,6 @@ def run_engine(engine: Engine, prompt: list[int], max_tokens: int) -> Run:
             if update.request_id == rid:
                 steps += 1
                 output = update.output or output
-    n = output.completion_tokens
     tps = 1.0 / output.tpot if output.tpot > 0 else 0.0
     return Run(output.token_ids, tps, output.draft_tokens, output.accepted_tokens, steps - 1)
 

@@ -37,17 +37,16 @@ class ModelRunner:
     def prepare(self, batch: Seq[ScheduledSeq]) -> StepInputs:
         """Flatten the step: new tokens, positions, slots, page tables, who samples.
 
-        A step in which every sequence has one uncomputed token (decode, or decode + a
-        speculative draft) is laid out as decode rows: one attention row per query token with
-        its own length (a draft token at position p sees keys <= p), so verification reads the
-        paged KV through the decode kernel, exactly as plain decoding of those tokens would.
-        Otherwise draft tokens run with the prefill chunks through the causal prefill kernel.
+        A sequence with a speculative draft contributes its uncomputed token then the draft
+        tokens, so the step is a short prefill for it (causal over the paged KV), and its
+        last 1 + len(draft) rows get logits.
         """
         ps = self.page_size
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         cu = [0]
+        seq_lens: list[int] = []
         sampling: list[int] = []
         num_logits: list[int] = []
         for index, (seq, n, draft) in enumerate(batch):
@@ -58,40 +57,29 @@ class ModelRunner:
             positions.extend(range(start, start + m))
             slots.extend(seq.pages[p // ps] * ps + p % ps for p in range(start, start + m))
             cu.append(cu[-1] + m)
+            seq_lens.append(start + m)
             if start + n == seq.num_tokens:
                 sampling.append(index)
                 num_logits.append(1 + len(draft))
-        pairs = zip(sampling, num_logits, strict=True)
-        row_ids = [r for i, k in pairs for r in range(cu[i + 1] - k, cu[i + 1])]
-        dev = self.device
-        return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            meta=self._metadata(batch, slots, cu, positions),
-            logit_rows=torch.tensor(row_ids, dtype=torch.int64, device=dev),
-            sampling=sampling,
-            num_logits=num_logits,
-        )
-
-    def _metadata(
-        self, batch: Seq[ScheduledSeq], slots: list[int], cu: list[int], positions: list[int]
-    ) -> AttentionMetadata:
         width = max(len(s.seq.pages) for s in batch)
+        table = [s.seq.pages + [0] * (width - len(s.seq.pages)) for s in batch]
         dev = self.device
-        if all(s.num_new_tokens == 1 for s in batch):  # decode rows, one per query token
-            tables = [s.seq.pages + [0] * (width - len(s.seq.pages)) for s in batch]
-            table = [tables[i] for i, s in enumerate(batch) for _ in range(s.num_step_tokens)]
-            seq_lens = [p + 1 for p in positions]
-            cu = list(range(len(positions) + 1))
-        else:
-            table = [s.seq.pages + [0] * (width - len(s.seq.pages)) for s in batch]
-            seq_lens = [s.seq.num_computed_tokens + s.num_step_tokens for s in batch]
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             block_table=torch.tensor(table, dtype=torch.int32, device=dev),
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            is_decode=len(positions) == len(cu) - 1,
+            is_decode=all(s.num_step_tokens == 1 for s in batch),
+        )
+        pairs = zip(sampling, num_logits, strict=True)
+        row_ids = [r for i, k in pairs for r in range(cu[i + 1] - k, cu[i + 1])]
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            meta=meta,
+            logit_rows=torch.tensor(row_ids, dtype=torch.int64, device=dev),
+            sampling=sampling,
+            num_logits=num_logits,
         )
 
     @torch.inference_mode()
