@@ -67,6 +67,7 @@ class GatewayConfig:
     engine_max_num_seqs: int | None = None
     engine_device: str | None = None
     engine_quantization: str = "none"  # "none" (fp32, the reference) or "fp16" weights
+    engine_speculative: str | None = None  # "ngram": prompt-lookup speculative decoding
     default_max_tokens: int = 256
     # Stats writer.
     stats_flush_interval_s: float = 0.25
@@ -93,6 +94,10 @@ class GatewayConfig:
         if self.engine_quantization not in ("none", "fp16"):
             raise ValueError(
                 f"engine_quantization must be 'none' or 'fp16', got {self.engine_quantization!r}"
+            )
+        if self.engine_speculative not in (None, "ngram"):
+            raise ValueError(
+                f"engine_speculative must be unset or 'ngram', got {self.engine_speculative!r}"
             )
         if not self.model_name:
             raise ValueError("model_name must not be empty")
@@ -216,6 +221,7 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_ENGINE_MAX_NUM_SEQS": ("engine_max_num_seqs", _optional_int),
     "PREFIXGATE_ENGINE_DEVICE": ("engine_device", str),
     "PREFIXGATE_ENGINE_QUANTIZATION": ("engine_quantization", str),
+    "PREFIXGATE_ENGINE_SPECULATIVE": ("engine_speculative", str),
     "PREFIXGATE_DEFAULT_MAX_TOKENS": ("default_max_tokens", int),
 }
 """Every PREFIXGATE_* variable the gateway reads: name -> (GatewayConfig field, parser)."""

@@ -94,9 +94,14 @@ class Ticket:
 def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...], request_id: str) -> dict[
     str, str
 ]:
-    """The x-prefixgate-* headers of a response."""
+    """The x-prefixgate-* headers of a response (x-prefixgate-spec-accepted only when the
+    usage knows it: a non-streaming response from the embedded engine)."""
     prompt = usage.prompt_tokens if usage else 0
     cached = usage.cached_tokens if usage else 0
+    spec = {} if usage is None or usage.spec_accepted_tokens is None else {
+        "x-prefixgate-spec-accepted": str(usage.spec_accepted_tokens),
+        "x-prefixgate-spec-draft": str(usage.spec_draft_tokens or 0),
+    }
     return {
         "x-request-id": request_id,
         "x-prefixgate-cached-tokens": str(cached),
@@ -104,6 +109,7 @@ def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...], request_i
         "x-prefixgate-hit-rate": f"{cached / prompt:.4f}" if prompt else "0.0000",
         "x-prefixgate-prefill-saved-ms": f"{usage.prefill_saved_ms:.1f}" if usage else "0.0",
         "x-prefixgate-lint": ",".join(lint_ids),
+        **spec,
     }
 
 

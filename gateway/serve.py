@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", dest="engine_device", help="engine device (cpu, cuda)")
     p.add_argument("--quantization", dest="engine_quantization", choices=("none", "fp16"),
                    help="engine weights: none (fp32) or fp16 (faster CPU decode)")
+    p.add_argument("--speculative", dest="engine_speculative", choices=("ngram",),
+                   help="speculative decoding in the embedded engine (ngram: prompt lookup)")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     return p
 
@@ -60,7 +62,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         name: getattr(args, name)
         for name in ("host", "port", "db_url", "admin_key", "lint_mode", "store_prompts",
                      "model_path", "model_name", "engine_num_pages", "engine_device",
-                     "engine_quantization")
+                     "engine_quantization", "engine_speculative")
     }
     overrides["api_keys"] = keys
     if args.upstream:

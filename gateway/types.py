@@ -58,6 +58,9 @@ class Usage:
     ttft: float | None = None
     tpot: float | None = None
     prefill_saved_ms: float = 0.0
+    # speculative decoding (embedded engine): draft tokens verified / accepted; None = unknown
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ def engine_config(config: GatewayConfig) -> Any:
         values["max_num_seqs"] = config.engine_max_num_seqs
     if config.engine_device is not None:
         values["device"] = config.engine_device
+    if config.engine_speculative is not None:
+        values["speculative"] = config.engine_speculative
     return EngineConfig(**values)
 
 
@@ -141,6 +143,7 @@ class EmbeddedBackend:
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, ttft=out.ttft, tpot=out.tpot,
             prefill_saved_ms=self._saved_ms(out.cached_tokens),
+            spec_draft_tokens=out.draft_tokens, spec_accepted_tokens=out.accepted_tokens,
         )
         return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage)
 
