@@ -13,14 +13,12 @@ errors up to ~15 on this model, and the quantized-tensor API is deprecated).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-Quantization = Literal["none", "fp16"]
-QUANTIZATIONS: tuple[str, ...] = ("none", "fp16")
+from engine.config import QUANTIZATIONS as QUANTIZATIONS  # re-exported: older imports
+from engine.config import Quantization as Quantization
 
 
 class DenseLinear(nn.Module):

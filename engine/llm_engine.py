@@ -16,9 +16,10 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import DEFAULT_MEMORY_BUDGET, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequest, RequestTooLong
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import EngineStats, RequestOutput, RequestUpdate
+from engine.outputs import EngineStats, RequestOutput, StreamDelta
 from engine.plan import pages_for_budget, shape_from_config
 from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
@@ -123,9 +124,10 @@ class Engine:
         ids = self._prompt_ids(prompt)
         limit = self.max_seq_len - 1
         if len(ids) > limit:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens; at most {limit} fit (max_model_len="
-                f"{self.max_model_len}, KV pool={self.num_pages * self.config.page_size} tokens)"
+            pool = self.num_pages * self.config.page_size
+            raise RequestTooLong(
+                prompt_tokens=len(ids), limit=limit,
+                detail=f"max_model_len={self.max_model_len}, KV pool={pool} tokens",
             )
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         stops = frozenset(params.stop_token_ids)
@@ -142,21 +144,24 @@ class Engine:
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("prompt must not be empty")
+                raise InvalidRequest("prompt must not be empty", field="prompt")
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.loaded.config.vocab_size]
             if bad:
-                raise ValueError(f"prompt token ids outside the vocabulary: {bad[:5]}")
+                raise InvalidRequest(f"prompt token ids outside the vocabulary: {bad[:5]}",
+                                     field="prompt")
         if not ids:
-            raise ValueError("prompt must not be empty (it encodes to no tokens)")
+            raise InvalidRequest("prompt must not be empty (it encodes to no tokens)",
+                                 field="prompt")
         return ids
 
     def enqueue(self, seq: Sequence) -> None:
         """Queue a sequence built by `make_sequence`."""
         if seq.request_id in self._seqs:
-            raise ValueError(f"request id {seq.request_id!r} is already running")
+            raise InvalidRequest(f"request id {seq.request_id!r} is already running",
+                                 field="request_id")
         self._seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
@@ -173,8 +178,8 @@ class Engine:
         return self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ stepping
-    def step(self) -> list[RequestUpdate]:
-        """Run one scheduling step; returns an update for every request that got tokens
+    def step(self) -> list[StreamDelta]:
+        """Run one scheduling step; returns a delta for every request that got tokens
         (or finished, with its `RequestOutput`). With speculative decoding a request may get
         several tokens in one step."""
         out = self.scheduler.schedule()
@@ -245,15 +250,14 @@ class Engine:
 
     def _postprocess(
         self, sampled: list[ScheduledSeq], verdicts: list[Verdict], now: float
-    ) -> list[RequestUpdate]:
+    ) -> list[StreamDelta]:
         updates = []
         for scheduled, verdict in zip(sampled, verdicts, strict=True):
             seq = scheduled.seq
             tokens = self._commit(seq, verdict, now)
             output = seq.to_output() if seq.is_finished else None
             text = seq.detokenizer.delta(final=seq.is_finished)
-            updates.append(RequestUpdate(seq.request_id, tokens, text, seq.is_finished, output,
-                                         seq.cached_tokens))
+            updates.append(self.delta(seq, tokens, text, output))
         return updates
 
     def _commit(self, seq: Sequence, verdict: Verdict, now: float) -> list[int]:
@@ -290,6 +294,22 @@ class Engine:
         self.block_manager.rollback(seq)
         self.block_manager.cache_computed(seq)
 
+    def delta(
+        self, seq: Sequence, token_ids: list[int], text: str, output: RequestOutput | None
+    ) -> StreamDelta:
+        """The `StreamDelta` of `seq` for this step (finished when `output` is set)."""
+        return StreamDelta(
+            request_id=seq.request_id, text=text, token_ids=token_ids,
+            finished=output is not None, output=output, cached_tokens=seq.cached_tokens,
+            prefill_saved_ms=self.prefill_saved_ms(seq.cached_tokens),
+        )
+
+    def prefill_saved_ms(self, cached_tokens: int) -> float:
+        """Prefill time that `cached_tokens` reused tokens saved: cached_tokens divided by the
+        measured prefill throughput, in ms (0.0 before any prefill was measured)."""
+        rate = self.prefill_rate.value
+        return cached_tokens / rate * 1000.0 if rate and cached_tokens else 0.0
+
     def _finish(self, seq: Sequence, reason: Any, *, keep_computed: bool = True) -> None:
         seq.finish_reason = reason
         seq.detokenizer.flush()
@@ -298,13 +318,13 @@ class Engine:
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.request_id]
 
-    def _fail(self, batch: list[ScheduledSeq], exc: Exception) -> list[RequestUpdate]:
+    def _fail(self, batch: list[ScheduledSeq], exc: Exception) -> list[StreamDelta]:
         updates = []
         for seq, _, _ in batch:
             seq.error = f"{type(exc).__name__}: {exc}"
             self._finish(seq, "error", keep_computed=False)
             text = seq.detokenizer.delta(final=True)
-            updates.append(RequestUpdate(seq.request_id, [], text, True, seq.to_output()))
+            updates.append(self.delta(seq, [], text, seq.to_output()))
         return updates
 
     # ------------------------------------------------------------------ batch API

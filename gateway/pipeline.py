@@ -1,7 +1,7 @@
 """One request through the gateway: auth, body, parse, lint, backend stream, response, record.
 
 Every request, whatever happens to it, leaves exactly one RequestRecord and carries the
-x-prefixgate-* headers. A BackendError before the first delta becomes an error response in the
+x-prefixgate-* headers. An ApiError before the first delta becomes an error response in the
 client's format; after it (streaming) an SSE error event. A client that disconnects cancels the
 backend stream, which aborts the engine request (status 499 in the record).
 """
@@ -31,7 +31,16 @@ from gateway.errors import GatewayError, error_body
 from gateway.lint_stage import MODE_HEADER, LintStage, request_mode
 from gateway.metrics import GatewayMetrics
 from gateway.stats import RecordStore
-from gateway.types import Backend, BackendError, ChatRequest, Final, Provider, TextDelta, Usage
+from gateway.types import (
+    ApiError,
+    Backend,
+    BackendError,
+    ChatRequest,
+    Final,
+    Provider,
+    TextDelta,
+    Usage,
+)
 from gateway.validate import ParseContext, parse_json_object
 
 log = logging.getLogger("prefixgate.gateway")
@@ -136,7 +145,7 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
         req = await _prepare(gw, request, ticket)
         stream = gw.backend.stream(req)
         first = await _first(stream)
-    except BackendError as err:
+    except ApiError as err:
         return _error_response(gw, ticket, err)
     except ClientDisconnect:
         _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
@@ -173,7 +182,7 @@ async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
         raise BackendError(502, "backend returned no output") from None
 
 
-def _error_response(gw: Gateway, ticket: Ticket, err: BackendError) -> Response:
+def _error_response(gw: Gateway, ticket: Ticket, err: ApiError) -> Response:
     _record(gw, ticket, err.status, None, error=err.message)
     lint_ids = ticket.req.lint_ids if ticket.req else ()
     headers = prefixgate_headers(None, lint_ids, ticket.request_id)
@@ -187,7 +196,7 @@ async def _json_response(
 ) -> Response:
     try:
         final = await _until_final(request, first, stream)
-    except BackendError as err:
+    except ApiError as err:
         return _error_response(gw, ticket, err)
     except Exception as exc:  # noqa: BLE001
         return _error_response(gw, ticket, _internal(exc))
@@ -308,7 +317,7 @@ async def _sse_body(
     except StopAsyncIteration:
         status, error = 502, "backend ended without a result"
         yield _stream_error(ticket, BackendError(502, error))
-    except BackendError as err:
+    except ApiError as err:
         status, error = err.status, err.message
         yield _stream_error(ticket, err)
     except Exception as exc:  # noqa: BLE001
@@ -326,7 +335,7 @@ def _internal(exc: BaseException) -> BackendError:
     return BackendError(500, f"internal gateway error: {type(exc).__name__}")
 
 
-def _stream_error(ticket: Ticket, err: BackendError) -> bytes:
+def _stream_error(ticket: Ticket, err: ApiError) -> bytes:
     body = error_body(err, ticket.route.provider)
     if ticket.route.provider == "anthropic":
         return render_anthropic.error_event(body)

@@ -87,8 +87,13 @@ class Final:
     replica: str | None = None
 
 
-class BackendError(Exception):
-    """A backend failure with the HTTP status and error kind the client should see."""
+class ApiError(Exception):
+    """An error the client sees: an HTTP status, a message, an error kind and the offending field.
+
+    Two families derive from it: `gateway.errors.GatewayError` (the gateway refuses the request:
+    auth, parsing, validation, limits) and `BackendError` (the backend failed or refused). The
+    request pipeline catches `ApiError` and renders either in the client's own format.
+    """
 
     def __init__(
         self, status: int, message: str, *, kind: str = "api_error", param: str | None = None
@@ -98,6 +103,10 @@ class BackendError(Exception):
         self.message = message
         self.kind = kind
         self.param = param
+
+
+class BackendError(ApiError):
+    """A backend failure with the HTTP status and error kind the client should see."""
 
 
 class Backend(Protocol):

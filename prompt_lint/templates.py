@@ -108,11 +108,6 @@ def masked_text(text: str, spans: list[Span]) -> str:
     return "".join(parts) + text[pos:]
 
 
-def masked_lines(text: str, spans: list[Span]) -> list[str]:
-    """`text`'s lines with pattern spans replaced by their kind."""
-    return masked_text(text, spans).split("\n")
-
-
 def template_key(path: str, tool_names: list[str]) -> str:
     """`tools[2].description` -> `tool:<name>.description`; other paths unchanged."""
     if not path.startswith("tools["):

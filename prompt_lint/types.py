@@ -63,13 +63,6 @@ class LintReport:
     family: str | None = None
     provider: str = "openai"
 
-    def worst_severity(self) -> str | None:
-        """The highest severity among the findings, or None when clean."""
-        from prompt_lint.rules import SEVERITY_RANK
-
-        ranks = [SEVERITY_RANK[f.severity] for f in self.findings]
-        return None if not ranks else ["info", "warning", "error"][max(ranks)]
-
 
 @dataclass(frozen=True, slots=True)
 class RewriteResult:

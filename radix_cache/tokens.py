@@ -15,11 +15,6 @@ _INT32_MAX = 2**31 - 1
 TokenInput = Sequence[int] | np.ndarray[Any, Any]
 
 
-def full_page_count(tokens: TokenInput, page_size: int) -> int:
-    """Number of complete pages in ``tokens``."""
-    return len(tokens) // page_size
-
-
 def pack_tokens(tokens: TokenInput, count: int) -> bytes:
     """Pack ``tokens[:count]`` as native int32 bytes; raise ValueError on bad token ids."""
     if isinstance(tokens, np.ndarray):

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_runtime_support import (
+
+from engine import AsyncEngine, Engine, EngineConfig, RequestError, SamplingParams, StreamDelta
+from engine.loader import LoadedModel
+
+from .engine_runtime_support import (
     STOP,
     chain_model,
     dense_greedy,
@@ -13,9 +17,6 @@ from engine_runtime_support import (
     random_prompts,
     tiny_model,
 )
-
-from engine import AsyncEngine, Engine, EngineConfig, RequestError, SamplingParams, StreamDelta
-from engine.loader import LoadedModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 __all__ = ["one_torch_thread"]  # a fixture, imported for use

@@ -15,13 +15,6 @@ from collections import Counter
 
 import pytest
 import torch
-from engine_runtime_support import (
-    chain_model,
-    dense_greedy,
-    one_torch_thread,
-    random_prompts,
-    tiny_model,
-)
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.loader import LoadedModel
@@ -31,6 +24,14 @@ from engine.speculative import (
     SpecState,
     verify_greedy,
     verify_sampled,
+)
+
+from .engine_runtime_support import (
+    chain_model,
+    dense_greedy,
+    one_torch_thread,
+    random_prompts,
+    tiny_model,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_runtime_support import chain_model
 
 from engine import AsyncEngine, Engine, EngineConfig, SamplingParams
 from gateway.app import create_app
-from gateway.backends.embedded import EmbeddedBackend, engine_config
+from gateway.backends.embedded import EmbeddedBackend
 from gateway.config import GatewayConfig
+
+from .engine_runtime_support import chain_model
 
 TEXT = "abcdefghij"
 
@@ -24,10 +25,10 @@ TEXT = "abcdefghij"
 @pytest.mark.parametrize("speculative", ["ngram", None])
 async def test_spec_header_and_counters_follow_the_engine(tmp_path: Path, speculative) -> None:
     loaded = chain_model(TEXT)
+    engine_config = EngineConfig(num_pages=32, page_size=8, speculative=speculative)
     config = GatewayConfig(db_url=f"sqlite:///{tmp_path / 's.db'}", lint_mode="off",
-                           engine_speculative=speculative)  # fmt: skip
-    engine = Engine(EngineConfig(num_pages=32, page_size=8, speculative=speculative),
-                    model=loaded)  # fmt: skip
+                           engine=engine_config)  # fmt: skip
+    engine = Engine(config.engine, model=loaded)
     backend = EmbeddedBackend(config, async_engine=AsyncEngine(engine=engine))
     app = create_app(config, backend=backend)
     body = {"model": config.model_name, "prompt": TEXT + "a", "max_tokens": 8, "temperature": 0}
@@ -57,8 +58,10 @@ async def test_spec_header_and_counters_follow_the_engine(tmp_path: Path, specul
         assert accepted == drafted == 0
 
 
-def test_gateway_config_passes_speculation_to_the_engine() -> None:
-    assert engine_config(GatewayConfig(engine_speculative="ngram")).speculative == "ngram"
-    assert engine_config(GatewayConfig()).speculative is None
-    with pytest.raises(ValueError, match="engine_speculative"):
-        GatewayConfig(engine_speculative="medusa")
+def test_gateway_config_reads_speculation_from_the_environment() -> None:
+    env = {"PREFIXGATE_ENGINE_SPECULATIVE": "ngram", "PREFIXGATE_ENGINE_NGRAM_MAX": "3"}
+    engine = GatewayConfig.from_env(env).engine
+    assert (engine.speculative, engine.ngram_max) == ("ngram", 3)
+    assert GatewayConfig.from_env({}).engine.speculative is None
+    with pytest.raises(ValueError, match="speculative"):
+        GatewayConfig.from_env({"PREFIXGATE_ENGINE_SPECULATIVE": "medusa"})

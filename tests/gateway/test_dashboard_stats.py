@@ -13,12 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
-from upstream_helpers import fake_replicas, gateway_app, pool_over, seed_records, serving
 
 from gateway import bench, stats_cli
 from gateway.api_stats import compute_stats
 from gateway.pricing import DEFAULT_PRICES, Price, PriceTable
 from gateway.stats import RecordStore, RequestRecord
+
+from .upstream_helpers import fake_replicas, gateway_app, pool_over, seed_records, serving
 
 ADMIN = "admin-secret"
 CHROMIUM = Path("/usr/bin/chromium")

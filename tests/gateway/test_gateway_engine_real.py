@@ -17,10 +17,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from gateway_fakes import serve
 from sqlalchemy import select
 
 from gateway.stats import RequestRecord
+from tests.support import serve
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"

@@ -8,10 +8,12 @@ import time
 import httpx
 import openai
 import pytest
-from gateway_fakes import FAKE_MODEL, FakeBackend, asgi_client, serve
 from sqlalchemy import select
 
 from gateway.stats import RequestRecord
+from tests.support import serve
+
+from .gateway_fakes import FAKE_MODEL, FakeBackend, asgi_client
 
 CHAT = {"model": FAKE_MODEL, "messages": [
     {"role": "system", "content": "You are the support bot of a shop. Be kind and precise."},

@@ -75,16 +75,13 @@ def test_serve_flags_override_env(tmp_path: Path):
 
 
 def test_engine_quantization_from_env_flag_and_into_the_engine_config():
-    from gateway.backends.embedded import engine_config
-
     from_env = config_from_args(build_parser().parse_args([]),
                                 {"PREFIXGATE_ENGINE_QUANTIZATION": "fp16"})
-    assert from_env.engine_quantization == "fp16"
-    assert engine_config(from_env).quantization == "fp16"
+    assert from_env.engine.quantization == "fp16"
     flag = config_from_args(build_parser().parse_args(["--quantization", "none"]),
                             {"PREFIXGATE_ENGINE_QUANTIZATION": "fp16"})
-    assert engine_config(flag).quantization == "none"
-    with pytest.raises(ValueError, match="engine_quantization"):
+    assert flag.engine.quantization == "none"
+    with pytest.raises(ValueError, match="PREFIXGATE_ENGINE_QUANTIZATION"):
         config_from_args(build_parser().parse_args([]), {"PREFIXGATE_ENGINE_QUANTIZATION": "int3"})
 
 

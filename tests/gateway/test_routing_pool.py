@@ -10,15 +10,6 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from upstream_helpers import (
-    chat_request,
-    fake_replicas,
-    free_port,
-    gateway_app,
-    pool_over,
-    records,
-    serving,
-)
 
 from gateway.agent_trace import agent_trace
 from gateway.backends.pool import ReplicaPool, make_upstream
@@ -26,6 +17,16 @@ from gateway.backends.router import Replica, Router, RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.shadow import PromptTokenizer, ShadowCache, ShadowConfig
 from gateway.types import BackendError, Final
+from tests.support import free_port
+
+from .upstream_helpers import (
+    chat_request,
+    fake_replicas,
+    gateway_app,
+    pool_over,
+    records,
+    serving,
+)
 
 text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
 chat_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),

@@ -12,11 +12,12 @@ import httpx
 import httpx2
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from upstream_helpers import gateway_app, pool_over_handler, records
 
 from gateway.backends.anthropic_format import MAX_BREAKPOINTS, place_cache_breakpoints
 from gateway.backends.anthropic_upstream import read_usage
 from gateway.shadow import _encoding
+
+from .upstream_helpers import gateway_app, pool_over_handler, records
 
 SYSTEM = "You are a release agent for the payments team. Check every change twice. " * 80
 TOOL = {"name": "read_file", "description": "read a file",

@@ -10,7 +10,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from upstream_helpers import (
+
+from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key, read_usage
+from gateway.backends.upstream_http import UpstreamOptions
+from gateway.fake_upstream import render_prompt
+from gateway.shadow import _encoding
+
+from .upstream_helpers import (
     chat_request,
     fake_replicas,
     gateway_app,
@@ -18,11 +24,6 @@ from upstream_helpers import (
     pool_over_handler,
     records,
 )
-
-from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key, read_usage
-from gateway.backends.upstream_http import UpstreamOptions
-from gateway.fake_upstream import render_prompt
-from gateway.shadow import _encoding
 
 SYSTEM = "You are a build agent. Follow the repository conventions. " * 60
 

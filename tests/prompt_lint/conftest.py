@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+from prompt_lint import TemplateLearner, learn_request, lint_request
 
-from lint_corpus import CorpusRequest, build_corpus  # noqa: E402
-from lint_linted import Linted  # noqa: E402
-
-from prompt_lint import TemplateLearner, learn_request, lint_request  # noqa: E402
+from .lint_corpus import CorpusRequest, build_corpus
+from .lint_linted import Linted
 
 
 @pytest.fixture(scope="session")

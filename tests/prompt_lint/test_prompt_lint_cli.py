@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lint_linted import Linted
 
 from prompt_lint.cli import fix_main, lint_main
+
+from .lint_linted import Linted
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN = {"model": "gpt-4o", "messages": [{"role": "system", "content": "You help."},

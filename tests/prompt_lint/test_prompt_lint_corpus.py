@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from lint_corpus import Label
-from lint_linted import Linted
-
 from prompt_lint import Finding
+
+from .lint_corpus import Label
+from .lint_linted import Linted
 
 DYNAMIC_RULES = {"timestamp": "PL001", "identifier": "PL002", "nonce": "PL003",
                  "learned": "PL008"}
@@ -87,9 +87,9 @@ def test_online_precision_recall(online: Linted) -> None:
 
 def test_stable_lookalikes_are_never_flagged(two_pass: Linted) -> None:
     """No dynamic finding lands on a stable line (versions, ports, code, ratios, RFCs)."""
-    from lint_corpus import FILLER, STABLE_LINES
-
     from prompt_lint.rewrite import get_path
+
+    from .lint_corpus import FILLER, STABLE_LINES
 
     prefixes = tuple(p for p in (line.split("{")[0] for line in [*STABLE_LINES, FILLER]) if p)
     checked = 0
