@@ -91,7 +91,7 @@ class Scheduler:
             seq = self.running[i]
             later_decodes = sum(1 for s in self.running[i + 1 :] if s.num_uncomputed_tokens == 1)
             n = min(seq.num_uncomputed_tokens, max(budget - later_decodes, 1))
-            draft = self._draft(seq, budget - later_decodes - n)
+            draft = self._draft(seq, budget - later_decodes - n, len(self.running) - i - 1)
             if not self._allocate_or_preempt(seq, n, preempted):
                 break  # seq itself was preempted: it was the newest, nothing follows
             scheduled.append(ScheduledSeq(seq, n, draft))
@@ -99,16 +99,19 @@ class Scheduler:
             i += 1
         return budget
 
-    def _draft(self, seq: Sequence, room: int) -> tuple[int, ...]:
-        """Draft tokens for a decoding `seq` when speculation is on and its pages fit for free."""
+    def _draft(self, seq: Sequence, room: int, later: int) -> tuple[int, ...]:
+        """Draft tokens for a decoding `seq` when speculation is on and their pages come from
+        the free list, leaving one free page for each of the `later` running sequences."""
         if self.speculator is None or room <= 0:
             return ()
         draft = self.speculator.draft(seq, room)
-        if draft and not self.block_manager.allocate(
-            seq, seq.num_computed_tokens + 1 + len(draft), evict=False
-        ):
+        if not draft:
             return ()
-        return draft
+        bm = self.block_manager
+        total = seq.num_computed_tokens + 1 + len(draft)
+        if bm.pages_for(total) - len(seq.pages) > bm.num_free_pages - later:
+            return ()
+        return draft if bm.allocate(seq, total, evict=False) else ()
 
     def _allocate_or_preempt(self, seq: Sequence, n: int, preempted: list[Sequence]) -> bool:
         bm = self.block_manager
