@@ -25,7 +25,7 @@ from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, SequenceStatus
-from engine.speculative import Verdict, verify_greedy, verify_sampled
+from engine.speculative import Verdict, verify_draft
 
 log = logging.getLogger(__name__)
 
@@ -219,20 +219,8 @@ class Engine:
             chunks = torch.split(logits, num_logits)
             for i, s in enumerate(sampled):
                 if s.draft:
-                    verdicts[i] = self._verify(s.seq, s.draft, chunks[i])
+                    verdicts[i] = verify_draft(self.sampler, s.seq, s.draft, chunks[i])
         return [verdicts[i] for i in range(len(sampled))]
-
-    def _verify(self, seq: Sequence, draft: tuple[int, ...], logits: torch.Tensor) -> Verdict:
-        """Verify `draft` against its logits [k + 1, V] (row j: after draft[:j])."""
-        out = seq.output_token_ids
-        rows = [
-            SamplingRow(seq.params, out + list(draft[:j]), seq.generator)
-            for j in range(len(draft) + 1)
-        ]
-        adjusted = self.sampler.adjust(logits, rows)
-        if seq.params.greedy:
-            return verify_greedy(adjusted.argmax(dim=-1).tolist(), draft)
-        return verify_sampled(self.sampler.probabilities(adjusted, rows), draft, seq.generator)
 
     def _account(self, batch: list[ScheduledSeq], seconds: float) -> None:
         prefill = 0

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from engine.sampler import Sampler, SamplingRow
+
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.sequence import Sequence
@@ -199,3 +201,22 @@ def verify_sampled(
         return Verdict([*draft[:j], int(pick)], j, k)
     bonus = torch.multinomial(probs[k], 1, generator=generator)
     return Verdict([*draft, int(bonus)], k, k)
+
+
+def verify_draft(
+    sampler: Sampler,
+    seq: Sequence,
+    draft: Seq[int],
+    logits: torch.Tensor,  # [k + 1, V]: row j = the model's logits after draft[:j]
+) -> Verdict:
+    """Verify `seq`'s draft with its own sampling params: row j is adjusted (penalties) as if
+    draft[:j] had been generated, then judged greedily or by the rejection rule."""
+    out = seq.output_token_ids
+    rows = [
+        SamplingRow(seq.params, out + list(draft[:j]), seq.generator)
+        for j in range(len(draft) + 1)
+    ]
+    adjusted = sampler.adjust(logits, rows)
+    if seq.params.greedy:
+        return verify_greedy(adjusted.argmax(dim=-1).tolist(), draft)
+    return verify_sampled(sampler.probabilities(adjusted, rows), draft, seq.generator)
