@@ -11,8 +11,11 @@ Side by side in one run, same torch threads for every system, repetitions interl
 - this engine without speculation, and with `EngineConfig(speculative="ngram")`;
 - llama.cpp through llama-cpp-python without a draft and with its own
   `LlamaPromptLookupDecoding`, on the same GGUF and the same prompt token ids (when installed).
-Decode tokens/s = (completion tokens - 1) / (time of last token - time of first token), so
-prefill is excluded. Reported per trace: tokens/s of each system, the speed-up, acceptance
+The engine runs interleave the two engines step by step (this machine's load changes by the
+second) and time each engine's own decode steps: decode tokens/s = (completion tokens - 1) /
+(sum of the steps after the first token), so prefill is excluded. llama.cpp's tokens/s is
+(tokens - 1) / (time of last token - time of first token) of its stream.
+Reported per trace: tokens/s of each system, the speed-up, acceptance
 rate (accepted / drafted), tokens per decode step, and whether the speculative output equals
 the plain one token for token.
 
@@ -112,17 +115,31 @@ class Run:
     decode_steps: int = 0
 
 
-def run_engine(engine: Engine, prompt: list[int], max_tokens: int) -> Run:
+def run_pair(plain: Engine, spec: Engine, prompt: list[int], max_tokens: int) -> tuple[Run, Run]:
+    """The same request through both engines, their steps interleaved (plain, spec, plain, ...)
+    so both see the same machine load; each engine's decode time is the sum of its own decode
+    steps (every step after the one that produced the first token)."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    rid = engine.add_request(prompt, params)
-    steps, output = 0, None
-    while output is None:
-        for update in engine.step():
-            if update.request_id == rid:
-                steps += 1
-                output = update.output or output
-    tps = 1.0 / output.tpot if output.tpot > 0 else 0.0
-    return Run(output.token_ids, tps, output.draft_tokens, output.accepted_tokens, steps - 1)
+    engines = (plain, spec)
+    rids = [eng.add_request(prompt, params) for eng in engines]
+    outputs: list[Any] = [None, None]
+    decode_time, steps = [0.0, 0.0], [0, 0]
+    while any(o is None for o in outputs):
+        for i, eng in enumerate(engines):
+            if outputs[i] is not None:
+                continue
+            start = time.perf_counter()
+            updates = [u for u in eng.step() if u.request_id == rids[i]]
+            elapsed = time.perf_counter() - start
+            if updates and steps[i] > 0:
+                decode_time[i] += elapsed
+            steps[i] += 1 if updates else 0
+            outputs[i] = next((u.output for u in updates if u.output), None)
+    runs = []
+    for i, out in enumerate(outputs):
+        tps = (out.completion_tokens - 1) / decode_time[i] if decode_time[i] else 0.0
+        runs.append(Run(out.token_ids, tps, out.draft_tokens, out.accepted_tokens, steps[i] - 1))
+    return runs[0], runs[1]
 
 
 class LlamaCpp:
@@ -202,8 +219,7 @@ def run_trace(name: str, prompt: list[int], max_tokens: int, plain: Engine, spec
               llama: tuple[LlamaCpp | None, LlamaCpp | None], reps: int) -> TraceResult:
     result: TraceResult | None = None
     for rep in range(reps):
-        base = run_engine(plain, prompt, max_tokens)
-        fast = run_engine(spec, prompt, max_tokens)
+        base, fast = run_pair(plain, spec, prompt, max_tokens)
         if result is None:
             result = TraceResult(name, len(prompt), len(base.token_ids))
         result.plain_tps.append(base.decode_tps)

@@ -20,6 +20,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.loader import LoadedModel
 from engine.speculative import (
     MIN_BACKOFF_STEPS,
+    MIN_USEFUL_ACCEPTED,
     NgramIndex,
     SpecState,
     verify_greedy,
@@ -112,23 +113,25 @@ def test_ngram_index_prefers_the_longest_suffix_and_rejects_bad_use() -> None:
 
 def test_backoff_pauses_drafting_longer_while_drafts_keep_failing() -> None:
     state = SpecState(NgramIndex(1, 1))
-    tokens = [1, 2, 1]  # always proposes [2, 1]
-    assert state.propose(tokens, 2) == [2, 1]
-    state.record(2, 0)
-    assert state.propose(tokens, 2) == [2, 1]  # one failure is not enough
-    state.record(2, 0)
-    paused = [state.propose(tokens, 2) for _ in range(MIN_BACKOFF_STEPS)]
+    tokens = [1, 2, 3, 1]  # always proposes [2, 3, 1]
+    assert state.propose(tokens, 3) == [2, 3, 1]
+    state.record(3, 0)
+    assert state.propose(tokens, 3) == [2, 3, 1]  # one failure is not enough
+    state.record(3, 1)  # one accepted token does not pay for a verification step
+    paused = [state.propose(tokens, 3) for _ in range(MIN_BACKOFF_STEPS)]
     assert paused == [[]] * MIN_BACKOFF_STEPS
-    assert state.propose(tokens, 2) == [2, 1]
-    state.record(2, 0)
-    state.record(2, 0)
-    paused = [state.propose(tokens, 2) for _ in range(2 * MIN_BACKOFF_STEPS)]
+    assert state.propose(tokens, 3) == [2, 3, 1]
+    state.record(3, 0)
+    state.record(3, 0)
+    paused = [state.propose(tokens, 3) for _ in range(2 * MIN_BACKOFF_STEPS)]
     assert paused == [[]] * (2 * MIN_BACKOFF_STEPS)  # the pause doubles
-    state.record(2, 1)  # any success resets the back-off
-    state.record(2, 0)
-    state.record(2, 0)
+    state.record(3, MIN_USEFUL_ACCEPTED)  # a useful draft resets the back-off
+    state.record(3, 0)
+    state.record(3, 0)
     assert state.cooldown == MIN_BACKOFF_STEPS
-    assert (state.draft_tokens, state.accepted_tokens, state.steps) == (14, 1, 7)
+    state.record(1, 1)  # a one-token draft fully accepted is a success
+    assert state.failures == 0
+    assert (state.draft_tokens, state.accepted_tokens, state.steps) == (22, 4, 8)
 
 
 # ---------------------------------------------------------------------------- verification
