@@ -152,8 +152,10 @@ class LlamaCpp:
         )
 
         draft = LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens) if lookup else None
+        # prompt lookup verifies drafts from the logits of every position: logits_all
         self.llm = llama_cpp.Llama(str(default_model_path()), n_ctx=4096, n_threads=threads,
-                                   n_threads_batch=threads, draft_model=draft, verbose=False)
+                                   n_threads_batch=threads, draft_model=draft,
+                                   logits_all=lookup, verbose=False)
 
     def __call__(self, prompt: list[int], max_tokens: int) -> Run:
         self.llm.reset()
