@@ -72,6 +72,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # touched only by the loop thread
         self._stats = self.engine.stats()
+        self.engine.on_admit = self._deliver  # a request's first delta: scheduled, cached known
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="prefixgate-engine", daemon=True)
         self._thread.start()

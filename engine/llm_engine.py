@@ -8,8 +8,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -79,6 +80,11 @@ class Engine:
         self.spec_draft_tokens = 0
         self.spec_accepted_tokens = 0
         self.spec_steps = 0
+        # called once per request when it is first scheduled, before the step runs the model
+        # (an update with no tokens and the request's cached_tokens): the async front uses it
+        # to let a response head go out before the first token
+        self.on_admit: Callable[[StreamDelta], None] | None = None
+        self._admitted: set[str] = set()
 
     def _pages_from_budget(self) -> int:
         c = self.config
@@ -183,6 +189,8 @@ class Engine:
         (or finished, with its `RequestOutput`). With speculative decoding a request may get
         several tokens in one step."""
         out = self.scheduler.schedule()
+        if self.on_admit is not None:
+            self._announce(out.scheduled)
         if not out.scheduled:
             if self.scheduler.has_unfinished() and not out.preempted:
                 raise RuntimeError("scheduler made no progress with requests pending")
@@ -199,6 +207,14 @@ class Engine:
         now = time.perf_counter()
         self._account(out.scheduled, now - start)
         return self._postprocess(sampled, verdicts, now)
+
+    def _announce(self, batch: list[ScheduledSeq]) -> None:
+        """Tell `on_admit` about requests scheduled for the first time (cached tokens known)."""
+        assert self.on_admit is not None
+        for seq, _, _ in batch:
+            if seq.request_id not in self._admitted:
+                self._admitted.add(seq.request_id)
+                self.on_admit(self.delta(seq, [], "", None))
 
     def _row(self, seq: Sequence) -> SamplingRow:
         return SamplingRow(seq.params, seq.output_token_ids, seq.generator)
@@ -305,6 +321,7 @@ class Engine:
         self.block_manager.release(seq, keep_computed=keep_computed)
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.request_id]
+        self._admitted.discard(seq.request_id)
 
     def _fail(self, batch: list[ScheduledSeq], exc: Exception) -> list[StreamDelta]:
         updates = []
@@ -328,7 +345,10 @@ class Engine:
         Requests queued earlier with `add_request` advance too, but their updates are not
         returned here. Raises RuntimeError if a step fails."""
         batch = self._as_prompt_list(prompts)
-        per = list(params) if isinstance(params, list | tuple) else [params] * len(batch)
+        per: list[SamplingParams | None] = (
+            [params] * len(batch) if params is None or isinstance(params, SamplingParams)
+            else list(params)
+        )
         if len(per) != len(batch):
             raise ValueError(f"{len(per)} SamplingParams for {len(batch)} prompts")
         seqs = [self.make_sequence(p, sp, namespace) for p, sp in zip(batch, per, strict=True)]
@@ -350,8 +370,8 @@ class Engine:
             return [prompts]
         items = list(prompts)
         if items and all(isinstance(t, int) for t in items):
-            return [items]  # one prompt of token ids
-        return items
+            return [cast(list[int], items)]  # one prompt of token ids
+        return cast(list[Prompt], items)
 
     def chat(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Literal, get_args, get_type_hints
 from engine.config import EngineConfig
 
 LintMode = Literal["off", "report", "rewrite"]
-UpstreamKind = Literal["openai", "anthropic"]
+UpstreamKind = Literal["openai", "vllm", "sglang", "llamacpp", "anthropic"]
 LINT_MODES: tuple[str, ...] = get_args(LintMode)
 UPSTREAM_KINDS: tuple[str, ...] = get_args(UpstreamKind)
 DEFAULT_TENANT = "default"
@@ -271,15 +272,23 @@ def engine_from_env(env: Mapping[str, str]) -> EngineConfig:
         raise ValueError(f"{', '.join(named)}: {exc}") from exc
 
 
+def engine_field_help() -> dict[str, str]:
+    """Each field's first line of description in EngineConfig's docstring (`name: text`)."""
+    found = re.findall(r"^\s*(\w+): (.+)$", EngineConfig.__doc__ or "", flags=re.MULTILINE)
+    return {name: text.strip() for name, text in found}
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """`--engine-<field>` for every EngineConfig field (plus the short aliases)."""
-    group = parser.add_argument_group("embedded engine (EngineConfig)")
+    group = parser.add_argument_group("embedded engine (EngineConfig, also PREFIXGATE_ENGINE_*)")
+    described = engine_field_help()
     for name, parse in engine_fields().items():
         flags = [f"--engine-{name.replace('_', '-')}"]
         if name in ENGINE_FLAG_ALIASES:
             flags.insert(0, ENGINE_FLAG_ALIASES[name])
         group.add_argument(*flags, dest=f"engine__{name}", type=parse, default=None,
-                           metavar=name.upper(), help=f"EngineConfig.{name}")
+                           metavar=name.upper(),
+                           help=described.get(name, f"EngineConfig.{name}").replace("%", "%%"))
 
 
 def engine_flag_values(args: argparse.Namespace) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from gateway.types import (
     TextDelta,
     Usage,
 )
+from gateway.usage_report import SUMMARY_FIELD, summary, usage_headers
 from gateway.validate import ParseContext, parse_json_object
 
 log = logging.getLogger("prefixgate.gateway")
@@ -103,23 +104,9 @@ class Ticket:
 def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...], request_id: str) -> dict[
     str, str
 ]:
-    """The x-prefixgate-* headers of a response (x-prefixgate-spec-accepted only when the
-    usage knows it: a non-streaming response from the embedded engine)."""
-    prompt = usage.prompt_tokens if usage else 0
-    cached = usage.cached_tokens if usage else 0
-    spec = {} if usage is None or usage.spec_accepted_tokens is None else {
-        "x-prefixgate-spec-accepted": str(usage.spec_accepted_tokens),
-        "x-prefixgate-spec-draft": str(usage.spec_draft_tokens or 0),
-    }
-    return {
-        "x-request-id": request_id,
-        "x-prefixgate-cached-tokens": str(cached),
-        "x-prefixgate-prompt-tokens": str(prompt),
-        "x-prefixgate-hit-rate": f"{cached / prompt:.4f}" if prompt else "0.0000",
-        "x-prefixgate-prefill-saved-ms": f"{usage.prefill_saved_ms:.1f}" if usage else "0.0",
-        "x-prefixgate-lint": ",".join(lint_ids),
-        **spec,
-    }
+    """The x-prefixgate-* headers of a response (see `gateway.usage_report`)."""
+    return {"x-request-id": request_id, **usage_headers(usage),
+            "x-prefixgate-lint": ",".join(lint_ids)}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -208,6 +195,7 @@ async def _json_response(
         return Response(status_code=CLIENT_CLOSED)
     _record(gw, ticket, 200, final)
     body = ticket.route.render(req, final, int(time.time()))
+    body[SUMMARY_FIELD] = summary(final.usage)
     headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
     return JSONResponse(body, headers=headers)
 
@@ -392,6 +380,7 @@ def _make_record(
         tpot_ms=_ms(usage.tpot) if usage else None,
         latency_ms=latency * 1000.0,
         prefill_saved_ms=usage.prefill_saved_ms if usage else 0.0,
+        usage_estimated=usage.estimated if usage else False,
         lint_ids=",".join(req.lint_ids) if req else "",
         family=req.family if req else None,
         stream=bool(req.stream) if req else bool(body.get("stream", False)),

@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store-prompts", action="store_true", default=None,
                    help="store prompt text in the stats database")
     p.add_argument("--upstream", action="append", default=[], metavar="KIND=URL",
-                   help="proxy to an upstream (openai=URL or anthropic=URL; repeatable)")
+                   help="proxy to an upstream: KIND=URL, KIND one of openai, vllm, sglang, "
+                        "llamacpp, anthropic (its cache model; repeatable)")
     p.add_argument("--model-name", help="model id clients send (smollm2-135m-instruct)")
     p.add_argument("--model-alias", action="append", default=[],
                    help="another model id accepted for the embedded model (repeatable)")

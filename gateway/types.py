@@ -7,11 +7,14 @@ the route renders that stream back in the client's own format.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Provider = Literal["openai", "anthropic"]
+#: Where `Usage.cached_tokens` comes from: the engine or provider ("reported"), or the
+#: gateway's shadow cache ("predicted", e.g. in a stream's head before the upstream reports).
+CachedSource = Literal["reported", "predicted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,8 @@ class ChatRequest:
     prompt: str | None = None  # set for /v1/completions (raw text prompt, no chat template)
     lint_ids: tuple[str, ...] = ()
     family: str | None = None  # prompt family from prompt_lint's TemplateLearner
+    # body fields an upstream replica's cache model adds (llama.cpp: id_slot, cache_prompt)
+    upstream_fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,8 @@ class Usage:
     ttft: float | None = None
     tpot: float | None = None
     prefill_saved_ms: float = 0.0
+    cached_source: CachedSource = "reported"
+    estimated: bool = False  # prompt/completion counts are the gateway's estimate (none sent)
     # speculative decoding (embedded engine): draft tokens verified / accepted; None = unknown
     spec_draft_tokens: int | None = None
     spec_accepted_tokens: int | None = None

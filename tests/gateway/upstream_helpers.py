@@ -88,7 +88,7 @@ def seed_records(store: RecordStore, now: datetime | None = None) -> list[Reques
             tenant=("acme", "globex", "initech")[i % 3],
             model=("gpt-4o-2024-08-06", "claude-sonnet-4-20250514", "local-model")[i % 3],
             backend="openai", replica=f"10.0.0.{i % 4}:8000", provider="openai",
-            route="chat.completions", status=200 if ok else 502,
+            route="chat.completions", status=200 if ok else (502 if i % 2 else 422),
             error=None if ok else "upstream failed", prompt_tokens=prompt if ok else 0,
             cached_tokens=cached, predicted_cached_tokens=cached + 16 * (i % 3) if ok else None,
             reported_cached_tokens=cached if ok else None, completion_tokens=20 if ok else 0,

@@ -24,7 +24,8 @@ EXPORTS: dict[str, set[str]] = {
         "lint_request", "request_tokens", "rewrite_request",
     },
     "radix_cache": {
-        "CacheStats", "Handle", "InsertResult", "MatchResult", "RadixCache", "pack_tokens",
+        "CacheStats", "Handle", "InsertResult", "MatchResult", "PackedTokens", "RadixCache",
+        "pack_tokens",
     },
     "kernels": {
         "paged_decode_attention", "paged_prefill_attention", "rms_norm", "rotary",

@@ -26,6 +26,17 @@ def two_pass(corpus: list[CorpusRequest]) -> Linted:
 
 
 @pytest.fixture(scope="session")
+def held_out() -> Linted:
+    """`prefixgate lint` on a corpus with another seed and the held-out phrasings."""
+    corpus = build_corpus(seed=11, phrasing="holdout")
+    learner = TemplateLearner()
+    for req in corpus:
+        learn_request(req.body, learner)
+    learner.freeze()
+    return Linted(corpus, [lint_request(req.body, learner=learner) for req in corpus], learner)
+
+
+@pytest.fixture(scope="session")
 def online(corpus: list[CorpusRequest]) -> Linted:
     """What the gateway does: one request at a time, learning as it goes."""
     learner = TemplateLearner()
