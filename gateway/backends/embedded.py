@@ -103,13 +103,15 @@ class EmbeddedBackend:
         params = self.sampling_params(req)
         filt = ToolCallFilter() if req.tools and not _tool_choice_none(req) else None
         first = True
+        saved_ms: float | None = None  # what the head said, so the final says the same
         try:
             async for delta in self.engine.stream(ids, params, namespace=req.namespace,
                                                   request_id=req.request_id):
                 text = filt.feed(delta.text) if filt else delta.text
+                saved_ms = delta.prefill_saved_ms if saved_ms is None else saved_ms
                 final = None
                 if delta.output is not None:
-                    tail, final = self._final(req, delta, delta.output, filt)
+                    tail, final = self._final(req, saved_ms, delta.output, filt)
                     text += tail
                 if text or first:
                     early = _early_usage(len(ids), delta) if first else None
@@ -122,7 +124,7 @@ class EmbeddedBackend:
             raise engine_error(exc) from exc
 
     def _final(
-        self, req: ChatRequest, delta: StreamDelta, out: RequestOutput,
+        self, req: ChatRequest, saved_ms: float, out: RequestOutput,
         filt: ToolCallFilter | None,
     ) -> tuple[str, Final]:
         tail = ""
@@ -135,7 +137,7 @@ class EmbeddedBackend:
         usage = Usage(
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, ttft=out.ttft, tpot=out.tpot,
-            prefill_saved_ms=delta.prefill_saved_ms,
+            prefill_saved_ms=saved_ms,
             spec_draft_tokens=out.draft_tokens, spec_accepted_tokens=out.accepted_tokens,
         )
         return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage)
