@@ -12,6 +12,9 @@ Life of a sequence's pages:
   with a shared prefix reuse each other's pages as soon as they exist;
 - release (finish, abort, preemption): the same insertion, then the remaining private pages
   (the partial last page) are freed and the match is unlocked.
+- speculative decoding: a draft's pages are allocated without eviction; after verification
+  `rollback` frees the pages only rejected draft tokens reached. Rejected tokens' KV slots lie
+  past `num_computed_tokens`, so `cache_computed` never inserts them into the radix cache.
 """
 
 from __future__ import annotations
@@ -76,15 +79,18 @@ class BlockManager:
         self.counters.query_tokens += seq.num_tokens
         self.counters.hit_tokens += seq.num_computed_tokens
 
-    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+    def allocate(self, seq: Sequence, num_tokens: int, *, evict: bool = True) -> bool:
         """Ensure `seq` has pages for its first `num_tokens` tokens; False if the pool is short.
 
-        Evicts unlocked cache pages (least recently used first) before giving up.
+        Evicts unlocked cache pages (least recently used first) before giving up, unless
+        evict=False (speculative drafts use free pages only).
         """
         needed = self.pages_for(num_tokens) - len(seq.pages)
         if needed <= 0:
             return True
         if needed > len(self._free):
+            if not evict:
+                return False
             self._evict(needed - len(self._free))
             if needed > len(self._free):
                 return False
@@ -116,6 +122,17 @@ class BlockManager:
         seq.pages[:n_full] = match.pages
         seq.num_cached_pages = n_full
         seq.cache_handle = match.handle
+
+    def rollback(self, seq: Sequence) -> None:
+        """Free `seq`'s pages past its tokens (pages only rejected draft tokens reached).
+
+        Their slots held KV of rejected tokens; the page of the next token is kept.
+        """
+        keep = max(self.pages_for(seq.num_tokens), seq.num_cached_pages)
+        extra = seq.pages[keep:]
+        if extra:
+            self._free.extend(extra)
+            del seq.pages[keep:]
 
     # ------------------------------------------------------------------ release
     def release(self, seq: Sequence, *, keep_computed: bool = True) -> None:

@@ -19,6 +19,8 @@ DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
 KernelBackend = Literal["auto", "torch", "triton"]
 KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
+Speculative = Literal["ngram"]
+SPECULATIVE_METHODS: tuple[str, ...] = get_args(Speculative)
 
 Quantization = Literal["none", "fp16"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
@@ -50,6 +52,10 @@ class EngineConfig:
         "triton" (on CPU only under TRITON_INTERPRET=1, Triton's interpreter: slow, for tests).
         On CUDA the weights are plain `dtype` tensors: CPU weight formats (`quantization`)
         are refused there.
+    speculative: None (off) or "ngram": prompt-lookup speculative decoding (engine.speculative);
+        a request opts out with SamplingParams(speculative=False).
+    num_speculative_tokens: most draft tokens verified per sequence and step.
+    ngram_min / ngram_max: shortest and longest suffix (in tokens) looked up in the context.
     """
 
     model: str | Path | None = None
@@ -65,6 +71,10 @@ class EngineConfig:
     seed: int = 0
     device: str = "cpu"
     kernel_backend: KernelBackend = "auto"
+    speculative: Speculative | None = None
+    num_speculative_tokens: int = 5
+    ngram_min: int = 1
+    ngram_max: int = 4
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -91,6 +101,7 @@ class EngineConfig:
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         self._check_device()
+        self._check_speculative()
 
     def _check_device(self) -> None:
         if self.kernel_backend not in KERNEL_BACKENDS:
@@ -104,6 +115,20 @@ class EngineConfig:
             raise ValueError(
                 f"quantization {self.quantization!r} is a CPU weight format; on CUDA use "
                 "quantization='none' with dtype 'float16' or 'bfloat16' (plain weight tensors)"
+            )
+
+    def _check_speculative(self) -> None:
+        if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative must be None or one of {SPECULATIVE_METHODS}, "
+                f"got {self.speculative!r}"
+            )
+        _positive("num_speculative_tokens", self.num_speculative_tokens)
+        _positive("ngram_min", self.ngram_min)
+        _positive("ngram_max", self.ngram_max)
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})"
             )
 
     @property

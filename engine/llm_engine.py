@@ -26,6 +26,7 @@ from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.speculative import Verdict, verify_draft
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ class Engine:
         self._ids = itertools.count()
         self.prefill_rate = RateMeter()
         self.prefill_tokens_computed = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted_tokens = 0
+        self.spec_steps = 0
         # called once per request when it is first scheduled, before the step runs the model
         # (an update with no tokens and the request's cached_tokens): the async front uses it
         # to let a response head go out before the first token
@@ -183,8 +187,9 @@ class Engine:
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[StreamDelta]:
-        """Run one scheduling step; returns a delta for every request that got a token
-        (or finished, with its `RequestOutput`)."""
+        """Run one scheduling step; returns a delta for every request that got tokens
+        (or finished, with its `RequestOutput`). With speculative decoding a request may get
+        several tokens in one step."""
         out = self.scheduler.schedule()
         if self.on_admit is not None:
             self._announce(out.scheduled)
@@ -196,19 +201,19 @@ class Engine:
         try:
             inputs = self.runner.prepare(out.scheduled)
             logits = self.runner.run(inputs)
-            sampled = [out.scheduled[i].seq for i in inputs.sampling]
-            tokens = self.sampler(logits, [self._row(s) for s in sampled]) if sampled else []
+            sampled = [out.scheduled[i] for i in inputs.sampling]
+            verdicts = self._sample(logits, sampled, inputs.num_logits) if sampled else []
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             log.exception("engine step failed")
             return self._fail(out.scheduled, exc)
         now = time.perf_counter()
         self._account(out.scheduled, now - start)
-        return self._postprocess(out.scheduled, sampled, tokens, now)
+        return self._postprocess(sampled, verdicts, now)
 
     def _announce(self, batch: list[ScheduledSeq]) -> None:
         """Tell `on_admit` about requests scheduled for the first time (cached tokens known)."""
         assert self.on_admit is not None
-        for seq, _ in batch:
+        for seq, _, _ in batch:
             if seq.request_id not in self._admitted:
                 self._admitted.add(seq.request_id)
                 self.on_admit(self.delta(seq, [], "", None))
@@ -216,33 +221,84 @@ class Engine:
     def _row(self, seq: Sequence) -> SamplingRow:
         return SamplingRow(seq.params, seq.output_token_ids, seq.generator)
 
+    def _sample(
+        self, logits: torch.Tensor, sampled: list[ScheduledSeq], num_logits: list[int]
+    ) -> list[Verdict]:
+        """One verdict per sampling sequence: a plain draw (one row), or a verified draft
+        (1 + len(draft) rows)."""
+        plain = [i for i, s in enumerate(sampled) if not s.draft]
+        verdicts: dict[int, Verdict] = {}
+        if plain:
+            starts = list(itertools.accumulate(num_logits, initial=0))
+            rows = logits if len(plain) == len(sampled) else logits[[starts[i] for i in plain]]
+            tokens = self.sampler(rows, [self._row(sampled[i].seq) for i in plain])
+            verdicts.update((i, Verdict([t], 0, 0)) for i, t in zip(plain, tokens, strict=True))
+        if len(plain) < len(sampled):
+            chunks = torch.split(logits, num_logits)
+            for i, s in enumerate(sampled):
+                if s.draft:
+                    verdicts[i] = verify_draft(self.sampler, s.seq, s.draft, chunks[i])
+        return [verdicts[i] for i in range(len(sampled))]
+
     def _account(self, batch: list[ScheduledSeq], seconds: float) -> None:
         prefill = 0
-        for seq, n in batch:
+        for seq, n, _ in batch:
             is_decode = n == 1 and seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
             if not is_decode:
                 prefill += n
                 seq.prefill_time += seconds
             seq.num_computed_tokens += n
             self.block_manager.cache_computed(seq)
-        total = sum(n for _, n in batch)
+        total = sum(s.num_step_tokens for s in batch)
         self.prefill_tokens_computed += prefill
         if prefill >= 8 and 2 * prefill >= total:
             self.prefill_rate.update(total, seconds)
 
     def _postprocess(
-        self, batch: list[ScheduledSeq], sampled: list[Sequence], tokens: list[int], now: float
+        self, sampled: list[ScheduledSeq], verdicts: list[Verdict], now: float
     ) -> list[StreamDelta]:
         updates = []
-        for seq, token in zip(sampled, tokens, strict=True):
-            seq.append_token(token, now)
-            reason = seq.stop_reason()
-            if reason is not None:
-                self._finish(seq, reason)
+        for scheduled, verdict in zip(sampled, verdicts, strict=True):
+            seq = scheduled.seq
+            tokens = self._commit(seq, verdict, now)
             output = seq.to_output() if seq.is_finished else None
             text = seq.detokenizer.delta(final=seq.is_finished)
-            updates.append(self.delta(seq, [token], text, output))
+            updates.append(self.delta(seq, tokens, text, output))
         return updates
+
+    def _commit(self, seq: Sequence, verdict: Verdict, now: float) -> list[int]:
+        """Append one step's verified tokens to `seq` in order, up to the first stop.
+
+        The one place generated tokens enter a sequence. Draft tokens arrive here only once
+        verified (rejected ones never do), so per-sequence state that must follow the output
+        exactly (stop strings, the detokenizer, a grammar matcher) advances here.
+        """
+        committed: list[int] = []
+        reason: Any = None
+        for token in verdict.tokens:
+            seq.append_token(token, now)
+            committed.append(token)
+            reason = seq.stop_reason()
+            if reason is not None:
+                break
+        if verdict.num_drafted:
+            self._settle_draft(seq, verdict, len(committed))
+        if reason is not None:
+            self._finish(seq, reason)
+        return committed
+
+    def _settle_draft(self, seq: Sequence, verdict: Verdict, num_committed: int) -> None:
+        """After verification the accepted draft tokens' KV counts as computed; the pages only
+        rejected tokens reached go back to the pool; full pages go to the prefix cache."""
+        accepted = min(verdict.num_accepted, num_committed)
+        seq.num_computed_tokens += accepted
+        assert seq.spec is not None, "a draft without a SpecState"
+        seq.spec.record(verdict.num_drafted, accepted)
+        self.spec_draft_tokens += verdict.num_drafted
+        self.spec_accepted_tokens += accepted
+        self.spec_steps += 1
+        self.block_manager.rollback(seq)
+        self.block_manager.cache_computed(seq)
 
     def delta(
         self, seq: Sequence, token_ids: list[int], text: str, output: RequestOutput | None
@@ -271,7 +327,7 @@ class Engine:
 
     def _fail(self, batch: list[ScheduledSeq], exc: Exception) -> list[StreamDelta]:
         updates = []
-        for seq, _ in batch:
+        for seq, _, _ in batch:
             seq.error = f"{type(exc).__name__}: {exc}"
             self._finish(seq, "error", keep_computed=False)
             text = seq.detokenizer.delta(final=True)
@@ -354,6 +410,9 @@ class Engine:
             preemptions=self.scheduler.num_preemptions,
             prefill_tokens_computed=self.prefill_tokens_computed,
             prefill_tokens_per_second=self.prefill_rate.value,
+            spec_draft_tokens=self.spec_draft_tokens,
+            spec_accepted_tokens=self.spec_accepted_tokens,
+            spec_steps=self.spec_steps,
         )
 
     def check(self) -> None:

@@ -18,8 +18,11 @@ class StepInputs(NamedTuple):
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     meta: AttentionMetadata
-    logit_rows: torch.Tensor  # [N] int64: row of the last new token of each sampling sequence
+    # [R] int64: rows whose logits are computed: per sampling sequence its last new token, or
+    # with a draft of k tokens its last k + 1 rows (the real token, then each draft token)
+    logit_rows: torch.Tensor
     sampling: list[int]  # indices into the step's sequences that sample a token
+    num_logits: list[int]  # per sampling sequence, its rows in logit_rows (1 + draft length)
 
 
 class ModelRunner:
@@ -62,7 +65,12 @@ class ModelRunner:
         return host.to(self.device, non_blocking=True)
 
     def prepare(self, batch: Seq[ScheduledSeq]) -> StepInputs:
-        """Flatten the step: new tokens, positions, slots, page tables, who samples."""
+        """Flatten the step: new tokens, positions, slots, page tables, who samples.
+
+        A sequence with a speculative draft contributes its uncomputed token then the draft
+        tokens, so the step is a short prefill for it (causal over the paged KV), and its
+        last 1 + len(draft) rows get logits.
+        """
         ps = self.page_size
         ids: list[int] = []
         positions: list[int] = []
@@ -70,36 +78,42 @@ class ModelRunner:
         cu = [0]
         seq_lens: list[int] = []
         sampling: list[int] = []
-        for index, (seq, n) in enumerate(batch):
+        num_logits: list[int] = []
+        for index, (seq, n, draft) in enumerate(batch):
             start = seq.num_computed_tokens
+            m = n + len(draft)
             ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            slots.extend(seq.pages[p // ps] * ps + p % ps for p in range(start, start + n))
-            cu.append(cu[-1] + n)
-            seq_lens.append(start + n)
+            ids.extend(draft)
+            positions.extend(range(start, start + m))
+            slots.extend(seq.pages[p // ps] * ps + p % ps for p in range(start, start + m))
+            cu.append(cu[-1] + m)
+            seq_lens.append(start + m)
             if start + n == seq.num_tokens:
                 sampling.append(index)
-        width = max(len(s.pages) for s, _ in batch)
-        table = [s.pages + [0] * (width - len(s.pages)) for s, _ in batch]
+                num_logits.append(1 + len(draft))
+        width = max(len(s.seq.pages) for s in batch)
+        table = [s.seq.pages + [0] * (width - len(s.seq.pages)) for s in batch]
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots, torch.int64),
             block_table=self._tensor(table, torch.int32),
             cu_seqlens_q=self._tensor(cu, torch.int32),
             seq_lens=self._tensor(seq_lens, torch.int32),
-            is_decode=all(n == 1 for _, n in batch),
-        ).planned(self.kv_cache.k[0], self.kernel_backend, max(n for _, n in batch))
-        rows = self._tensor([cu[i + 1] - 1 for i in sampling], torch.int64)
+            is_decode=all(s.num_step_tokens == 1 for s in batch),
+        ).planned(self.kv_cache.k[0], self.kernel_backend, max(s.num_step_tokens for s in batch))
+        pairs = zip(sampling, num_logits, strict=True)
+        row_ids = [r for i, k in pairs for r in range(cu[i + 1] - k, cu[i + 1])]
         return StepInputs(
             input_ids=self._tensor(ids, torch.int64),
             positions=self._tensor(positions, torch.int64),
             meta=meta,
-            logit_rows=rows,
+            logit_rows=self._tensor(row_ids, torch.int64),
             sampling=sampling,
+            num_logits=num_logits,
         )
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Run the step; -> logits [N, vocab] float32 for the sampling sequences only."""
+        """Run the step; -> logits [R, vocab] float32 of `inputs.logit_rows` only."""
         hidden = self.model(
             inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache.k, self.kv_cache.v,
             self.kernel_backend,

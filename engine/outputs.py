@@ -18,6 +18,8 @@ class RequestOutput:
     limit), "abort", or "error" (then `error` says why).
     ttft: seconds from arrival to the first generated token. tpot: mean seconds per generated
     token after the first. prefill_time: seconds of model steps spent on this request's prompt.
+    draft_tokens: speculative draft tokens verified for this request; accepted_tokens: those
+    the model agreed with (each saved one decode step). Both 0 without speculation.
     """
 
     request_id: str
@@ -33,6 +35,8 @@ class RequestOutput:
     prefill_time: float
     namespace: str = ""
     error: str | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,8 @@ class EngineStats:
     prefill_tokens_computed: tokens run through the model outside decode (prompt chunks,
     recomputation after preemption).
     prefill_tokens_per_second: EWMA of measured prefill throughput (None before any prefill).
+    spec_draft_tokens / spec_accepted_tokens: speculative draft tokens verified and accepted
+    since start; spec_steps: sequence-steps that verified a draft.
     """
 
     page_size: int
@@ -83,3 +89,6 @@ class EngineStats:
     preemptions: int
     prefill_tokens_computed: int
     prefill_tokens_per_second: float | None
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_steps: int = 0

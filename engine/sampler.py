@@ -69,21 +69,33 @@ def draw(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Te
 
 
 class Sampler:
-    """Samples the next token of each row of a batch, honouring per-row `SamplingParams`."""
+    """Samples the next token of each row of a batch, honouring per-row `SamplingParams`.
+
+    `adjust` and `probabilities` are the two halves of `__call__`, public for speculative
+    verification (engine.speculative), which needs the target distribution of several rows of
+    one sequence rather than one draw per row.
+    """
 
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
         """logits [N, V] float32, one row per sequence -> N token ids."""
+        logits = self.adjust(logits, rows)
+        tokens = logits.argmax(dim=-1)  # [N]
+        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if random_rows:
+            chosen = [rows[i] for i in random_rows]
+            probs = self.probabilities(logits[random_rows], chosen)
+            tokens[random_rows] = draw(probs, [r.generator for r in chosen]).to(torch.int64)
+        return tokens.tolist()
+
+    def adjust(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """[N, V] logits -> float32 logits with each row's penalties applied (a greedy row's
+        token is their argmax)."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
         logits = logits.float()
         if any(r.params.has_penalties for r in rows):
             logits = self._penalise(logits, rows)
-        tokens = logits.argmax(dim=-1)  # [N]
-        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if random_rows:
-            chosen = [rows[i] for i in random_rows]
-            tokens[random_rows] = self._sample_rows(logits[random_rows], chosen)
-        return tokens.tolist()
+        return logits
 
     @staticmethod
     def _penalise(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
@@ -93,7 +105,9 @@ class Sampler:
         return apply_penalties(logits, [r.output_token_ids for r in rows], presence, frequency)
 
     @staticmethod
-    def _sample_rows(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    def probabilities(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """Adjusted [N, V] logits of non-greedy rows -> the distributions they are sampled
+        from (temperature, then top-k, then top-p)."""
         device = logits.device
         temperature = torch.tensor([r.params.temperature for r in rows], device=device)
         logits = logits / temperature[:, None]
@@ -101,5 +115,4 @@ class Sampler:
         top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=device)
         if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
             logits = apply_top_k_top_p(logits, top_k, top_p)
-        probs = logits.softmax(dim=-1)
-        return draw(probs, [r.generator for r in rows]).to(torch.int64)
+        return logits.softmax(dim=-1)

@@ -22,6 +22,8 @@ class SamplingParams:
     presence_penalty / frequency_penalty: OpenAI semantics over the generated tokens,
         in [-2, 2].
     include_stop_str_in_output: keep the matched stop string in the text.
+    speculative: False turns the engine's speculative decoding off for this request (the
+        output is the same either way at temperature 0; only speed differs).
     """
 
     max_tokens: int = 16
@@ -35,6 +37,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     include_stop_str_in_output: bool = False
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _str_tuple(self.stop))
@@ -54,6 +57,8 @@ class SamplingParams:
             _check_float(name, value)
             if not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not isinstance(self.speculative, bool):
+            raise ValueError(f"speculative must be a bool, got {self.speculative!r}")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
         if any(t < 0 for t in self.stop_token_ids):

@@ -4,7 +4,9 @@ Each `schedule()` builds one step under a token budget (`max_num_batched_tokens`
 1. running sequences, oldest first: a decoding sequence gets 1 token, one still prefilling gets
    a chunk (leaving one token of budget for every decoding sequence after it);
    when pages run out, unlocked cache pages are evicted first; only then is the newest running
-   sequence preempted (its pages released, its tokens recomputed later);
+   sequence preempted (its pages released, its tokens recomputed later); with speculative
+   decoding a decoding sequence may also get draft tokens (engine.speculative) when budget
+   and free pages allow (a draft never evicts or preempts anything);
 2. waiting sequences, in arrival order (preempted ones first), while budget, `max_num_seqs`
    and pages allow: each first reuses its cached prefix, then gets a prefill chunk.
 Decode and prefill tokens go into one step; requests join and leave at every step.
@@ -18,13 +20,23 @@ from typing import NamedTuple
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sequence import Sequence, SequenceStatus
+from engine.speculative import Speculator
 
 
 class ScheduledSeq(NamedTuple):
-    """One sequence of a step and how many of its uncomputed tokens the step computes."""
+    """One sequence of a step and how many of its uncomputed tokens the step computes.
+
+    draft: speculative tokens run after the uncomputed ones (their KV is written, and kept only
+    for the tokens verification accepts); the step computes num_new_tokens + len(draft) tokens.
+    """
 
     seq: Sequence
     num_new_tokens: int
+    draft: tuple[int, ...] = ()
+
+    @property
+    def num_step_tokens(self) -> int:
+        return self.num_new_tokens + len(self.draft)
 
 
 class SchedulerOutput(NamedTuple):
@@ -33,7 +45,7 @@ class SchedulerOutput(NamedTuple):
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(s.num_step_tokens for s in self.scheduled)
 
 
 class Scheduler:
@@ -43,6 +55,7 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.block_manager = block_manager
+        self.speculator = Speculator.from_config(config)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -78,12 +91,27 @@ class Scheduler:
             seq = self.running[i]
             later_decodes = sum(1 for s in self.running[i + 1 :] if s.num_uncomputed_tokens == 1)
             n = min(seq.num_uncomputed_tokens, max(budget - later_decodes, 1))
+            draft = self._draft(seq, budget - later_decodes - n, len(self.running) - i - 1)
             if not self._allocate_or_preempt(seq, n, preempted):
                 break  # seq itself was preempted: it was the newest, nothing follows
-            scheduled.append(ScheduledSeq(seq, n))
-            budget -= n
+            scheduled.append(ScheduledSeq(seq, n, draft))
+            budget -= n + len(draft)
             i += 1
         return budget
+
+    def _draft(self, seq: Sequence, room: int, later: int) -> tuple[int, ...]:
+        """Draft tokens for a decoding `seq` when speculation is on and their pages come from
+        the free list, leaving one free page for each of the `later` running sequences."""
+        if self.speculator is None or room <= 0:
+            return ()
+        draft = self.speculator.draft(seq, room)
+        if not draft:
+            return ()
+        bm = self.block_manager
+        total = seq.num_computed_tokens + 1 + len(draft)
+        if bm.pages_for(total) - len(seq.pages) > bm.num_free_pages - later:
+            return ()
+        return draft if bm.allocate(seq, total, evict=False) else ()
 
     def _allocate_or_preempt(self, seq: Sequence, n: int, preempted: list[Sequence]) -> bool:
         bm = self.block_manager

@@ -11,6 +11,7 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.speculative import SpecState
 
 
 class SequenceStatus(enum.Enum):
@@ -27,6 +28,8 @@ class Sequence:
     cache, in `pages` (page i holds tokens [i * page_size, (i + 1) * page_size)). The first
     `num_cached_pages` pages belong to the radix cache (locked through `cache_handle`); the
     others belong to this sequence until the block manager releases them.
+    `spec` (speculative decoding) holds the n-gram index over token_ids and the draft counters;
+    draft tokens themselves never enter token_ids: only verified tokens are appended.
     """
 
     request_id: str
@@ -51,6 +54,7 @@ class Sequence:
     prefill_time: float = 0.0
     finish_reason: FinishReason | None = None
     error: str | None = None
+    spec: SpecState | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -119,4 +123,6 @@ class Sequence:
             prefill_time=self.prefill_time,
             namespace=self.namespace,
             error=self.error,
+            draft_tokens=self.spec.draft_tokens if self.spec else 0,
+            accepted_tokens=self.spec.accepted_tokens if self.spec else 0,
         )

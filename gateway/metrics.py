@@ -284,6 +284,12 @@ class GatewayMetrics:
             "prefixgate_kv_pages_used", "KV-cache pages in use (running requests + cache).")
         self.kv_pages_total = registry.gauge(
             "prefixgate_kv_pages_total", "KV-cache pages in the pool.")
+        self.spec_draft_tokens = registry.counter(
+            "prefixgate:spec_decode_num_draft_tokens_total",
+            "Speculative draft tokens verified (embedded engine).", ("backend",))
+        self.spec_accepted_tokens = registry.counter(
+            "prefixgate:spec_decode_num_accepted_tokens_total",
+            "Speculative draft tokens accepted (embedded engine).", ("backend",))
 
     def observe_usage(self, usage: Usage, backend: str) -> None:
         """Count one finished request's tokens, prefill saved and timings."""
@@ -292,6 +298,9 @@ class GatewayMetrics:
         self.completion_tokens.inc(usage.completion_tokens, backend=backend)
         self.prefill_saved.inc(usage.prefill_saved_ms / 1000.0, backend=backend)
         self.prompt_tokens.observe(usage.prompt_tokens, backend=backend)
+        if usage.spec_draft_tokens:
+            self.spec_draft_tokens.inc(usage.spec_draft_tokens, backend=backend)
+            self.spec_accepted_tokens.inc(usage.spec_accepted_tokens or 0, backend=backend)
         if usage.ttft is not None:
             self.ttft.observe(usage.ttft, backend=backend)
         if usage.tpot is not None and usage.completion_tokens > 1:

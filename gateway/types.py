@@ -66,6 +66,9 @@ class Usage:
     prefill_saved_ms: float = 0.0
     cached_source: CachedSource = "reported"
     estimated: bool = False  # prompt/completion counts are the gateway's estimate (none sent)
+    # speculative decoding (embedded engine): draft tokens verified / accepted; None = unknown
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ def usage_headers(usage: Usage | None) -> dict[str, str]:
         return {"x-prefixgate-cached-tokens": "0", "x-prefixgate-prompt-tokens": "0",
                 "x-prefixgate-hit-rate": "0.0000", "x-prefixgate-prefill-saved-ms": "0.0",
                 "x-prefixgate-cached-tokens-source": "none", "x-prefixgate-usage": "none"}
-    return {
+    headers = {
         "x-prefixgate-cached-tokens": str(usage.cached_tokens),
         "x-prefixgate-prompt-tokens": str(usage.prompt_tokens),
         "x-prefixgate-hit-rate": f"{hit_rate(usage):.4f}",
@@ -39,6 +39,10 @@ def usage_headers(usage: Usage | None) -> dict[str, str]:
         "x-prefixgate-cached-tokens-source": usage.cached_source,
         "x-prefixgate-usage": "estimated" if usage.estimated else "reported",
     }
+    if usage.spec_accepted_tokens is not None:  # embedded engine, once generation is done
+        headers["x-prefixgate-spec-accepted"] = str(usage.spec_accepted_tokens)
+        headers["x-prefixgate-spec-draft"] = str(usage.spec_draft_tokens or 0)
+    return headers
 
 
 def summary(usage: Usage) -> dict[str, Any]:

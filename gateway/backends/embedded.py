@@ -140,6 +140,7 @@ class EmbeddedBackend:
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, ttft=out.ttft, tpot=out.tpot,
             prefill_saved_ms=saved_ms,
+            spec_draft_tokens=out.draft_tokens, spec_accepted_tokens=out.accepted_tokens,
         )
         return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage)
 
