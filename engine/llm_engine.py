@@ -16,6 +16,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import DEFAULT_MEMORY_BUDGET, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammar import GrammarCompiler
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestOutput, RequestUpdate
@@ -69,6 +70,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.loaded, self.num_pages, config.page_size, config.device)
         self.sampler = Sampler()
+        self.grammar = GrammarCompiler(self.tokenizer, sorted(self.tokenizer.spec.special))
         self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
@@ -96,7 +98,8 @@ class Engine:
 
         namespace: the tenant's prefix-cache namespace; requests share cached KV only within
         one namespace. Raises ValueError for an empty prompt, a bad token id, or a prompt that
-        can never fit (>= max_model_len or the whole page pool).
+        can never fit (>= max_model_len or the whole page pool), or a grammar
+        (json_schema / regex / grammar) that cannot be compiled (GrammarError, a ValueError).
         """
         seq = self.make_sequence(prompt, params, namespace, request_id)
         self.enqueue(seq)
@@ -133,7 +136,10 @@ class Engine:
         detok = IncrementalDetokenizer(
             self.tokenizer.token_bytes, params.stop, params.include_stop_str_in_output
         )
-        return Sequence(rid, ids, params, namespace, generator, self.max_seq_len, stops, detok)
+        spec = params.constraint
+        grammar = self.grammar.new_state(spec) if spec is not None else None
+        return Sequence(rid, ids, params, namespace, generator, self.max_seq_len, stops, detok,
+                        grammar=grammar)
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -180,9 +186,12 @@ class Engine:
         start = time.perf_counter()
         try:
             inputs = self.runner.prepare(out.scheduled)
-            logits = self.runner.run(inputs)
             sampled = [out.scheduled[i].seq for i in inputs.sampling]
-            tokens = self.sampler(logits, [self._row(s) for s in sampled]) if sampled else []
+            masks = self.grammar.start_masks([s.grammar for s in sampled])  # overlaps forward
+            logits = self.runner.run(inputs)
+            bitmask = masks.result() if masks is not None else None
+            rows = [self._row(s) for s in sampled]
+            tokens = self.sampler(logits, rows, bitmask) if sampled else []
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             log.exception("engine step failed")
             return self._fail(out.scheduled, exc)
@@ -213,7 +222,7 @@ class Engine:
         updates = []
         for seq, token in zip(sampled, tokens, strict=True):
             seq.append_token(token, now)
-            reason = seq.stop_reason()
+            reason = self._grammar_reason(seq, token) or seq.stop_reason()
             if reason is not None:
                 self._finish(seq, reason)
             output = seq.to_output() if seq.is_finished else None
@@ -221,6 +230,15 @@ class Engine:
             updates.append(RequestUpdate(seq.request_id, [token], text, seq.is_finished, output,
                                          seq.cached_tokens))
         return updates
+
+    @staticmethod
+    def _grammar_reason(seq: Sequence, token: int) -> Any:
+        """Advance a constrained sequence's matcher by its committed token; "error" if the
+        grammar rejects it (the mask makes that impossible unless the matcher failed)."""
+        if seq.grammar is None or seq.grammar.accept(token):
+            return None
+        seq.error = f"GrammarError: token {token} rejected: {seq.grammar.error}"
+        return "error"
 
     def _finish(self, seq: Sequence, reason: Any, *, keep_computed: bool = True) -> None:
         seq.finish_reason = reason
