@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from gateway.types import ChatRequest, Final, Usage
+from gateway.types import ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -59,6 +59,7 @@ class ChatChunks:
         self.req = req
         self.include_usage = include_usage
         self.created = int(time.time())
+        self.streamed_calls = 0  # tool calls already sent piece by piece
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         body: dict[str, Any] = {
@@ -78,9 +79,27 @@ class ChatChunks:
     def text(self, text: str) -> bytes:
         return self._chunk({"content": text}) if text else b""
 
+    def delta(self, item: TextDelta) -> bytes:
+        """Text, then tool-call pieces (`delta.tool_calls[].function.arguments` fragments)."""
+        return self.text(item.text) + b"".join(self._tool_piece(p) for p in item.tool_calls)
+
+    def _tool_piece(self, piece: ToolCallDelta) -> bytes:
+        call: dict[str, Any] = {"index": piece.index}
+        if piece.id is not None:
+            self.streamed_calls = max(self.streamed_calls, piece.index + 1)
+            call.update(id=piece.id, type="function")
+            call["function"] = {"name": piece.name, "arguments": piece.arguments}
+        elif piece.arguments:
+            call["function"] = {"arguments": piece.arguments}
+        else:
+            return b""
+        return self._chunk({"tool_calls": [call]})
+
     def final(self, final: Final) -> bytes:
         out = b""
         for index, call in enumerate(final.tool_calls):
+            if index < self.streamed_calls:
+                continue
             out += self._chunk({"tool_calls": [{"index": index, **call}]})
         out += self._chunk({}, final.finish_reason)
         if self.include_usage:
@@ -134,6 +153,9 @@ class CompletionChunks:
 
     def text(self, text: str) -> bytes:
         return self._chunk(text, None) if text else b""
+
+    def delta(self, item: TextDelta) -> bytes:
+        return self.text(item.text)
 
     def final(self, final: Final) -> bytes:
         out = self._chunk("", final.finish_reason)

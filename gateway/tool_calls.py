@@ -151,11 +151,15 @@ def _first_object(raw: str) -> Any:
     return data
 
 
+def call_id(request_id: str, index: int) -> str:
+    """The id of a request's index-th tool call (the same when streamed and in the Final)."""
+    return "call_" + hashlib.sha256(f"{request_id}:{index}".encode()).hexdigest()[:24]
+
+
 def _openai_call(call: tuple[str, dict[str, Any]], request_id: str, index: int) -> dict[str, Any]:
     name, args = call
-    digest = hashlib.sha256(f"{request_id}:{index}".encode()).hexdigest()[:24]
     arguments = json.dumps(args, ensure_ascii=False)
-    return {"id": f"call_{digest}", "type": "function",
+    return {"id": call_id(request_id, index), "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
 

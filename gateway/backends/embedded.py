@@ -3,8 +3,11 @@
 Messages and tools go through the model's chat template (`engine`'s tokenizer writes tool
 definitions into the system message when the template has no tool support, in the
 `<tool_call>{json}</tool_call>` convention); the output is parsed back into OpenAI tool calls by
-`gateway.tool_calls`. `cached_tokens` is what the engine actually reused from its radix cache in
-the request's namespace. Closing the stream early (client disconnect) aborts the engine request.
+`gateway.tool_calls`; streamed calls come out as `ToolCallDelta` pieces (`gateway.tool_stream`).
+A request's `OutputConstraint` (tool_choice, response_format) becomes the engine's grammar, so
+forced tool calls and JSON documents always parse. `cached_tokens` is what the engine actually
+reused from its radix cache in the request's namespace. Closing the stream early (client
+disconnect) aborts the engine request.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.config import GatewayConfig
-from gateway.tool_calls import ToolCallFilter
+from gateway.tool_stream import ToolCallStream
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
 
 log = logging.getLogger("prefixgate.embedded")
@@ -86,6 +89,7 @@ class EmbeddedBackend:
                 stop=o.stop,
                 presence_penalty=o.presence_penalty,
                 frequency_penalty=o.frequency_penalty,
+                grammar=req.constraint.grammar if req.constraint is not None else None,
             )
         except ValueError as exc:
             raise BackendError(400, str(exc), param="sampling") from exc
@@ -95,19 +99,19 @@ class EmbeddedBackend:
 
         ids = self.prompt_ids(req)
         params = self.sampling_params(req)
-        filt = ToolCallFilter() if req.tools and not _tool_choice_none(req) else None
+        filt = ToolCallStream(req.request_id) if _calls_possible(req) else None
         first = True
         try:
             async for delta in self.engine.stream(ids, params, namespace=req.namespace,
                                                   request_id=req.request_id):
-                text = filt.feed(delta.text) if filt else delta.text
+                text, calls = filt.feed(delta.text) if filt else (delta.text, [])
                 final = None
                 if delta.output is not None:
                     tail, final = self._final(req, delta.output, filt)
                     text += tail
-                if text or first:
+                if text or calls or first:
                     early = self._early_usage(len(ids), delta) if first else None
-                    yield TextDelta(text, usage=early)
+                    yield TextDelta(text, usage=early, tool_calls=tuple(calls))
                     first = False
                 if final is not None:
                     yield final
@@ -129,10 +133,10 @@ class EmbeddedBackend:
         rate = self.engine.prefill_tokens_per_second
         return cached_tokens / rate * 1000.0 if rate and cached_tokens else 0.0
 
-    def _final(self, req: ChatRequest, out: Any, filt: ToolCallFilter | None) -> tuple[str, Final]:
+    def _final(self, req: ChatRequest, out: Any, filt: ToolCallStream | None) -> tuple[str, Final]:
         tail = ""
         if filt is not None:
-            tail, parsed = filt.finish(out.text, req.request_id)
+            tail, parsed = filt.finish(out.text)
             text, calls = parsed.text, parsed.tool_calls
         else:
             text, calls = out.text, ()
@@ -145,10 +149,11 @@ class EmbeddedBackend:
         return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage)
 
 
-def _tool_choice_none(req: ChatRequest) -> bool:
-    """tool_choice "none" (OpenAI) or {"type": "none"} (Anthropic): output stays plain text."""
+def _calls_possible(req: ChatRequest) -> bool:
+    """Tools given and tool_choice not "none" (OpenAI) / {"type": "none"} (Anthropic)."""
     choice = req.body.get("tool_choice")
-    return choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
+    none = choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
+    return bool(req.tools) and not none
 
 
 def _param_of(message: str) -> str:
