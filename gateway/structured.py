@@ -85,7 +85,7 @@ def _call_rules(tools: list[ToolSchema], parallel: bool) -> list[str]:
     rules = [f"call_obj: {' | '.join(names)}"]
     rules += [f"{n}: %json {_styled(_call_schema(t))}" for n, t in zip(names, tools, strict=True)]
     rules.append('call_body: "\\n" call_obj "\\n</tool_call>"')
-    more = ' ("\\n<tool_call>" call_body)*' if parallel else ""
+    more = " (\"<tool_call>\" call_body)*" if parallel else ""
     rules.append(f"calls_rest: call_body{more}")
     return rules
 

@@ -106,12 +106,17 @@ class ParsedOutput:
 
 
 def parse_output(text: str, request_id: str) -> ParsedOutput:
-    """Split generated text into text and tool calls; unparseable blocks stay text."""
+    """Split generated text into text and tool calls; unparseable blocks stay text, except an
+    unterminated last block after complete calls (output cut by max_tokens), which is dropped."""
     if OPEN not in text:
         return ParsedOutput(text, ())
     calls: list[dict[str, Any]] = []
     for match in _BLOCK.finditer(text):
         call = _parse_call(match.group(1))
+        if call is None and calls and match.end() == len(text) and not match.group(0).endswith(
+            CLOSE
+        ):
+            break
         if call is None:
             return ParsedOutput(text, ())
         calls.append(_openai_call(call, request_id, len(calls)))

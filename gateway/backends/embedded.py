@@ -140,7 +140,9 @@ class EmbeddedBackend:
             text, calls = parsed.text, parsed.tool_calls
         else:
             text, calls = out.text, ()
-        finish = "tool_calls" if calls else FINISH_REASONS.get(out.finish_reason, "stop")
+        finish = FINISH_REASONS.get(out.finish_reason, "stop")
+        if calls and finish == "stop":
+            finish = "tool_calls"
         usage = Usage(
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, ttft=out.ttft, tpot=out.tpot,
