@@ -27,12 +27,17 @@ from typing import Any, Literal, Protocol
 import llguidance
 import torch
 
+from engine.errors import InvalidRequest
+
 GrammarKind = Literal["json_schema", "regex", "lark"]
 BITS = 32  # tokens per int32 word of a bitmask
 
 
-class GrammarError(ValueError):
+class GrammarError(InvalidRequest):
     """A grammar (schema, regex, Lark text) that llguidance rejects; the message names why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="grammar")
 
 
 @dataclass(frozen=True, slots=True)

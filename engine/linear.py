@@ -13,17 +13,30 @@ errors up to ~15 on this model, and the quantized-tensor API is deprecated).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-Quantization = Literal["none", "fp16"]
-QUANTIZATIONS: tuple[str, ...] = ("none", "fp16")
+from engine.config import QUANTIZATIONS as QUANTIZATIONS  # re-exported: older imports
+from engine.config import Quantization as Quantization
 
 
-class DenseLinear(nn.Module):
+class Linear(nn.Module):
+    """A bias-free projection x [T, in] -> [T, out]: the interface every weight layout keeps."""
+
+    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        raise NotImplementedError
+
+    def dequantized(self) -> Tensor:
+        """W [out, in] as float32."""
+        raise NotImplementedError
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weight as held (what a decode step streams)."""
+        raise NotImplementedError
+
+
+class DenseLinear(Linear):
     """W [out, in] stored as a (frozen, initially uninitialised) parameter in the model dtype."""
 
     def __init__(self, out_features: int, in_features: int, dtype: torch.dtype) -> None:
@@ -43,7 +56,7 @@ class DenseLinear(nn.Module):
         return self.weight.numel() * self.weight.element_size()
 
 
-class Fp16DynamicLinear(nn.Module):
+class Fp16DynamicLinear(Linear):
     """W stored as fp16, packed for fbgemm; math in fp32."""
 
     def __init__(self, weight: Tensor) -> None:  # weight [out, in] float
@@ -53,10 +66,11 @@ class Fp16DynamicLinear(nn.Module):
         self._shape = tuple(w.shape)
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] float32 -> [T, out] float32
-        return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self._packed)
+        out: Tensor = torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self._packed)
+        return out
 
     def dequantized(self) -> Tensor:
-        weight, _ = torch.ops.quantized.linear_unpack_fp16(self._packed)
+        weight: Tensor = torch.ops.quantized.linear_unpack_fp16(self._packed)[0]
         return weight.float()
 
     def weight_bytes(self) -> int:
@@ -64,7 +78,7 @@ class Fp16DynamicLinear(nn.Module):
         return 2 * out_features * in_features
 
 
-def quantize_linear(weight: Tensor, quantization: Quantization) -> nn.Module:
+def quantize_linear(weight: Tensor, quantization: Quantization) -> Linear:
     """A quantised projection module for W [out, in] (float32 weights only)."""
     if weight.dtype != torch.float32:
         raise ValueError(f"quantization needs float32 weights, got {weight.dtype}")
