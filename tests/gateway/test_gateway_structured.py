@@ -12,7 +12,6 @@ import httpx2
 import jsonschema
 import openai
 import pytest
-from gateway_fakes import FAKE_MODEL, asgi_client
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,8 @@ from engine.tokenizer import Tokenizer
 from gateway.structured import ToolChoice, ToolSchema, tool_grammar
 from gateway.tool_calls import parse_output
 from gateway.tool_stream import ToolCallStream, streamed_calls
+
+from .gateway_fakes import FAKE_MODEL, asgi_client
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
            "additionalProperties": False}

@@ -17,7 +17,8 @@ import anthropic
 import jsonschema
 import openai
 import pytest
-from gateway_fakes import serve
+
+from tests.support import serve
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"
