@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gateway_llama import find_binary, llama_table, run_llama  # noqa: E402
+from benchmarks.gateway_routing import routing_table, run_routing  # noqa: E402
 from benchmarks.gateway_servers import (  # noqa: E402
     LITELLM_KEY,
     fake_upstream,
@@ -49,16 +49,14 @@ from benchmarks.gateway_servers import (  # noqa: E402
     litellm_path,
     litellm_proxy,
 )
-from gateway.agent_trace import TraceRequest, agent_trace  # noqa: E402
+from gateway.agent_trace import agent_trace  # noqa: E402
 from gateway.backends.pool import ReplicaPool, make_upstream  # noqa: E402
-from gateway.backends.router import RouterConfig  # noqa: E402
 from gateway.backends.upstream_http import UpstreamOptions  # noqa: E402
 from gateway.fake_upstream import (  # noqa: E402
     FakeUpstreamConfig,
     create_fake_upstream,
     render_prompt,
 )
-from gateway.types import ChatRequest, Final, SamplingOptions  # noqa: E402
 from prompt_lint.tokens import get_encoding  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "gateway.json"
@@ -273,71 +271,6 @@ async def in_process(bodies: list[bytes], tmp: Path) -> tuple[dict[str, list[flo
     return out, cpu
 
 
-# ---------------------------------------------------------------- routing
-
-
-def _chat(item: TraceRequest) -> ChatRequest:
-    body = item.body
-    return ChatRequest(
-        request_id=f"s{item.session}t{item.turn}", provider="openai", model="fake",
-        messages=tuple(body["messages"]), tools=tuple(body["tools"]), options=SamplingOptions(),
-        stream=False, tenant="bench", namespace="bench", body=body)
-
-
-async def replay(policy: str, replicas: int, trace: list[TraceRequest],
-                 prefill_us: float, think_ms: float = 20.0) -> dict[str, Any]:
-    """Sessions concurrently, each session's turns in order; numbers the replicas report."""
-    apps = [create_fake_upstream(FakeUpstreamConfig(
-        name=f"r{i}", prefill_us_per_token=prefill_us, serial_prefill=True, keep_bodies=False))
-        for i in range(replicas)]
-    backends = [make_upstream("openai", UpstreamOptions(url=f"http://r{i}.bench/v1",
-                                                        name=f"r{i}"),
-                              transport=httpx.ASGITransport(app=app))
-                for i, app in enumerate(apps)]
-    pool = ReplicaPool("openai", backends, router=RouterConfig(policy=policy))  # type: ignore[arg-type]
-    sessions: dict[int, list[TraceRequest]] = {}
-    for item in trace:
-        sessions.setdefault(item.session, []).append(item)
-    latencies: list[float] = []
-    predicted = 0
-    bar = tqdm(total=len(trace), desc=f"{policy} x{replicas}", leave=False)
-
-    async def run_session(items: list[TraceRequest]) -> None:
-        nonlocal predicted
-        think = random.Random(items[0].session)
-        for item in items:
-            await asyncio.sleep(think.uniform(0.0, think_ms) / 1000.0)
-            start = time.perf_counter()
-            final = [x async for x in pool.stream(_chat(item))][-1]
-            latencies.append((time.perf_counter() - start) * 1000.0)
-            assert isinstance(final, Final)
-            predicted += final.usage.predicted_cached_tokens or 0
-            bar.update()
-
-    await asyncio.gather(*(run_session(items) for items in sessions.values()))
-    bar.close()
-    await pool.aclose()
-    fakes = [a.state.replica for a in apps]
-    prompt = sum(f.prompt_tokens for f in fakes)
-    return {"policy": policy, "replicas": replicas,
-            "hit_rate": sum(f.cached_tokens for f in fakes) / prompt,
-            "predicted_hit_rate": predicted / prompt,
-            "prefilled_tokens": prompt - sum(f.cached_tokens for f in fakes),
-            "mean_latency_ms": statistics.mean(latencies),
-            "p50_latency_ms": _pct(latencies, 0.5),
-            "requests_per_replica": [f.requests for f in fakes]}
-
-
-def run_routing(quick: bool) -> dict[str, Any]:
-    sessions, turns = (12, 5) if quick else (32, 10)
-    trace = agent_trace(sessions=sessions, turns=turns, system_words=800, task_words=300,
-                        output_words=120, seed=2)
-    prefill_us = 100.0  # simulated prefill per uncached token (about 10k tokens/s)
-    runs = [asyncio.run(replay(p, 4, trace, prefill_us)) for p in ("prefix", "round_robin")]
-    return {"sessions": sessions, "turns": turns, "requests": len(trace),
-            "prefill_us_per_token": prefill_us, "runs": runs}
-
-
 # ---------------------------------------------------------------- output
 
 
@@ -371,15 +304,6 @@ def latency_table(res: dict[str, Any]) -> str:
 def stage_table(stages: dict[str, dict[str, float]]) -> str:
     rows = [[name, f"{v['p50_ms']:.3f}", f"{v['p99_ms']:.3f}"] for name, v in stages.items()]
     return table(["gateway stage (in-process)", "p50 ms", "p99 ms"], rows)
-
-
-def routing_table(res: dict[str, Any]) -> str:
-    rows = [[r["policy"], f"{100 * r['hit_rate']:.1f}%", f"{100 * r['predicted_hit_rate']:.1f}%",
-             f"{r['prefilled_tokens']:,}", f"{r['mean_latency_ms']:.1f}",
-             "/".join(str(n) for n in r["requests_per_replica"])] for r in res["runs"]]
-    header = ["routing", "hit rate (reported)", "predicted", "prefilled tokens",
-              "mean latency ms", "requests per replica"]
-    return table(header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,15 +14,15 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import httpx
 import xxhash
 
 from gateway.config import UPSTREAM_KINDS
 from gateway.shadow import CacheModel, Prompt, ShadowCache, ShadowConfig, as_prompt
-from prompt_lint.memo import LRU
 from radix_cache import RadixCache
 
 TOKEN_BYTES = 4
@@ -46,6 +46,34 @@ def common_prefix_tokens(a: bytes, b: bytes) -> int:
         else:
             hi = mid
     return lo // TOKEN_BYTES
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Bounded(Generic[K, V]):
+    """A dict that keeps its `cap` most recently used entries."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: K) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> V:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        if len(self._data) > self.cap:
+            self._data.popitem(last=False)
+        return value
 
 
 class Slot(NamedTuple):
@@ -146,8 +174,10 @@ class BreakpointShadow:
         self.config = config or ShadowConfig(page_size=1, min_cached_tokens=1024)
         self._clock = clock
         self._tree = RadixCache(1)
-        self._entries: LRU[tuple[str, int], float] = LRU(self.config.max_pages)
-        self._ends: dict[str, list[int]] = {}  # entry positions written, per namespace
+        # state, not a memo (prompt_lint's LRU can be switched off), so a bounded dict of its own
+        self._entries: Bounded[tuple[str, int], float] = Bounded(self.config.max_pages)
+        # entry positions written, per namespace (the 4096 most recent namespaces)
+        self._ends: Bounded[str, list[int]] = Bounded(4096)
 
     def _key(self, prompt: Prompt, end: int, namespace: str) -> tuple[str, int]:
         return namespace, xxhash.xxh3_64_intdigest(prompt.tokens.data[: end * TOKEN_BYTES])
@@ -159,7 +189,7 @@ class BreakpointShadow:
             return 0
         held = min(self._tree.match(prompt.tokens, namespace).length, max(prompt.breakpoints))
         now = self._clock()
-        ends = [e for e in self._ends.get(namespace, ()) if e <= held]
+        ends = [e for e in self._ends.get(namespace) or () if e <= held]
         for end in sorted(set(ends), reverse=True)[:16]:
             if end < self.config.min_cached_tokens:
                 break
@@ -185,12 +215,12 @@ class BreakpointShadow:
         prompt = as_prompt(prompt)
         self._hit(prompt, namespace, refresh=True)
         now = self._clock()
-        ends = self._ends.setdefault(namespace, [])
+        ends = self._ends.get(namespace) or self._ends.put(namespace, [])
         for end in prompt.breakpoints:
             if end >= self.config.min_cached_tokens:
                 self._entries.put(self._key(prompt, end, namespace), now + self.config.ttl_s)
                 ends.append(end)
-        del ends[:-4096]
+        del ends[:-256]  # the most recent positions (a namespace rarely needs more)
         self._tree.insert(prompt.tokens, None, namespace)
         over = self._tree.stats.total_pages - self.config.max_pages * 64
         if over > 0:

@@ -27,6 +27,9 @@ from prompt_lint.templates import FamilyMatch, LearnedSpan
 #: Findings at or above this confidence are moved by the rewriter and keep their
 #: rule's severity; below it they are warnings and stay where they are.
 FIX_CONFIDENCE = 0.8
+#: Findings at or above this confidence (more likely dynamic than not) end the
+#: predicted cacheable prefix (`LintReport.cacheable_tokens`).
+LIKELY = 0.5
 #: Confidence of a value the family's requests were seen to vary.
 EVIDENCE = 1.0
 #: Factor on a pattern's confidence when the value was the same in two sessions but no

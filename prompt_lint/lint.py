@@ -12,7 +12,7 @@ from prompt_lint.checks import (
     tool_findings,
 )
 from prompt_lint.detectors import Span, detect
-from prompt_lint.evidence import FIX_CONFIDENCE, Dynamic, decide
+from prompt_lint.evidence import FIX_CONFIDENCE, LIKELY, Dynamic, decide
 from prompt_lint.layout import TokenLayout, token_layout
 from prompt_lint.providers import (
     Provider,
@@ -150,7 +150,8 @@ def is_moved(f: Finding) -> bool:
 
 def _first_break(findings: list[Finding], total: int) -> int:
     offsets = [f.token_offset for f in findings
-               if f.rule in BREAKING_RULES and f.token_offset is not None]
+               if f.rule in BREAKING_RULES and f.token_offset is not None
+               and f.confidence >= LIKELY]
     return min(offsets, default=total)
 
 
@@ -170,7 +171,7 @@ def _after_fix(body: dict[str, Any], provider: Provider, findings: list[Finding]
     moved = [f for f in findings if is_moved(f)]
     breaks = [f.token_offset for f in findings if f.rule in BREAKING_RULES
               and not is_moved(f) and f.rule not in resolved
-              and f.token_offset is not None]
+              and f.token_offset is not None and f.confidence >= LIKELY]
     limit = min(breaks, default=layout.total)
     if not moved:
         return limit

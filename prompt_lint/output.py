@@ -94,7 +94,8 @@ def _finding_line(f: Finding, show: bool) -> str:
     where = f.path + (f":{f.start}-{f.end}" if f.start is not None else "")
     token = f" @token {f.token_offset}" if f.token_offset is not None else ""
     value = f.value if show else mask_value(f.value, f.kind)
-    return f"  {f.severity:<7} {f.rule} {f.name:<24} {where}{token}: {f.message}" + \
+    sure = f" (confidence {f.confidence:.2f})" if f.confidence < 1.0 else ""
+    return f"  {f.severity:<7} {f.rule} {f.name:<24} {where}{token}: {f.message}{sure}" + \
         (f" [{value}]" if value else "")
 
 
@@ -124,7 +125,7 @@ def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[st
                 "logicalLocations": [{"fullyQualifiedName": f"requests[{i}].{f.path}".rstrip("."),
                                       "kind": "member"}]}],
             "properties": {"kind": f.kind, "start": f.start, "end": f.end,
-                           "tokenOffset": f.token_offset}}
+                           "tokenOffset": f.token_offset, "confidence": f.confidence}}
 
 
 def render(fmt: str, requests: list[LoadedRequest], reports: list[LintReport],

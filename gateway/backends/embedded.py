@@ -107,13 +107,15 @@ class EmbeddedBackend:
         params = self.sampling_params(req)
         filt = ToolCallStream(req.request_id) if _calls_possible(req) else None
         first = True
+        saved_ms: float | None = None  # what the head said, so the final says the same
         try:
             async for delta in self.engine.stream(ids, params, namespace=req.namespace,
                                                   request_id=req.request_id):
                 text, calls = filt.feed(delta.text) if filt else (delta.text, [])
+                saved_ms = delta.prefill_saved_ms if saved_ms is None else saved_ms
                 final = None
                 if delta.output is not None:
-                    tail, final = self._final(req, delta, delta.output, filt)
+                    tail, final = self._final(req, saved_ms, delta.output, filt)
                     text += tail
                 if text or calls or first:
                     early = _early_usage(len(ids), delta) if first else None
@@ -126,7 +128,7 @@ class EmbeddedBackend:
             raise engine_error(exc) from exc
 
     def _final(
-        self, req: ChatRequest, delta: StreamDelta, out: RequestOutput,
+        self, req: ChatRequest, saved_ms: float, out: RequestOutput,
         filt: ToolCallStream | None,
     ) -> tuple[str, Final]:
         tail = ""
@@ -141,7 +143,7 @@ class EmbeddedBackend:
         usage = Usage(
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, ttft=out.ttft, tpot=out.tpot,
-            prefill_saved_ms=delta.prefill_saved_ms,
+            prefill_saved_ms=saved_ms,
         )
         return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage)
 

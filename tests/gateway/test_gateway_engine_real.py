@@ -287,6 +287,8 @@ async def test_stream_heads_carry_the_engines_final_figures(make_real_app, real_
         summary = chunks[-1].model_extra["prefixgate"]
         assert (summary["prompt_tokens"], summary["cached_tokens"]) == (usage.prompt_tokens,
                                                                          cached)
+        saved = float(raw.headers["x-prefixgate-prefill-saved-ms"])
+        assert saved == pytest.approx(summary["prefill_saved_ms"], abs=0.051)
         seen_hit = seen_hit or cached > 0
     assert seen_hit
     await http.aclose()

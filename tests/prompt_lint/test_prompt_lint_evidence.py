@@ -13,32 +13,7 @@ from typing import Any
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
 from prompt_lint.evidence import FIX_CONFIDENCE
 from prompt_lint.templates import _SESSIONS_PER_FAMILY
-
-GUIDE = "\n".join(f"Rule {i}: keep answers about area {i} short." for i in range(30))
-TIPS = ["Small commits are easier to review.", "Write the test first.", "Read the error twice."]
-HANDLES = {"a": "user_k3j9x2", "b": "user_q8m2z7"}
-
-
-def system(session: str, turn: int) -> str:
-    return (f"Current time: 2026-11-{10 + turn:02d}T0{turn}:1{turn}:00Z\n"
-            f"Signed in as {HANDLES[session]}.\n"
-            f"Tip of the day: {TIPS[(turn + (session == 'b')) % 3]}\n"
-            "Office hours: 09:00-17:30 UTC, Monday to Friday.\n"
-            "This policy took effect on 2024-03-01.\n"
-            "Escalations go to support@acme.example.\n" + GUIDE)
-
-
-def body(session: str, turn: int) -> dict[str, Any]:
-    history: list[dict[str, Any]] = []
-    for t in range(turn + 1):
-        history.append({"role": "user", "content": f"{session}: question {t}"})
-        if t < turn:
-            history.append({"role": "assistant", "content": f"answer {t}"})
-    return {"model": "gpt-4o-mini",
-            "messages": [{"role": "system", "content": system(session, turn)}, *history]}
-
-
-LOG = [body(s, t) for t in range(3) for s in ("a", "b")]  # interleaved, like a gateway log
+from tests.support.lint_family import LOG, body
 
 
 def two_pass() -> tuple[TemplateLearner, list[Any]]:
