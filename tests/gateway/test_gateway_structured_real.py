@@ -124,13 +124,14 @@ async def test_anthropic_any_tool_use_always_validates(make_real_app):
     with serve(app) as server:
         client = anthropic.AsyncAnthropic(base_url=server.url, api_key="none", max_retries=0)
         extra = {"cache_salt": salt()}
-        replies = await asyncio.gather(*(
+        async with client:
+            replies = await asyncio.gather(*(
             client.messages.create(
                 model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": p}],
-                tools=ANTHROPIC_TOOLS, max_tokens=48, temperature=0.7 if i % 2 else 0,
+                tools=ANTHROPIC_TOOLS, max_tokens=48,
                 tool_choice={"type": "tool", "name": "get_weather"} if i % 5 == 4
-                else {"type": "any"}, extra_body=extra)
-            for i, p in enumerate(PROMPTS)))
+                else {"type": "any"}, extra_body={**extra, "temperature": 0.7 if i % 2 else 0})
+                for i, p in enumerate(PROMPTS)))
     for i, reply in enumerate(replies):
         assert reply.stop_reason == "tool_use"
         uses = [b for b in reply.content if b.type == "tool_use"]
@@ -153,11 +154,13 @@ def test_streamed_tool_calls_reassemble_to_the_same_calls(make_real_app):
         claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
         with claude.messages.stream(
             model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": prompt}],
-            tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, max_tokens=40, temperature=0,
-            extra_body=extra,
+            tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, max_tokens=40,
+            extra_body={**extra, "temperature": 0},
         ) as stream:
             events = list(stream)
             final = stream.get_final_message()
+        oai.close()
+        claude.close()
     expected = check_openai_calls(whole.choices[0].message)
     # OpenAI: several argument fragments per call, joined in index order
     pieces = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
