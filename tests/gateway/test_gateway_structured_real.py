@@ -179,3 +179,25 @@ def test_streamed_tool_calls_reassemble_to_the_same_calls(make_real_app):
     assert len(deltas) > 1
     uses = [(b.name, b.input) for b in final.content if b.type == "tool_use"]
     assert uses == expected
+
+
+def test_two_step_tool_example_completes(make_real_app):
+    """examples/openai_tool_task.py: a validated call, the local result fed back, an answer."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "openai_tool_task.py"
+    spec = importlib.util.spec_from_file_location("prefixgate_example_tool_task", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    with serve(make_real_app()) as server, openai.OpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0
+    ) as client:
+        result = module.run_task(client)
+    assert result.call_name == "stock_level"
+    jsonschema.validate(result.call_arguments, module.TOOLS[0]["function"]["parameters"])
+    assert result.tool_result == module.stock_level(result.call_arguments["city"])
+    assert result.answer.strip()
