@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from engine.outputs import RequestOutput
 
-RequestField = Literal["prompt", "messages", "request_id"]
+RequestField = Literal["prompt", "messages", "request_id", "grammar"]
 """What an `InvalidRequest` is about: the prompt (text or token ids), the chat messages (or
-tools) rendered through the chat template, or the caller-chosen request id."""
+tools) rendered through the chat template, the caller-chosen request id, or the output grammar
+(SamplingParams json_schema / regex / grammar)."""
 
 
 class EngineError(Exception):

@@ -18,6 +18,7 @@ from engine.block_manager import BlockManager
 from engine.config import DEFAULT_MEMORY_BUDGET, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequest, RequestTooLong
+from engine.grammar import GrammarCompiler
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestOutput, StreamDelta
@@ -74,6 +75,7 @@ class Engine:
             self.loaded, self.num_pages, config.page_size, config.device, config.kernel_backend
         )
         self.sampler = Sampler()
+        self.grammar = GrammarCompiler(self.tokenizer, sorted(self.tokenizer.spec.special))
         self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
@@ -109,7 +111,8 @@ class Engine:
 
         namespace: the tenant's prefix-cache namespace; requests share cached KV only within
         one namespace. Raises ValueError for an empty prompt, a bad token id, or a prompt that
-        can never fit (>= max_model_len or the whole page pool).
+        can never fit (>= max_model_len or the whole page pool), or a grammar
+        (json_schema / regex / grammar) that cannot be compiled (GrammarError, a ValueError).
         """
         seq = self.make_sequence(prompt, params, namespace, request_id)
         self.enqueue(seq)
@@ -147,7 +150,10 @@ class Engine:
         detok = IncrementalDetokenizer(
             self.tokenizer.token_bytes, params.stop, params.include_stop_str_in_output
         )
-        return Sequence(rid, ids, params, namespace, generator, self.max_seq_len, stops, detok)
+        spec = params.constraint
+        grammar = self.grammar.new_state(spec) if spec is not None else None
+        return Sequence(rid, ids, params, namespace, generator, self.max_seq_len, stops, detok,
+                        grammar=grammar)
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -200,9 +206,13 @@ class Engine:
         start = time.perf_counter()
         try:
             inputs = self.runner.prepare(out.scheduled)
-            logits = self.runner.run(inputs)
             sampled = [out.scheduled[i] for i in inputs.sampling]
-            verdicts = self._sample(logits, sampled, inputs.num_logits) if sampled else []
+            masks = self.grammar.start_masks([s.seq.grammar for s in sampled])  # overlaps forward
+            logits = self.runner.run(inputs)
+            bitmask = masks.result() if masks is not None else None
+            verdicts = (
+                self._sample(logits, sampled, inputs.num_logits, bitmask) if sampled else []
+            )
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             log.exception("engine step failed")
             return self._fail(out.scheduled, exc)
@@ -222,16 +232,21 @@ class Engine:
         return SamplingRow(seq.params, seq.output_token_ids, seq.generator)
 
     def _sample(
-        self, logits: torch.Tensor, sampled: list[ScheduledSeq], num_logits: list[int]
+        self,
+        logits: torch.Tensor,
+        sampled: list[ScheduledSeq],
+        num_logits: list[int],
+        bitmask: torch.Tensor | None,
     ) -> list[Verdict]:
-        """One verdict per sampling sequence: a plain draw (one row), or a verified draft
-        (1 + len(draft) rows)."""
+        """One verdict per sampling sequence: a plain draw (one row, masked by its grammar), or
+        a verified draft (1 + len(draft) rows; constrained sequences never draft)."""
         plain = [i for i, s in enumerate(sampled) if not s.draft]
         verdicts: dict[int, Verdict] = {}
         if plain:
             starts = list(itertools.accumulate(num_logits, initial=0))
             rows = logits if len(plain) == len(sampled) else logits[[starts[i] for i in plain]]
-            tokens = self.sampler(rows, [self._row(sampled[i].seq) for i in plain])
+            masks = None if bitmask is None else bitmask[plain]
+            tokens = self.sampler(rows, [self._row(sampled[i].seq) for i in plain], masks)
             verdicts.update((i, Verdict([t], 0, 0)) for i, t in zip(plain, tokens, strict=True))
         if len(plain) < len(sampled):
             chunks = torch.split(logits, num_logits)
@@ -278,7 +293,7 @@ class Engine:
         for token in verdict.tokens:
             seq.append_token(token, now)
             committed.append(token)
-            reason = seq.stop_reason()
+            reason = self._grammar_reason(seq, token) or seq.stop_reason()
             if reason is not None:
                 break
         if verdict.num_drafted:
@@ -299,6 +314,15 @@ class Engine:
         self.spec_steps += 1
         self.block_manager.rollback(seq)
         self.block_manager.cache_computed(seq)
+
+    @staticmethod
+    def _grammar_reason(seq: Sequence, token: int) -> Any:
+        """Advance a constrained sequence's matcher by its committed token; "error" if the
+        grammar rejects it (the mask makes that impossible unless the matcher failed)."""
+        if seq.grammar is None or seq.grammar.accept(token):
+            return None
+        seq.error = f"GrammarError: token {token} rejected: {seq.grammar.error}"
+        return "error"
 
     def delta(
         self, seq: Sequence, token_ids: list[int], text: str, output: RequestOutput | None

@@ -1,6 +1,7 @@
 """Sampler: turns one step's logits into one next token per sequence, each with its own params.
 
-Order per row: presence/frequency penalties (over the generated tokens) -> greedy argmax when
+Order per row: the grammar mask (tokens a constrained row's grammar forbids -> -inf), then
+presence/frequency penalties (over the generated tokens) -> greedy argmax when
 temperature is 0, else temperature -> top-k -> top-p -> a draw from the row's own
 torch.Generator. The pure functions below are the whole algorithm; `Sampler` only batches them.
 """
@@ -12,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine.grammar import apply_token_bitmask
 from engine.sampling_params import SamplingParams
 
 
@@ -76,9 +78,17 @@ class Sampler:
     one sequence rather than one draw per row.
     """
 
-    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
-        """logits [N, V] float32, one row per sequence -> N token ids."""
-        logits = self.adjust(logits, rows)
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        bitmask: torch.Tensor | None = None,
+    ) -> list[int]:
+        """logits [N, V] float32, one row per sequence -> N token ids.
+
+        bitmask: optional [N, ceil(V / 32)] int32 allowed-token bits (all ones for an
+        unconstrained row), from `engine.grammar`."""
+        logits = self.adjust(logits, rows, bitmask)
         tokens = logits.argmax(dim=-1)  # [N]
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if random_rows:
@@ -87,12 +97,19 @@ class Sampler:
             tokens[random_rows] = draw(probs, [r.generator for r in chosen]).to(torch.int64)
         return tokens.tolist()
 
-    def adjust(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """[N, V] logits -> float32 logits with each row's penalties applied (a greedy row's
-        token is their argmax)."""
+    def adjust(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        bitmask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[N, V] logits -> float32 logits with each row's grammar mask and penalties applied
+        (a greedy row's token is their argmax)."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
         logits = logits.float()
+        if bitmask is not None:
+            logits = apply_token_bitmask(logits, bitmask)
         if any(r.params.has_penalties for r in rows):
             logits = self._penalise(logits, rows)
         return logits

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from engine.grammar import GrammarSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +28,11 @@ class SamplingParams:
     include_stop_str_in_output: keep the matched stop string in the text.
     speculative: False turns the engine's speculative decoding off for this request (the
         output is the same either way at temperature 0; only speed differs).
+    json_schema / regex / grammar: constrain the output (at most one of them): a JSON schema
+        (a mapping or JSON text; kept as JSON text), a regex, or a Lark grammar in llguidance's
+        dialect. Each step's logits are masked to the tokens the grammar allows, and generation
+        stops when the grammar is complete. Validity against the tokenizer is checked when
+        the engine builds the sequence (ValueError naming the problem).
     """
 
     max_tokens: int = 16
@@ -38,8 +47,12 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     include_stop_str_in_output: bool = False
     speculative: bool = True
+    json_schema: str | Mapping[str, Any] | None = None
+    regex: str | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_constraint()
         object.__setattr__(self, "stop", _str_tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         _check_int("max_tokens", self.max_tokens, low=1)
@@ -63,6 +76,27 @@ class SamplingParams:
             raise ValueError("stop strings must not be empty")
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+
+    def _check_constraint(self) -> None:
+        given = [n for n in ("json_schema", "regex", "grammar") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"at most one of json_schema, regex, grammar; got {given}")
+        if isinstance(self.json_schema, Mapping):
+            object.__setattr__(self, "json_schema", json.dumps(dict(self.json_schema)))
+        for name in given:
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty string")
+
+    @property
+    def constraint(self) -> GrammarSpec | None:
+        """The output grammar, or None for unconstrained sampling."""
+        if self.json_schema is not None:
+            return GrammarSpec.json_schema(str(self.json_schema))
+        if self.regex is not None:
+            return GrammarSpec("regex", self.regex)
+        if self.grammar is not None:
+            return GrammarSpec("lark", self.grammar)
+        return None
 
     @property
     def greedy(self) -> bool:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammar import GrammarState
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.speculative import SpecState
@@ -55,6 +56,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: str | None = None
     spec: SpecState | None = None
+    grammar: GrammarState | None = None  # constrained decoding: advanced on committed tokens
 
     def __post_init__(self) -> None:
         if not self.token_ids:

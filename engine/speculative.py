@@ -149,6 +149,8 @@ class Speculator:
         """Draft tokens for `seq`'s next step; `room` = step budget left beyond its one token."""
         if not seq.params.speculative or seq.num_uncomputed_tokens != 1:
             return ()
+        if seq.grammar is not None:  # a grammar's mask is computed for one row per step
+            return ()
         k = min(
             self.num_speculative_tokens,
             room,

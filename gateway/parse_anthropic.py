@@ -16,7 +16,14 @@ import json
 from typing import Any
 
 from gateway.errors import invalid
-from gateway.types import ChatRequest, SamplingOptions
+from gateway.structured import (
+    ToolChoice,
+    ToolMode,
+    build_constraint,
+    check_named_tool,
+    tool_schemas,
+)
+from gateway.types import ChatRequest, OutputConstraint, SamplingOptions
 from gateway.validate import (
     ParseContext,
     check_model,
@@ -43,7 +50,7 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     for i, msg in enumerate(req_list(body, "messages")):
         messages.extend(_message(msg, i))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
-    _check_tool_choice(body.get("tool_choice"))
+    constraint = _constraint(body.get("tool_choice"), tools)
     metadata = opt_dict(body, "metadata") or {}
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
         raise invalid("'metadata.user_id' must be a string", "metadata.user_id")
@@ -65,6 +72,7 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
         tenant=ctx.tenant,
         namespace=namespace_for(ctx.tenant, opt_str(body, "cache_salt")),
         body=body,
+        constraint=constraint,
     )
 
 
@@ -178,8 +186,33 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def _check_tool_choice(choice: Any) -> None:
+def _constraint(choice: Any, tools: tuple[dict[str, Any], ...]) -> OutputConstraint | None:
+    """The output grammar of tools + tool_choice (400s name the field)."""
+    schemas = tool_schemas(tools, [f"tools[{i}].input_schema" for i in range(len(tools))])
+    parsed = _tool_choice(choice, bool(tools))
+    if parsed.name is not None:
+        check_named_tool(parsed.name, schemas, "tool_choice.name")
+    return build_constraint(schemas, parsed, None)
+
+
+_ANTHROPIC_MODES: dict[str, ToolMode] = {"auto": "auto", "any": "required", "none": "none"}
+
+
+def _tool_choice(choice: Any, has_tools: bool) -> ToolChoice:
     if choice is None:
-        return
+        return ToolChoice("auto" if has_tools else "none")
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise invalid("'tool_choice.type' must be auto, any, tool or none", "tool_choice")
+    single = choice.get("disable_parallel_tool_use")
+    if single is not None and not isinstance(single, bool):
+        raise invalid("'tool_choice.disable_parallel_tool_use' must be a boolean",
+                      "tool_choice.disable_parallel_tool_use")
+    kind, parallel = choice["type"], not single
+    if kind in ("any", "tool") and not has_tools:
+        raise invalid(f"'tool_choice.type' is {kind!r} but 'tools' is empty", "tool_choice.type")
+    if kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid("'tool_choice.name' must be a non-empty string", "tool_choice.name")
+        return ToolChoice("required", name, parallel)
+    return ToolChoice(_ANTHROPIC_MODES[kind], None, parallel)

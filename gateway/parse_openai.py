@@ -1,7 +1,8 @@
 """OpenAI request bodies (/v1/chat/completions, /v1/completions) -> ChatRequest, validated.
 
 Accepted: messages (system, developer, user, assistant with tool_calls, tool), content as a string
-or text parts, tools (function tools), tool_choice, stream, stream_options.include_usage,
+or text parts, tools (function tools, `strict`), tool_choice, parallel_tool_calls, response_format
+(text, json_object, json_schema), stream, stream_options.include_usage,
 temperature, top_p, max_tokens / max_completion_tokens, stop, seed, n=1, presence/frequency
 penalties, user, cache_salt. Unknown extra fields are ignored, as the SDKs add new ones.
 """
@@ -11,7 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import invalid
-from gateway.types import ChatRequest, SamplingOptions
+from gateway.structured import (
+    ToolChoice,
+    build_constraint,
+    check_named_tool,
+    document_schema,
+    tool_schemas,
+)
+from gateway.types import ChatRequest, OutputConstraint, SamplingOptions
 from gateway.validate import (
     ParseContext,
     check_model,
@@ -35,7 +43,7 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     model = check_model(body, ctx)
     messages = tuple(_message(m, i) for i, m in enumerate(req_list(body, "messages")))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
-    _check_tool_choice(body.get("tool_choice"))
+    constraint = _constraint(body, tools)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -47,6 +55,7 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
         tenant=ctx.tenant,
         namespace=namespace_for(ctx.tenant, opt_str(body, "cache_salt")),
         body=body,
+        constraint=constraint,
     )
 
 
@@ -194,12 +203,54 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     if not isinstance(fn, dict):
         raise invalid(f"'{path}.function' must be an object", f"{path}.function")
     check_tool_schema(fn, f"{path}.function", "parameters")
+    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+        raise invalid(f"'{path}.function.strict' must be a boolean", f"{path}.function.strict")
     return {"type": "function", "function": fn}
 
 
-def _check_tool_choice(choice: Any) -> None:
-    if choice is None or choice in ("none", "auto", "required"):
-        return
-    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
-        return
+def _constraint(body: dict[str, Any], tools: tuple[dict[str, Any], ...]) -> OutputConstraint | None:
+    """The output grammar of tools + tool_choice + response_format (400s name the field)."""
+    schemas = tool_schemas(tools, [f"tools[{i}].function.parameters" for i in range(len(tools))])
+    choice = _tool_choice(body.get("tool_choice"), bool(tools))
+    choice = ToolChoice(choice.mode, choice.name, opt_bool(body, "parallel_tool_calls", True))
+    if choice.name is not None:
+        check_named_tool(choice.name, schemas, "tool_choice.function.name")
+    return build_constraint(schemas, choice, _response_format(body))
+
+
+def _tool_choice(choice: Any, has_tools: bool) -> ToolChoice:
+    if choice is None:
+        return ToolChoice("auto" if has_tools else "none")
+    if choice in ("none", "auto", "required"):
+        if choice == "required" and not has_tools:
+            raise invalid("'tool_choice' is 'required' but 'tools' is empty", "tool_choice")
+        return ToolChoice(choice)
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(fn, dict):
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid("'tool_choice.function.name' must be a non-empty string",
+                          "tool_choice.function.name")
+        return ToolChoice("required", name)
     raise invalid("'tool_choice' must be none, auto, required or a function object", "tool_choice")
+
+
+def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON document schema response_format asks for; None for text."""
+    fmt = opt_dict(body, "response_format")
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "object"}
+    if fmt.get("type") != "json_schema":
+        raise invalid("'response_format.type' must be text, json_object or json_schema",
+                      "response_format.type")
+    spec = opt_dict(fmt, "json_schema", "response_format.json_schema")
+    if spec is None:
+        raise invalid("'response_format.json_schema' is required for type json_schema",
+                      "response_format.json_schema")
+    opt_str(spec, "name", "response_format.json_schema.name")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise invalid("'response_format.json_schema.strict' must be a boolean",
+                      "response_format.json_schema.strict")
+    return document_schema(spec.get("schema"), "response_format.json_schema.schema")

@@ -60,7 +60,7 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 class Chunks(Protocol):
     """A streaming renderer for one response."""
 
-    def text(self, text: str) -> bytes: ...
+    def delta(self, item: TextDelta) -> bytes: ...
     def final(self, final: Final) -> bytes: ...
 
 
@@ -394,7 +394,7 @@ async def _sse_body(
                 final, status, error = item, 200, None
                 yield chunks.final(item)
                 return
-            piece = chunks.text(item.text)
+            piece = chunks.delta(item)
             if piece:
                 yield piece
             item = await anext(stream)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.types import ChatRequest, Final, Usage
+from gateway.types import ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 from gateway.usage_report import SUMMARY_FIELD, summary
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -72,6 +72,8 @@ class MessageEvents:
         self.req = req
         self.index = 0
         self.text_open = False
+        self.tool_open = False
+        self.streamed_calls = 0  # tool_use blocks already sent piece by piece
         self.early: Usage | None = None
 
     def start(self, early: Usage | None = None) -> bytes:
@@ -92,7 +94,7 @@ class MessageEvents:
     def _close_block(self) -> bytes:
         out = event("content_block_stop", {"type": "content_block_stop", "index": self.index})
         self.index += 1
-        self.text_open = False
+        self.text_open = self.tool_open = False
         return out
 
     def text(self, text: str) -> bytes:
@@ -103,13 +105,32 @@ class MessageEvents:
         return out + event("content_block_delta",
                            {"type": "content_block_delta", "index": self.index, "delta": delta})
 
+    def delta(self, item: TextDelta) -> bytes:
+        """Text deltas, then tool_use blocks streamed as `input_json_delta` fragments."""
+        return self.text(item.text) + b"".join(self._tool_piece(p) for p in item.tool_calls)
+
+    def _tool_piece(self, piece: ToolCallDelta) -> bytes:
+        out = b""
+        if piece.id is not None:
+            out += self._close_block() if self.text_open or self.tool_open else b""
+            self.tool_open, self.streamed_calls = True, piece.index + 1
+            block: dict[str, Any] = {"type": "tool_use", "id": piece.id, "name": piece.name,
+                                     "input": {}}
+            out += event("content_block_start", {"type": "content_block_start",
+                                                 "index": self.index, "content_block": block})
+        if piece.arguments and self.tool_open:
+            delta = {"type": "input_json_delta", "partial_json": piece.arguments}
+            out += event("content_block_delta",
+                         {"type": "content_block_delta", "index": self.index, "delta": delta})
+        return out
+
     def final(self, final: Final) -> bytes:
         out = b""
-        if self.text_open:
+        if self.text_open or self.tool_open:
             out += self._close_block()
         elif not final.tool_calls:
             out += self._open_text() + self._close_block()
-        for call in final.tool_calls:
+        for call in final.tool_calls[self.streamed_calls :]:
             out += self._tool_use(call)
         delta = {"stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
                  "stop_sequence": None}

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from gateway.types import ChatRequest, Final, Usage
+from gateway.types import ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 from gateway.usage_report import SUMMARY_FIELD, summary
 
 
@@ -60,6 +60,7 @@ class ChatChunks:
         self.req = req
         self.include_usage = include_usage
         self.created = int(time.time())
+        self.streamed_calls = 0  # tool calls already sent piece by piece
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None,
                extra: dict[str, Any] | None = None) -> bytes:
@@ -80,9 +81,27 @@ class ChatChunks:
     def text(self, text: str) -> bytes:
         return self._chunk({"content": text}) if text else b""
 
+    def delta(self, item: TextDelta) -> bytes:
+        """Text, then tool-call pieces (`delta.tool_calls[].function.arguments` fragments)."""
+        return self.text(item.text) + b"".join(self._tool_piece(p) for p in item.tool_calls)
+
+    def _tool_piece(self, piece: ToolCallDelta) -> bytes:
+        call: dict[str, Any] = {"index": piece.index}
+        if piece.id is not None:
+            self.streamed_calls = max(self.streamed_calls, piece.index + 1)
+            call.update(id=piece.id, type="function")
+            call["function"] = {"name": piece.name, "arguments": piece.arguments}
+        elif piece.arguments:
+            call["function"] = {"arguments": piece.arguments}
+        else:
+            return b""
+        return self._chunk({"tool_calls": [call]})
+
     def final(self, final: Final) -> bytes:
         out = b""
         for index, call in enumerate(final.tool_calls):
+            if index < self.streamed_calls:
+                continue
             out += self._chunk({"tool_calls": [{"index": index, **call}]})
         tail = {SUMMARY_FIELD: summary(final.usage)}  # on the last chunk
         if not self.include_usage:
@@ -141,6 +160,9 @@ class CompletionChunks:
 
     def text(self, text: str) -> bytes:
         return self._chunk(text, None) if text else b""
+
+    def delta(self, item: TextDelta) -> bytes:
+        return self.text(item.text)
 
     def final(self, final: Final) -> bytes:
         if not self.include_usage:

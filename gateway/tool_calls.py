@@ -106,12 +106,17 @@ class ParsedOutput:
 
 
 def parse_output(text: str, request_id: str) -> ParsedOutput:
-    """Split generated text into text and tool calls; unparseable blocks stay text."""
+    """Split generated text into text and tool calls; unparseable blocks stay text, except an
+    unterminated last block after complete calls (output cut by max_tokens), which is dropped."""
     if OPEN not in text:
         return ParsedOutput(text, ())
     calls: list[dict[str, Any]] = []
     for match in _BLOCK.finditer(text):
         call = _parse_call(match.group(1))
+        if call is None and calls and match.end() == len(text) and not match.group(0).endswith(
+            CLOSE
+        ):
+            break
         if call is None:
             return ParsedOutput(text, ())
         calls.append(_openai_call(call, request_id, len(calls)))
@@ -151,11 +156,15 @@ def _first_object(raw: str) -> Any:
     return data
 
 
+def call_id(request_id: str, index: int) -> str:
+    """The id of a request's index-th tool call (the same when streamed and in the Final)."""
+    return "call_" + hashlib.sha256(f"{request_id}:{index}".encode()).hexdigest()[:24]
+
+
 def _openai_call(call: tuple[str, dict[str, Any]], request_id: str, index: int) -> dict[str, Any]:
     name, args = call
-    digest = hashlib.sha256(f"{request_id}:{index}".encode()).hexdigest()[:24]
     arguments = json.dumps(args, ensure_ascii=False)
-    return {"id": f"call_{digest}", "type": "function",
+    return {"id": call_id(request_id, index), "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
 

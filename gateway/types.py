@@ -31,6 +31,20 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputConstraint:
+    """What the embedded engine must generate (built by `gateway.structured`).
+
+    grammar: an llguidance Lark grammar over the output text.
+    tool_calls_required: the output is only tool calls (tool_choice required / any / named).
+    json_document: the output is one JSON document (response_format json_object/json_schema).
+    """
+
+    grammar: str
+    tool_calls_required: bool = False
+    json_document: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     """One validated request, whichever route it came in on."""
 
@@ -48,6 +62,7 @@ class ChatRequest:
     lint_ids: tuple[str, ...] = ()
     family: str | None = None  # prompt family from prompt_lint's TemplateLearner
     upstream_salt: str | None = None  # server-derived per-namespace salt (gateway.salt)
+    constraint: OutputConstraint | None = None  # structured output (tools / response_format)
     # body fields an upstream replica's cache model adds (llama.cpp: id_slot, cache_prompt)
     upstream_fields: Mapping[str, Any] = field(default_factory=dict)
 
@@ -72,16 +87,29 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A streamed piece of one tool call: the first piece of call `index` carries its `id` and
+    `name` (and empty arguments); later pieces carry fragments of its JSON arguments text."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TextDelta:
     """A piece of generated text (tool-call markup already removed).
 
     `usage` is optional: a backend that knows the prompt and cached token counts when the first
     text arrives (after prefill) sets it on its first delta, so a streaming response can carry the
     x-prefixgate-* headers and Anthropic's message_start usage; later deltas leave it None.
+    `tool_calls`: tool-call pieces streamed after `text` (the `Final` still lists whole calls).
     """
 
     text: str
     usage: Usage | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,7 +241,7 @@ def _causal_mask(n_new: int, total: int, device: torch.device) -> torch.Tensor:
 
 
 def _attend_few(
-    q_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: _SeqPages, scale: float
+    q_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqPages, scale: float
 ) -> torch.Tensor:
     """q_new [n, Hq, D], the last n of seq.length tokens, over its cached K/V (causal)
     -> [n, Hq, D]. GQA folds into the query axis: [Hkv, n * G, D] rows per KV head."""

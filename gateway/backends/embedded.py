@@ -3,8 +3,11 @@
 Messages and tools go through the model's chat template (`engine`'s tokenizer writes tool
 definitions into the system message when the template has no tool support, in the
 `<tool_call>{json}</tool_call>` convention); the output is parsed back into OpenAI tool calls by
-`gateway.tool_calls`. `cached_tokens` is what the engine actually reused from its radix cache in
-the request's namespace. Closing the stream early (client disconnect) aborts the engine request.
+`gateway.tool_calls`; streamed calls come out as `ToolCallDelta` pieces (`gateway.tool_stream`).
+A request's `OutputConstraint` (tool_choice, response_format) becomes the engine's grammar, so
+forced tool calls and JSON documents always parse. `cached_tokens` is what the engine actually
+reused from its radix cache in the request's namespace. Closing the stream early (client
+disconnect) aborts the engine request.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from engine import (
 )
 from engine.tokenizer import Tokenizer
 from gateway.config import GatewayConfig
-from gateway.tool_calls import ToolCallFilter
+from gateway.tool_stream import ToolCallStream
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
 
 log = logging.getLogger("prefixgate.embedded")
@@ -96,6 +99,7 @@ class EmbeddedBackend:
                 stop=o.stop,
                 presence_penalty=o.presence_penalty,
                 frequency_penalty=o.frequency_penalty,
+                grammar=req.constraint.grammar if req.constraint is not None else None,
             )
         except ValueError as exc:  # SamplingParams checks its own fields
             raise BackendError(400, str(exc), param="sampling") from exc
@@ -103,21 +107,21 @@ class EmbeddedBackend:
     async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
         ids = await anyio.to_thread.run_sync(self.prompt_ids, req)  # template: off the loop
         params = self.sampling_params(req)
-        filt = ToolCallFilter() if req.tools and not _tool_choice_none(req) else None
+        filt = ToolCallStream(req.request_id) if _calls_possible(req) else None
         first = True
         saved_ms: float | None = None  # what the head said, so the final says the same
         try:
             async for delta in self.engine.stream(ids, params, namespace=req.namespace,
                                                   request_id=req.request_id):
-                text = filt.feed(delta.text) if filt else delta.text
+                text, calls = filt.feed(delta.text) if filt else (delta.text, [])
                 saved_ms = delta.prefill_saved_ms if saved_ms is None else saved_ms
                 final = None
                 if delta.output is not None:
                     tail, final = self._final(req, saved_ms, delta.output, filt)
                     text += tail
-                if text or first:
+                if text or calls or first:
                     early = _early_usage(len(ids), delta) if first else None
-                    yield TextDelta(text, usage=early)
+                    yield TextDelta(text, usage=early, tool_calls=tuple(calls))
                     first = False
                 if final is not None:
                     yield final
@@ -127,15 +131,17 @@ class EmbeddedBackend:
 
     def _final(
         self, req: ChatRequest, saved_ms: float, out: RequestOutput,
-        filt: ToolCallFilter | None,
+        filt: ToolCallStream | None,
     ) -> tuple[str, Final]:
         tail = ""
         if filt is not None:
-            tail, parsed = filt.finish(out.text, req.request_id)
+            tail, parsed = filt.finish(out.text)
             text, calls = parsed.text, parsed.tool_calls
         else:
             text, calls = out.text, ()
-        finish = "tool_calls" if calls else FINISH_REASONS.get(out.finish_reason, "stop")
+        finish = FINISH_REASONS.get(out.finish_reason, "stop")
+        if calls and finish == "stop":
+            finish = "tool_calls"
         usage = Usage(
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, ttft=out.ttft, tpot=out.tpot,
@@ -152,10 +158,11 @@ def _early_usage(prompt_tokens: int, delta: StreamDelta) -> Usage:
                  prefill_saved_ms=delta.prefill_saved_ms)
 
 
-def _tool_choice_none(req: ChatRequest) -> bool:
-    """tool_choice "none" (OpenAI) or {"type": "none"} (Anthropic): output stays plain text."""
+def _calls_possible(req: ChatRequest) -> bool:
+    """Tools given and tool_choice not "none" (OpenAI) / {"type": "none"} (Anthropic)."""
     choice = req.body.get("tool_choice")
-    return choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
+    none = choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
+    return bool(req.tools) and not none
 
 
 __all__ = ["EmbeddedBackend", "engine_error"]

@@ -1,0 +1,203 @@
+"""Structured outputs from the real model (SmolLM2-135M) through the official SDKs.
+
+Independent reference: `jsonschema` validates every tool call's arguments and every JSON
+document against the schema the client sent; streaming is checked against the same request
+answered without streaming (greedy decoding, one request at a time, so the same tokens).
+The 20 requests of a test run concurrently (one batch in the engine) with small max_tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from tests.support import serve
+
+pytestmark = pytest.mark.slow
+MODEL = "smollm2-135m-instruct"
+SYSTEM = "You are a helpful assistant. Use the tools to answer."
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+           "required": ["city"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": -1000,
+                                               "maximum": 1000},
+                                        "b": {"type": "integer", "minimum": -1000,
+                                              "maximum": 1000}},
+       "required": ["a", "b"], "additionalProperties": False}
+ALARM = {"type": "object", "properties": {
+    "hour": {"type": "integer", "minimum": 0, "maximum": 23},
+    "label": {"type": "string", "enum": ["work", "gym", "school", "other"]}},
+    "required": ["hour", "label"], "additionalProperties": False}
+SCHEMAS = {"get_weather": WEATHER, "add": ADD, "set_alarm": ALARM}
+DESCRIPTIONS = {"get_weather": "Current weather for a city.", "add": "Add two integers.",
+                "set_alarm": "Set an alarm at an hour of the day."}
+OPENAI_TOOLS = [{"type": "function", "function": {"name": n, "description": DESCRIPTIONS[n],
+                                                  "parameters": s}} for n, s in SCHEMAS.items()]
+ANTHROPIC_TOOLS = [{"name": n, "description": DESCRIPTIONS[n], "input_schema": s}
+                   for n, s in SCHEMAS.items()]
+PROMPTS = [
+    "What's the weather in Paris?", "Is it raining in Tokyo right now?", "Add 2 and 40.",
+    "What is 17 plus 25?", "Wake me up at 7 for work.", "Set an alarm for 18 o'clock, gym.",
+    "How hot is it in Cairo?", "Sum of 100 and -3?", "Weather in New York please.",
+    "I need an alarm at 6 for school.", "Compute 5 + 9.", "Should I take a coat in Oslo?",
+    "What is 12 plus 30?", "Alarm at 22, label other.", "Temperature in Lima?",
+    "Please add 7 and 8.", "Is it sunny in Madrid?", "Remind me at 9 for work.",
+    "What's 300 plus 45?", "Weather report for Berlin.",
+]
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 20},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "city": {"type": "string", "maxLength": 20}},
+    "required": ["name", "age", "city"], "additionalProperties": False}
+
+
+def salt() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+
+
+def check_openai_calls(message: Any) -> list[tuple[str, Any]]:
+    """Each call parses and validates against its tool's schema; returns (name, args)."""
+    assert message.tool_calls, f"no tool call in {message!r}"
+    out = []
+    for call in message.tool_calls:
+        args = json.loads(call.function.arguments)
+        jsonschema.validate(args, SCHEMAS[call.function.name])
+        out.append((call.function.name, args))
+    return out
+
+
+async def test_openai_required_tool_calls_always_validate(make_real_app):
+    app = make_real_app()
+    with serve(app) as server:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        extra = {"cache_salt": salt()}
+
+        async def ask(i: int, prompt: str) -> Any:
+            choice: Any = "required"
+            if i % 5 == 4:  # a named choice forces that tool
+                choice = {"type": "function", "function": {"name": "add"}}
+            return await client.chat.completions.create(
+                model=MODEL, messages=messages(prompt), tools=OPENAI_TOOLS, tool_choice=choice,
+                max_tokens=48, temperature=0.7 if i % 2 else 0, seed=i, extra_body=extra)
+
+        replies = await asyncio.gather(*(ask(i, p) for i, p in enumerate(PROMPTS)))
+    valid = 0
+    for i, reply in enumerate(replies):
+        assert reply.choices[0].finish_reason == "tool_calls"
+        calls = check_openai_calls(reply.choices[0].message)
+        if i % 5 == 4:
+            assert {name for name, _ in calls} == {"add"}
+        valid += 1
+    assert valid == len(PROMPTS) == 20
+
+
+async def test_openai_json_schema_documents_always_validate(make_real_app):
+    app = make_real_app()
+    fmt = {"type": "json_schema",
+           "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    with serve(app) as server:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        replies = await asyncio.gather(*(
+            client.chat.completions.create(
+                model=MODEL, messages=messages(f"Describe a person related to: {p}"),
+                response_format=fmt, max_tokens=40, temperature=0.7 if i % 2 else 0, seed=i,
+                extra_body={"cache_salt": salt()})
+            for i, p in enumerate(PROMPTS)))
+    for reply in replies:
+        assert reply.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+    assert len(replies) == 20
+
+
+async def test_anthropic_any_tool_use_always_validates(make_real_app):
+    app = make_real_app()
+    with serve(app) as server:
+        client = anthropic.AsyncAnthropic(base_url=server.url, api_key="none", max_retries=0)
+        extra = {"cache_salt": salt()}
+        async with client:
+            replies = await asyncio.gather(*(
+            client.messages.create(
+                model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": p}],
+                tools=ANTHROPIC_TOOLS, max_tokens=48,
+                tool_choice={"type": "tool", "name": "get_weather"} if i % 5 == 4
+                else {"type": "any"}, extra_body={**extra, "temperature": 0.7 if i % 2 else 0})
+                for i, p in enumerate(PROMPTS)))
+    for i, reply in enumerate(replies):
+        assert reply.stop_reason == "tool_use"
+        uses = [b for b in reply.content if b.type == "tool_use"]
+        assert uses
+        for use in uses:
+            jsonschema.validate(use.input, SCHEMAS[use.name])
+            assert i % 5 != 4 or use.name == "get_weather"
+    assert len(replies) == 20
+
+
+def test_streamed_tool_calls_reassemble_to_the_same_calls(make_real_app):
+    app = make_real_app()
+    prompt, extra = "What's the weather in Paris?", {"cache_salt": salt()}
+    with serve(app) as server:
+        oai = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        body = dict(model=MODEL, messages=messages(prompt), tools=OPENAI_TOOLS,
+                    tool_choice="required", max_tokens=40, temperature=0, extra_body=extra)
+        whole = oai.chat.completions.create(**body)
+        chunks = list(oai.chat.completions.create(**body, stream=True))
+        claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        with claude.messages.stream(
+            model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": prompt}],
+            tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, max_tokens=40,
+            extra_body={**extra, "temperature": 0},
+        ) as stream:
+            events = list(stream)
+            final = stream.get_final_message()
+        oai.close()
+        claude.close()
+    expected = check_openai_calls(whole.choices[0].message)
+    # OpenAI: several argument fragments per call, joined in index order
+    pieces = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    args: dict[int, str] = {}
+    names: dict[int, str] = {}
+    for piece in pieces:
+        args[piece.index] = args.get(piece.index, "") + (piece.function.arguments or "")
+        if piece.function.name:
+            names[piece.index] = piece.function.name
+    assert len(pieces) > len(args) + 1, "arguments did not stream in fragments"
+    assert [(names[i], json.loads(args[i])) for i in sorted(args)] == expected
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # Anthropic: input_json_delta fragments that the SDK accumulates into the same input
+    deltas = [e for e in events if e.type == "content_block_delta"
+              and e.delta.type == "input_json_delta"]
+    assert len(deltas) > 1
+    uses = [(b.name, b.input) for b in final.content if b.type == "tool_use"]
+    assert uses == expected
+
+
+def test_two_step_tool_example_completes(make_real_app):
+    """examples/openai_tool_task.py: a validated call, the local result fed back, an answer."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "openai_tool_task.py"
+    spec = importlib.util.spec_from_file_location("prefixgate_example_tool_task", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    with serve(make_real_app()) as server, openai.OpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0
+    ) as client:
+        result = module.run_task(client)
+    assert result.call_name == "stock_level"
+    jsonschema.validate(result.call_arguments, module.TOOLS[0]["function"]["parameters"])
+    assert result.tool_result == module.stock_level(result.call_arguments["city"])
+    assert result.answer.strip()
