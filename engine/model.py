@@ -11,6 +11,10 @@ from torch import Tensor, nn
 import kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.linear import QUANTIZATIONS, DenseLinear, Quantization, quantize_linear
+
+# The LM head is the largest single matrix and the most sensitive to rounding: under int4 it
+# is stored as int8 (per-channel), like llama.cpp keeps a higher-precision output tensor.
+HEAD_QUANTIZATION: dict[str, Quantization] = {"fp16": "fp16", "int8": "int8", "int4": "int8"}
 from engine.model_config import ModelConfig
 from kernels.checks import step_scope
 
@@ -154,10 +158,11 @@ class LlamaModel(nn.Module):
 
     @torch.no_grad()
     def quantize(self, quantization: Quantization) -> None:
-        """Swap every projection and the LM head to `quantization` ("fp16": fp16 weights).
+        """Swap every projection and the LM head to `quantization` (see `engine.linear`):
+        "fp16" fp16 weights; "int8" per-channel int8; "int4" 4-bit groups of 32 (LM head int8).
 
-        Only float32 models can be quantised; the embedding table stays float32 (a decode step
-        reads one row of it). Irreversible: load again for the float32 reference.
+        Only float32 CPU models can be quantised; the embedding table stays float32 (a decode
+        step reads one row of it). Irreversible: load again for the float32 reference.
         """
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")
@@ -168,7 +173,7 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             for name in PROJECTIONS:
                 setattr(layer, name, quantize_linear(getattr(layer, name).weight, quantization))
-        self.lm_head = quantize_linear(self.lm_head.weight, quantization)
+        self.lm_head = quantize_linear(self.lm_head.weight, HEAD_QUANTIZATION[quantization])
         self.quantization = quantization
 
     def streamed_weight_bytes(self) -> int:
