@@ -211,3 +211,19 @@ def test_integer_model_quality_against_fp32(
         regret = ref_next.max(-1).values - ref_next.gather(1, chosen[:, None]).squeeze(1)
         assert agreement >= MIN_TOP1_AGREEMENT, f"{quantization}: top-1 agreement {agreement}"
         assert float(regret.max()) <= MAX_REGRET, f"{quantization}: regret {regret.max()}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", ["none", "fp16", "int8", "int4"])
+def test_plan_weights_match_the_quantized_model(
+    loaded_model: LoadedModel, quantization: str
+) -> None:
+    """`prefixgate plan`'s weight bytes per format equal what the loaded model really holds."""
+    from engine.loader import parameter_bytes
+    from engine.plan import plan_memory, shape_from_config
+
+    model = copy.deepcopy(loaded_model.model)
+    model.quantize(quantization)  # type: ignore[arg-type]
+    plan = plan_memory(shape_from_config(loaded_model.config), quantization=quantization)
+    held = parameter_bytes(model)
+    assert abs(plan.weights - held) <= 0.005 * held, (plan.weights, held)
