@@ -66,7 +66,7 @@ class GatewayConfig:
     engine_num_pages: int | None = None  # None: sized by the engine's memory plan
     engine_max_num_seqs: int | None = None
     engine_device: str | None = None
-    engine_quantization: str = "none"  # "none" (fp32, the reference) or "fp16" weights
+    engine_quantization: str = "none"  # "none" (fp32, the reference), "fp16", "int8", "int4"
     default_max_tokens: int = 256
     # Stats writer.
     stats_flush_interval_s: float = 0.25
@@ -90,9 +90,10 @@ class GatewayConfig:
         for key, tenant in self.api_keys.items():
             if not key or not tenant or "/" in tenant:
                 raise ValueError(f"bad api key mapping {key[:4]}...->{tenant!r} (no '/' in tenant)")
-        if self.engine_quantization not in ("none", "fp16"):
+        if self.engine_quantization not in ("none", "fp16", "int8", "int4"):
             raise ValueError(
-                f"engine_quantization must be 'none' or 'fp16', got {self.engine_quantization!r}"
+                "engine_quantization must be 'none', 'fp16', 'int8' or 'int4', "
+                f"got {self.engine_quantization!r}"
             )
         if not self.model_name:
             raise ValueError("model_name must not be empty")

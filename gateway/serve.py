@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another model id accepted for the embedded model (repeatable)")
     p.add_argument("--num-pages", dest="engine_num_pages", type=int, help="KV pages to allocate")
     p.add_argument("--device", dest="engine_device", help="engine device (cpu, cuda)")
-    p.add_argument("--quantization", dest="engine_quantization", choices=("none", "fp16"),
-                   help="engine weights: none (fp32) or fp16 (faster CPU decode)")
+    p.add_argument("--quantization", dest="engine_quantization",
+                   choices=("none", "fp16", "int8", "int4"),
+                   help="engine weights: none (fp32), fp16 (fastest CPU decode here), int8, int4")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     return p
 
