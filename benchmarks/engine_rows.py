@@ -91,7 +91,7 @@ def engine_prefill(loaded: LoadedModel, n: int) -> float:
 class LlamaCpp:
     """llama.cpp on the default GGUF through llama-cpp-python, `threads` threads."""
 
-    def __init__(self, threads: int, n_ctx: int = 8448) -> None:
+    def __init__(self, threads: int, n_ctx: int = 8192) -> None:
         import llama_cpp  # type: ignore[import-not-found]
 
         self.llm: Any = llama_cpp.Llama(
