@@ -11,10 +11,6 @@ from torch import Tensor, nn
 import kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.linear import QUANTIZATIONS, DenseLinear, Quantization, quantize_linear
-
-# The LM head is the largest single matrix and the most sensitive to rounding: under int4 it
-# is stored as int8 (per-channel), like llama.cpp keeps a higher-precision output tensor.
-HEAD_QUANTIZATION: dict[str, Quantization] = {"fp16": "fp16", "int8": "int8", "int4": "int8"}
 from engine.model_config import ModelConfig
 from kernels.checks import step_scope
 
@@ -25,6 +21,10 @@ from kernels.checks import step_scope
 # Linear weights are [out_features, in_features] like torch.nn.Linear.
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+# The LM head is the largest single matrix and the most sensitive to rounding: under int4 it
+# is stored as int8 (per-channel), like llama.cpp keeps a higher-precision output tensor.
+HEAD_QUANTIZATION: dict[str, Quantization] = {"fp16": "fp16", "int8": "int8", "int4": "int8"}
 
 
 def _vector(size: int, dtype: torch.dtype) -> nn.Parameter:
