@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: serve test setup lint check clean
+.PHONY: serve test setup lint check clean cli example-agent example-anthropic example-lint
 
 setup: $(STAMP)
 
@@ -27,6 +27,19 @@ serve: $(STAMP)
 test: $(STAMP)
 	@if [ "$${CI:-}" = true ]; then .ci/system-deps; fi
 	$(BIN)/python -m pytest
+
+# The CLI and the examples through .venv (no activation needed): make cli ARGS="plan --help"
+cli: $(STAMP)
+	$(BIN)/prefixgate $(ARGS)
+
+example-agent: $(STAMP)
+	$(BIN)/python examples/openai_agent_loop.py
+
+example-anthropic: $(STAMP)
+	$(BIN)/python examples/anthropic_client.py
+
+example-lint: $(STAMP)
+	$(BIN)/python examples/lint_in_ci.py --demo
 
 check: $(STAMP)
 	$(BIN)/ruff check .

@@ -13,8 +13,13 @@ growing history), then measures side by side in one run:
   (read, validate, learn, lint, render);
 - `fix CLI`: `prefixgate fix` end to end.
 
+Then the accuracy table: `prefixgate lint`'s (two-pass) and the gateway's
+(online) precision and recall per rule on the labelled corpus of
+tests/prompt_lint/lint_corpus.py, with the project's phrasing (seed 7) and
+the held-out phrasing (seed 11), and whether `fix` output lints clean.
+
 Usage: python benchmarks/bench_lint.py [--requests 10000] [--tokens 4000] [--quick]
-Writes benchmarks/results/bench_lint.json.
+Writes benchmarks/results/bench_lint.json (--quick: a scratch file unless --out).
 """
 
 from __future__ import annotations
@@ -32,12 +37,16 @@ from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from prompt_lint import TemplateLearner, lint_request  # noqa: E402
+from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request  # noqa: E402
 from prompt_lint.cli import fix_main, lint_main  # noqa: E402
+from prompt_lint.evidence import FIX_CONFIDENCE  # noqa: E402
 from prompt_lint.providers import detect_provider, segments  # noqa: E402
 from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding  # noqa: E402
+from tests.prompt_lint.corpus_score import Scored, score  # noqa: E402
+from tests.prompt_lint.lint_corpus import build_corpus  # noqa: E402
 
 WORDS = ["agent", "tool", "cache", "prefix", "request", "session", "deploy", "review", "ticket",
          "runbook", "policy", "user", "answer", "search", "file", "test", "commit", "branch",
@@ -169,9 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--tokens", type=int, default=4000, help="approximate tokens per request")
     parser.add_argument("--quick", action="store_true", help="1,000 requests")
-    parser.add_argument("--out", default="benchmarks/results/bench_lint.json")
+    parser.add_argument("--out", default=None,
+                        help="JSON path (default benchmarks/results/bench_lint.json; "
+                        "--quick: a scratch file in the temp folder)")
     args = parser.parse_args(argv)
     n = 1000 if args.quick else args.requests
+    out_path = Path(args.out or (Path(tempfile.gettempdir()) / "bench_lint_quick.json"
+                                 if args.quick else "benchmarks/results/bench_lint.json"))
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.jsonl"
         generate_log(log, n, args.tokens)
@@ -186,11 +199,14 @@ def main(argv: list[str] | None = None) -> int:
             Row("prefixgate lint (two-pass, json)", cli.wall, cli.cpu, n, mb, linted_tokens),
             Row("prefixgate fix", fix.wall, fix.cpu, n, mb, linted_tokens)]
     _print(rows, n, tokens / n, mb, findings)
+    accuracy = measure_accuracy()
+    _print_accuracy(accuracy)
     result = {"requests": n, "mean_tokens": round(tokens / n), "log_mb": round(mb, 2),
               "findings_online": findings, "rows": [r.as_dict() for r in rows],
-              "target_requests_per_s": 2000}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+              "target_requests_per_s": {"online": 2000, "cli": 1500},
+              "load_average": os.getloadavg()[0], "accuracy": accuracy}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0
 
@@ -206,6 +222,69 @@ def _print(rows: list[Row], n: int, mean_tokens: float, mb: float, findings: int
               f"{r.tokens / r.seconds / 1e6:7.2f}")
     print("req/s: wall clock, one process on one core; req/cpu-s: per second of this "
           "process's CPU time (less sensitive to other load on the machine)")
+
+
+ACCURACY_RULES = ("dynamic", "PL001", "PL002", "PL003", "PL008", "PL013", "PL004", "PL006",
+                  "PL009")
+
+
+def measure_accuracy() -> dict[str, Any]:
+    """Precision/recall per rule, two-pass and online, on both corpus phrasings, and the
+    error-level findings left in `lint(fix(x))` (two-pass)."""
+    out: dict[str, Any] = {}
+    for name, seed, phrasing in (("project", 7, "train"), ("held-out", 11, "holdout")):
+        corpus = build_corpus(seed=seed, phrasing=phrasing)
+        learner = TemplateLearner()
+        for req in corpus:
+            learn_request(req.body, learner)
+        learner.freeze()
+        reports = [lint_request(req.body, learner=learner) for req in corpus]
+        fixed = [rewrite_request(req.body, report=rep, learner=learner).body
+                 for req, rep in zip(corpus, reports, strict=True)]
+        online = TemplateLearner()
+        live = [lint_request(req.body, learner=online) for req in corpus]
+        out[name] = {"requests": len(corpus),
+                     "two_pass": _rounded(score(Scored(corpus, reports))),
+                     "online": _rounded(score(Scored(corpus, live))),
+                     "online_fixable": _rounded(score(Scored(corpus, live), FIX_CONFIDENCE)),
+                     "fix_errors": _fix_errors(fixed)}
+    return out
+
+
+def _rounded(scores: dict[str, tuple[float, float, int]]) -> dict[str, list[float]]:
+    return {rule: [round(p, 3), round(r, 3), n] for rule, (p, r, n) in scores.items()}
+
+
+def _fix_errors(fixed: list[dict[str, Any]]) -> dict[str, int]:
+    """Error-level findings per rule when the fixed log is linted (two-pass)."""
+    learner = TemplateLearner()
+    for body in fixed:
+        learn_request(body, learner)
+    learner.freeze()
+    counts: dict[str, int] = {}
+    for body in fixed:
+        for f in lint_request(body, learner=learner).findings:
+            if f.severity == "error":
+                counts[f.rule] = counts.get(f.rule, 0) + 1
+    return counts
+
+
+def _print_accuracy(accuracy: dict[str, Any]) -> None:
+    print("\nprecision/recall on the labelled corpus (n = labels or structural cases; "
+          "online>=0.8: only findings fix would move)")
+    print(f"{'rule':<8} " + " ".join(f"{n + ' ' + m:>22}" for n in accuracy
+                                      for m in ("two-pass", "online", "online>=0.8")))
+    for rule in ACCURACY_RULES:
+        cells = []
+        for name in accuracy:
+            for mode in ("two_pass", "online", "online_fixable"):
+                p, r, n = accuracy[name][mode].get(rule, [1.0, 1.0, 0])
+                cells.append(f"{p:.3f}/{r:.3f} n={n:<4}")
+        print(f"{rule:<8} " + " ".join(f"{c:>22}" for c in cells))
+    for name in accuracy:
+        print(f"{name}: {accuracy[name]['requests']} requests; error findings in "
+              f"lint(fix(x)): {accuracy[name]['fix_errors'] or 'none'} (PL009 = the client's "
+              "own history edits, which fix does not undo)")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Threading contract: only the background thread touches the `Engine`. Callers talk to it through
 a thread-safe command queue (add, abort, shutdown); it answers each stream through that
 stream's own asyncio.Queue with `loop.call_soon_threadsafe`. Validation (`make_sequence`)
-runs in the caller, so bad input raises ValueError right at `stream()`.
+runs in the caller, so bad input raises `InvalidRequest` (a ValueError) right at `stream()`.
 """
 
 from __future__ import annotations
@@ -17,21 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.errors import EngineUnavailable, RequestError
 from engine.llm_engine import Engine, Prompt
 from engine.loader import LoadedModel
-from engine.outputs import EngineStats, RequestOutput, RequestUpdate, StreamDelta
+from engine.outputs import EngineStats, RequestOutput, StreamDelta
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence as EngineSequence
+from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-
-class RequestError(RuntimeError):
-    """A request failed inside the engine; `output` has its usage and `output.error`."""
-
-    def __init__(self, output: RequestOutput) -> None:
-        super().__init__(output.error or "request failed")
-        self.output = output
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +72,24 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # touched only by the loop thread
         self._stats = self.engine.stats()
+        self.engine.on_admit = self._deliver  # a request's first delta: scheduled, cached known
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="prefixgate-engine", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ public API
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
     def prefill_tokens_per_second(self) -> float | None:
-        """Measured prefill throughput (EWMA); prefill time saved ~= cached_tokens / this."""
+        """Measured prefill throughput (EWMA); every delta carries the `prefill_saved_ms`
+        this implies for its cached tokens."""
         return self.engine.prefill_tokens_per_second
 
     async def stream(
@@ -104,10 +104,11 @@ class AsyncEngine:
 
         prompt: token ids (or text). namespace: the tenant's prefix-cache namespace.
         Cancelling the consumer (or closing the generator early) aborts the request and frees
-        its pages. Raises ValueError for bad input, RequestError if the engine fails it.
+        its pages. Raises `InvalidRequest` (`RequestTooLong`) for bad input, `RequestError` if
+        the engine fails it, `EngineUnavailable` once shut down or when the step loop fails.
         """
         if self._closed:
-            raise RuntimeError("AsyncEngine is shut down")
+            raise EngineUnavailable("AsyncEngine is shut down")
         seq = self.engine.make_sequence(prompt, params, namespace, request_id)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._commands.put(_Add(seq, stream))
@@ -202,7 +203,7 @@ class AsyncEngine:
             return
         output = self.engine.abort(command.request_id)
         if output is not None:
-            self._deliver(RequestUpdate(output.request_id, [], "", True, output))
+            self._deliver(self._final_delta(output))
         if command.done is not None:
             future = command.done
             self._call(future.get_loop(), _resolve, future, output is not None)
@@ -214,7 +215,9 @@ class AsyncEngine:
             log.exception("engine loop failed; aborting in-flight requests")
             for rid, stream in list(self._streams.items()):
                 self._safe_abort(rid)
-                self._send(stream, exc)
+                failure = EngineUnavailable(f"engine step failed: {type(exc).__name__}: {exc}")
+                failure.__cause__ = exc
+                self._send(stream, failure)
             self._streams.clear()
             return
         self._stats = self.engine.stats()  # fresh before any consumer sees this step's tokens
@@ -231,17 +234,23 @@ class AsyncEngine:
         for rid in list(self._streams):
             output = self.engine.abort(rid)
             if output is not None:
-                self._deliver(RequestUpdate(rid, [], "", True, output))
+                self._deliver(self._final_delta(output))
 
-    def _deliver(self, update: RequestUpdate) -> None:
+    def _final_delta(self, output: RequestOutput) -> StreamDelta:
+        """The last delta of a request stopped from outside a step (abort, shutdown)."""
+        return StreamDelta(
+            request_id=output.request_id, text="", token_ids=[], finished=True, output=output,
+            cached_tokens=output.cached_tokens,
+            prefill_saved_ms=self.engine.prefill_saved_ms(output.cached_tokens),
+        )
+
+    def _deliver(self, update: StreamDelta) -> None:
         stream = self._streams.get(update.request_id)
         if stream is None:
             return
         if update.finished:
             del self._streams[update.request_id]
-        delta = StreamDelta(update.text_delta, update.new_token_ids, update.finished, update.output,
-                            update.cached_tokens)
-        if not self._send(stream, delta) and not update.finished:
+        if not self._send(stream, update) and not update.finished:
             self._streams.pop(update.request_id, None)
             self._safe_abort(update.request_id)  # the consumer's loop is gone
 

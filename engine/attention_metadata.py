@@ -17,8 +17,3 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor  # [B+1] int32: new tokens of sequence b are rows cu[b]:cu[b+1]
     seq_lens: torch.Tensor  # [B] int32: total tokens of each sequence incl. the new ones
     is_decode: bool  # every sequence has exactly one new token (use paged_decode_attention)
-
-    @property
-    def num_seqs(self) -> int:
-        """B, the number of sequences in the step."""
-        return int(self.seq_lens.shape[0])

@@ -2,7 +2,8 @@
 
 Every component takes the whole config and copies out what it uses. The page pool is sized
 either by an explicit `num_pages` or from `memory_budget_bytes` with the same memory formula
-`prefixgate plan` prints (see `engine.plan`).
+`prefixgate plan` prints (see `engine.plan`). Importing this module does not import torch (the
+gateway nests an EngineConfig in its own config).
 """
 
 from __future__ import annotations
@@ -10,19 +11,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
-import torch
-
-from engine.linear import QUANTIZATIONS, Quantization
+if TYPE_CHECKING:
+    import torch
 
 DType = Literal["float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(DType)
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+Quantization = Literal["none", "fp16", "int8", "int4"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # 1 GiB: weights + KV cache + overhead
 
@@ -67,15 +65,15 @@ class EngineConfig:
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in TORCH_DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
             )
         if self.quantization != "none" and self.dtype != "float32":
             raise ValueError("quantization needs dtype float32 (activations stay float32)")
-        if self.quantization != "none" and torch.device(self.device).type != "cpu":
+        if self.quantization != "none" and self.device.split(":")[0] != "cpu":
             raise ValueError(
                 f"quantization={self.quantization!r} is a CPU weight format; on device "
                 f"{self.device!r} use quantization='none' with dtype float16 or bfloat16"
@@ -105,7 +103,10 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return TORCH_DTYPES[self.dtype]
+        import torch  # here, so that importing the config (the gateway does) skips torch
+
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
 
 
 def available_cores() -> int:

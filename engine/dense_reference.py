@@ -41,7 +41,8 @@ def _layer(layer: DecoderLayer, x: Tensor, positions: Tensor, config: ModelConfi
     c = config
     length = x.shape[0]
     h = _rms_norm(x, layer.attn_norm, c.rms_eps)
-    q, k, v = F.linear(h, layer.qkv.dequantized()).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+    qkv = F.linear(h, layer.qkv.dequantized())
+    q, k, v = torch.split(qkv, [c.q_size, c.kv_size, c.kv_size], dim=-1)
     q = _rope(q.reshape(length, c.num_heads, c.head_dim), positions, c)
     k = _rope(k.reshape(length, c.num_kv_heads, c.head_dim), positions, c)
     v = v.reshape(length, c.num_kv_heads, c.head_dim)
@@ -66,7 +67,7 @@ def dense_logits(model: LlamaModel, token_ids: list[int] | Tensor) -> Tensor:
     c = model.config
     positions = torch.arange(ids.numel())
     x = F.embedding(ids, model.embed)  # [L, hidden]
-    for layer in model.layers:
+    for layer in model.blocks():
         x = _layer(layer, x, positions, c)
     return F.linear(_rms_norm(x, model.norm, c.rms_eps), model.lm_head.dequantized()).float()
 

@@ -76,7 +76,7 @@ class GGUFFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        cur = _Cursor(memoryview(self._map))
+        cur = _Cursor(memoryview(self._map))  # type: ignore[arg-type]  # a memmap is a buffer
         if bytes(cur.buf[:4]) != b"GGUF":
             raise ValueError(f"{self.path} is not a GGUF file (bad magic)")
         cur.pos = 4

@@ -30,7 +30,6 @@ _LAYER_NAMES = {
     "mlp.down_proj": "down",
 }
 _GLOBAL_NAMES = {"model.embed_tokens": "embed", "model.norm": "norm", "lm_head": "lm_head"}
-_SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 
 class HFFolderContents(NamedTuple):

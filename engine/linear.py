@@ -19,19 +19,33 @@ Measured and rejected: bf16 weights (no AVX512-BF16: ~2x slower than fp32), fbge
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-Quantization = Literal["none", "fp16", "int8", "int4"]
-QUANTIZATIONS: tuple[str, ...] = ("none", "fp16", "int8", "int4")
+from engine.config import QUANTIZATIONS as QUANTIZATIONS  # re-exported: older imports
+from engine.config import Quantization as Quantization
+
 INT4_GROUP_SIZE = 32
 _ACT_DTYPE = torch.bfloat16  # what torch's int8/int4 CPU kernels have a fast path for
 
 
-class DenseLinear(nn.Module):
+class Linear(nn.Module):
+    """A bias-free projection x [T, in] -> [T, out]: the interface every weight layout keeps."""
+
+    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        raise NotImplementedError
+
+    def dequantized(self) -> Tensor:
+        """W [out, in] as float32."""
+        raise NotImplementedError
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weight as held (what a decode step streams)."""
+        raise NotImplementedError
+
+
+class DenseLinear(Linear):
     """W [out, in] stored as a (frozen, initially uninitialised) parameter in the model dtype."""
 
     def __init__(self, out_features: int, in_features: int, dtype: torch.dtype) -> None:
@@ -51,7 +65,7 @@ class DenseLinear(nn.Module):
         return self.weight.numel() * self.weight.element_size()
 
 
-class PackedLinear(nn.Module):
+class PackedLinear(Linear):
     """A projection whose weight lives in a packed/quantised form (CPU only).
 
     `weight_bytes()` is the packed size (what a decode step streams); `dequantized()` is the
@@ -78,10 +92,11 @@ class Fp16DynamicLinear(PackedLinear):
         self._shape = tuple(w.shape)
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] float32 -> [T, out] float32
-        return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self._packed)
+        out: Tensor = torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self._packed)
+        return out
 
     def dequantized(self) -> Tensor:
-        weight, _ = torch.ops.quantized.linear_unpack_fp16(self._packed)
+        weight: Tensor = torch.ops.quantized.linear_unpack_fp16(self._packed)[0]
         return weight.float()
 
     def weight_bytes(self) -> int:

@@ -8,17 +8,19 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from engine.block_manager import BlockManager
 from engine.config import DEFAULT_MEMORY_BUDGET, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequest, RequestTooLong
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
-from engine.outputs import EngineStats, RequestOutput, RequestUpdate
+from engine.outputs import EngineStats, RequestOutput, StreamDelta
 from engine.plan import pages_for_budget, shape_from_config
 from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
@@ -78,6 +80,11 @@ class Engine:
         self._ids = itertools.count()
         self.prefill_rate = RateMeter()
         self.prefill_tokens_computed = 0
+        # called once per request when it is first scheduled, before the step runs the model
+        # (an update with no tokens and the request's cached_tokens): the async front uses it
+        # to let a response head go out before the first token
+        self.on_admit: Callable[[StreamDelta], None] | None = None
+        self._admitted: set[str] = set()
 
     def _pages_from_budget(self) -> int:
         c = self.config
@@ -123,9 +130,10 @@ class Engine:
         ids = self._prompt_ids(prompt)
         limit = self.max_seq_len - 1
         if len(ids) > limit:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens; at most {limit} fit (max_model_len="
-                f"{self.max_model_len}, KV pool={self.num_pages * self.config.page_size} tokens)"
+            pool = self.num_pages * self.config.page_size
+            raise RequestTooLong(
+                prompt_tokens=len(ids), limit=limit,
+                detail=f"max_model_len={self.max_model_len}, KV pool={pool} tokens",
             )
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         stops = frozenset(params.stop_token_ids)
@@ -142,21 +150,24 @@ class Engine:
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("prompt must not be empty")
+                raise InvalidRequest("prompt must not be empty", field="prompt")
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.loaded.config.vocab_size]
             if bad:
-                raise ValueError(f"prompt token ids outside the vocabulary: {bad[:5]}")
+                raise InvalidRequest(f"prompt token ids outside the vocabulary: {bad[:5]}",
+                                     field="prompt")
         if not ids:
-            raise ValueError("prompt must not be empty (it encodes to no tokens)")
+            raise InvalidRequest("prompt must not be empty (it encodes to no tokens)",
+                                 field="prompt")
         return ids
 
     def enqueue(self, seq: Sequence) -> None:
         """Queue a sequence built by `make_sequence`."""
         if seq.request_id in self._seqs:
-            raise ValueError(f"request id {seq.request_id!r} is already running")
+            raise InvalidRequest(f"request id {seq.request_id!r} is already running",
+                                 field="request_id")
         self._seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
@@ -173,10 +184,12 @@ class Engine:
         return self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ stepping
-    def step(self) -> list[RequestUpdate]:
-        """Run one scheduling step; returns an update for every request that got a token
+    def step(self) -> list[StreamDelta]:
+        """Run one scheduling step; returns a delta for every request that got a token
         (or finished, with its `RequestOutput`)."""
         out = self.scheduler.schedule()
+        if self.on_admit is not None:
+            self._announce(out.scheduled)
         if not out.scheduled:
             if self.scheduler.has_unfinished() and not out.preempted:
                 raise RuntimeError("scheduler made no progress with requests pending")
@@ -193,6 +206,14 @@ class Engine:
         now = time.perf_counter()
         self._account(out.scheduled, now - start)
         return self._postprocess(out.scheduled, sampled, tokens, now)
+
+    def _announce(self, batch: list[ScheduledSeq]) -> None:
+        """Tell `on_admit` about requests scheduled for the first time (cached tokens known)."""
+        assert self.on_admit is not None
+        for seq, _ in batch:
+            if seq.request_id not in self._admitted:
+                self._admitted.add(seq.request_id)
+                self.on_admit(self.delta(seq, [], "", None))
 
     def _row(self, seq: Sequence) -> SamplingRow:
         return SamplingRow(seq.params, seq.output_token_ids, seq.generator)
@@ -213,7 +234,7 @@ class Engine:
 
     def _postprocess(
         self, batch: list[ScheduledSeq], sampled: list[Sequence], tokens: list[int], now: float
-    ) -> list[RequestUpdate]:
+    ) -> list[StreamDelta]:
         updates = []
         for seq, token in zip(sampled, tokens, strict=True):
             seq.append_token(token, now)
@@ -222,9 +243,24 @@ class Engine:
                 self._finish(seq, reason)
             output = seq.to_output() if seq.is_finished else None
             text = seq.detokenizer.delta(final=seq.is_finished)
-            updates.append(RequestUpdate(seq.request_id, [token], text, seq.is_finished, output,
-                                         seq.cached_tokens))
+            updates.append(self.delta(seq, [token], text, output))
         return updates
+
+    def delta(
+        self, seq: Sequence, token_ids: list[int], text: str, output: RequestOutput | None
+    ) -> StreamDelta:
+        """The `StreamDelta` of `seq` for this step (finished when `output` is set)."""
+        return StreamDelta(
+            request_id=seq.request_id, text=text, token_ids=token_ids,
+            finished=output is not None, output=output, cached_tokens=seq.cached_tokens,
+            prefill_saved_ms=self.prefill_saved_ms(seq.cached_tokens),
+        )
+
+    def prefill_saved_ms(self, cached_tokens: int) -> float:
+        """Prefill time that `cached_tokens` reused tokens saved: cached_tokens divided by the
+        measured prefill throughput, in ms (0.0 before any prefill was measured)."""
+        rate = self.prefill_rate.value
+        return cached_tokens / rate * 1000.0 if rate and cached_tokens else 0.0
 
     def _finish(self, seq: Sequence, reason: Any, *, keep_computed: bool = True) -> None:
         seq.finish_reason = reason
@@ -233,14 +269,15 @@ class Engine:
         self.block_manager.release(seq, keep_computed=keep_computed)
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.request_id]
+        self._admitted.discard(seq.request_id)
 
-    def _fail(self, batch: list[ScheduledSeq], exc: Exception) -> list[RequestUpdate]:
+    def _fail(self, batch: list[ScheduledSeq], exc: Exception) -> list[StreamDelta]:
         updates = []
         for seq, _ in batch:
             seq.error = f"{type(exc).__name__}: {exc}"
             self._finish(seq, "error", keep_computed=False)
             text = seq.detokenizer.delta(final=True)
-            updates.append(RequestUpdate(seq.request_id, [], text, True, seq.to_output()))
+            updates.append(self.delta(seq, [], text, seq.to_output()))
         return updates
 
     # ------------------------------------------------------------------ batch API
@@ -256,7 +293,10 @@ class Engine:
         Requests queued earlier with `add_request` advance too, but their updates are not
         returned here. Raises RuntimeError if a step fails."""
         batch = self._as_prompt_list(prompts)
-        per = list(params) if isinstance(params, list | tuple) else [params] * len(batch)
+        per: list[SamplingParams | None] = (
+            [params] * len(batch) if params is None or isinstance(params, SamplingParams)
+            else list(params)
+        )
         if len(per) != len(batch):
             raise ValueError(f"{len(per)} SamplingParams for {len(batch)} prompts")
         seqs = [self.make_sequence(p, sp, namespace) for p, sp in zip(batch, per, strict=True)]
@@ -278,8 +318,8 @@ class Engine:
             return [prompts]
         items = list(prompts)
         if items and all(isinstance(t, int) for t in items):
-            return [items]  # one prompt of token ids
-        return items
+            return [cast(list[int], items)]  # one prompt of token ids
+        return cast(list[Prompt], items)
 
     def chat(
         self,

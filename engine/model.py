@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 import kernels
 from engine.attention_metadata import AttentionMetadata
-from engine.linear import QUANTIZATIONS, DenseLinear, Quantization, quantize_linear
+from engine.linear import QUANTIZATIONS, DenseLinear, Linear, Quantization, quantize_linear
 from engine.model_config import ModelConfig
 from kernels.checks import step_scope
 
@@ -43,11 +43,11 @@ class DecoderLayer(nn.Module):
         self.config = c
         self.scale = c.head_dim**-0.5
         self.attn_norm = _vector(c.hidden_size, dtype)
-        self.qkv: nn.Module = DenseLinear(c.q_size + 2 * c.kv_size, c.hidden_size, dtype)
-        self.o: nn.Module = DenseLinear(c.hidden_size, c.q_size, dtype)
+        self.qkv: Linear = DenseLinear(c.q_size + 2 * c.kv_size, c.hidden_size, dtype)
+        self.o: Linear = DenseLinear(c.hidden_size, c.q_size, dtype)
         self.ffn_norm = _vector(c.hidden_size, dtype)
-        self.gate_up: nn.Module = DenseLinear(2 * c.intermediate_size, c.hidden_size, dtype)
-        self.down: nn.Module = DenseLinear(c.hidden_size, c.intermediate_size, dtype)
+        self.gate_up: Linear = DenseLinear(2 * c.intermediate_size, c.hidden_size, dtype)
+        self.down: Linear = DenseLinear(c.hidden_size, c.intermediate_size, dtype)
 
     def forward(
         self,
@@ -95,7 +95,8 @@ class DecoderLayer(nn.Module):
             out = kernels.paged_prefill_attention(
                 q, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens, self.scale
             )
-        return self.o(out.reshape(t, c.q_size))  # [T, hidden]
+        projected: Tensor = self.o(out.reshape(t, c.q_size))  # [T, hidden]
+        return projected
 
 
 class LlamaModel(nn.Module):
@@ -119,7 +120,7 @@ class LlamaModel(nn.Module):
         )
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_layers))
         self.norm = _vector(config.hidden_size, dtype)
-        self.lm_head: nn.Module = DenseLinear(config.vocab_size, config.hidden_size, dtype)
+        self.lm_head: Linear = DenseLinear(config.vocab_size, config.hidden_size, dtype)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed
         cos_sin = kernels.rotary_cache(
@@ -154,7 +155,12 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """[N, hidden] -> [N, vocab] float32."""
-        return self.lm_head(hidden).float()
+        logits: Tensor = self.lm_head(hidden)
+        return logits.float()
+
+    def blocks(self) -> list[DecoderLayer]:
+        """The decoder blocks, typed (`self.layers` is an `nn.ModuleList`)."""
+        return [_block(layer) for layer in self.layers]
 
     @torch.no_grad()
     def quantize(self, quantization: Quantization) -> None:
@@ -170,17 +176,20 @@ class LlamaModel(nn.Module):
             return
         if self.quantization != "none" or self.dtype != torch.float32:
             raise ValueError("quantize needs an unquantised float32 model")
-        for layer in self.layers:
+        for layer in self.blocks():
             for name in PROJECTIONS:
-                setattr(layer, name, quantize_linear(getattr(layer, name).weight, quantization))
-        self.lm_head = quantize_linear(self.lm_head.weight, HEAD_QUANTIZATION[quantization])
+                dense = _dense(getattr(layer, name))
+                setattr(layer, name, quantize_linear(dense.weight, quantization))
+        self.lm_head = quantize_linear(
+            _dense(self.lm_head).weight, HEAD_QUANTIZATION[quantization]
+        )
         self.quantization = quantization
 
     def streamed_weight_bytes(self) -> int:
         """Weight bytes one decode step reads: projections, norms and LM head (not the table)."""
         total = self.lm_head.weight_bytes() + self.norm.numel() * self.norm.element_size()
-        for layer in self.layers:
-            total += sum(getattr(layer, name).weight_bytes() for name in PROJECTIONS)
+        for layer in self.blocks():
+            total += sum(_linear(getattr(layer, name)).weight_bytes() for name in PROJECTIONS)
             total += 2 * layer.attn_norm.numel() * layer.attn_norm.element_size()
         return total
 
@@ -196,15 +205,15 @@ class LlamaModel(nn.Module):
         self._copy(self.embed, weights, "embed")
         self._copy(self.norm, weights, "norm")
         if not self.config.tie_embeddings:
-            self._copy(self.lm_head.weight, weights, "lm_head")
-        for i, layer in enumerate(self.layers):
+            self._copy(_dense(self.lm_head).weight, weights, "lm_head")
+        for i, layer in enumerate(self.blocks()):
             p = f"layers.{i}."
             self._copy(layer.attn_norm, weights, p + "attn_norm")
             self._copy(layer.ffn_norm, weights, p + "ffn_norm")
-            self._copy(layer.o.weight, weights, p + "o")
-            self._copy(layer.down.weight, weights, p + "down")
-            self._copy_fused(layer.qkv.weight, weights, [p + "q", p + "k", p + "v"])
-            self._copy_fused(layer.gate_up.weight, weights, [p + "gate", p + "up"])
+            self._copy(_dense(layer.o).weight, weights, p + "o")
+            self._copy(_dense(layer.down).weight, weights, p + "down")
+            self._copy_fused(_dense(layer.qkv).weight, weights, [p + "q", p + "k", p + "v"])
+            self._copy_fused(_dense(layer.gate_up).weight, weights, [p + "gate", p + "up"])
 
     @staticmethod
     def _copy(param: Tensor, weights: Mapping[str, Tensor], name: str) -> None:
@@ -228,3 +237,19 @@ class LlamaModel(nn.Module):
             raise KeyError(f"weights {missing} missing from the checkpoint")
         fused = torch.cat([weights[n].to(param.dtype) for n in names], dim=0)
         cls._assign(param, fused, "+".join(names))
+
+
+def _block(module: nn.Module) -> DecoderLayer:
+    assert isinstance(module, DecoderLayer), f"expected a DecoderLayer, got {type(module)}"
+    return module
+
+
+def _linear(module: object) -> Linear:
+    assert isinstance(module, Linear), f"expected a Linear projection, got {type(module)}"
+    return module
+
+
+def _dense(module: object) -> DenseLinear:
+    """The unquantised projection (its `weight` parameter is what loading and quantising use)."""
+    assert isinstance(module, DenseLinear), f"expected a DenseLinear, got {type(module)}"
+    return module

@@ -1,4 +1,4 @@
-"""Named result types the engine hands out: per-request results, stream deltas, statistics."""
+"""Named result types the engine hands out: per-request results, step deltas, statistics."""
 
 from __future__ import annotations
 
@@ -36,27 +36,24 @@ class RequestOutput:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestUpdate:
-    """What one engine step did for one request: new tokens, the new printable text."""
+class StreamDelta:
+    """What one engine step did for one request; the one output type of `Engine.step()` and
+    `AsyncEngine.stream()`.
+
+    text: the new printable (UTF-8-complete) text. token_ids: the new token ids. finished: the
+    request is done; then `output` carries the full `RequestOutput` (usage, timings).
+    cached_tokens: prompt tokens reused from the prefix cache (known after matching, on every
+    delta). prefill_saved_ms: the prefill time those cached tokens saved, estimated from the
+    engine's measured prefill throughput (0.0 before any prefill was measured).
+    """
 
     request_id: str
-    new_token_ids: list[int]
-    text_delta: str
-    finished: bool
-    output: RequestOutput | None
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache (known after matching)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamDelta:
-    """One item of `AsyncEngine.stream`: new text and tokens; the last one has finished=True
-    and carries the full `RequestOutput` (usage, timings)."""
-
     text: str
     token_ids: list[int]
     finished: bool
     output: RequestOutput | None
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache, on every delta
+    cached_tokens: int = 0
+    prefill_saved_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,10 @@ from functools import cache
 from typing import Any
 
 import tiktoken
+from jinja2.exceptions import TemplateError
 
 from engine.chat_template import ChatTemplate
+from engine.errors import InvalidRequest
 
 # GPT-2's pre-tokenizer split (the one `ByteLevel(use_regex=True)` applies).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -198,6 +200,12 @@ class Tokenizer:
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> list[int]:
-        """Token ids of a rendered conversation (template special tokens matched whole)."""
-        text = self.render_chat(messages, tools, add_generation_prompt)
+        """Token ids of a rendered conversation (template special tokens matched whole).
+
+        Raises `InvalidRequest` (field "messages") when the template rejects the conversation
+        (bad roles, role order, a `raise_exception` in the template, sandbox violations)."""
+        try:
+            text = self.render_chat(messages, tools, add_generation_prompt)
+        except (TemplateError, ValueError, TypeError) as exc:
+            raise InvalidRequest(f"cannot render the prompt: {exc}", field="messages") from exc
         return self.encode(text, allow_special=True)

@@ -27,15 +27,19 @@ from prompt_lint.loader import InputError, load_requests
 
 
 def demo_log(path: Path) -> Path:
-    """A tiny agent log with two classic cache killers (time and user id on top)."""
+    """A tiny agent log, two sessions of three turns, with two classic cache killers on
+    top of the system prompt: the time (every request) and the user id (every session)."""
     guide = "\n".join(f"Rule {i}: answer questions about area {i} briefly." for i in range(40))
     with path.open("w") as out:
-        for turn in range(4):
-            system = f"Current time: 2026-11-29T10:0{turn}:00Z\nuser_id: u_4242\n{guide}"
-            body = {"model": "gpt-4o-mini", "messages": [
-                {"role": "system", "content": system},
-                {"role": "user", "content": f"question {turn}"}]}
-            out.write(json.dumps(body) + "\n")
+        for n, user in enumerate(("u_4242", "u_5151")):
+            history: list[dict[str, str]] = []
+            for turn in range(3):
+                system = f"Current time: 2026-11-29T1{n}:0{turn}:00Z\nuser_id: {user}\n{guide}"
+                history.append({"role": "user", "content": f"question {turn} from {user}"})
+                body = {"model": "gpt-4o-mini",
+                        "messages": [{"role": "system", "content": system}, *history]}
+                out.write(json.dumps(body) + "\n")
+                history.append({"role": "assistant", "content": f"answer {turn}"})
     return path
 
 

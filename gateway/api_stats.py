@@ -7,6 +7,8 @@ per tenant / model / replica, predicted vs reported upstream hits, the most freq
 findings and prompt families. The dashboard and `prefixgate stats` show exactly these numbers.
 
 Hit rate = cached prompt tokens / prompt tokens over successful requests (status < 400).
+`errors` (status >= 400) splits into `client_errors` (4xx: validation, auth, limits, a client
+that went away) and `failures` (5xx: the gateway or its backend failed).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def _sums() -> list[ColumnElement[Any]]:
     return [
         func.count().label("requests"),
         func.sum(case((ok, 0), else_=1)).label("errors"),
+        func.sum(case((R.status >= 500, 0), (R.status >= 400, 1), else_=0)).label("client_errors"),
+        func.sum(case((R.status >= 500, 1), else_=0)).label("failures"),
         func.sum(case((ok, R.prompt_tokens), else_=0)).label("prompt_tokens"),
         func.sum(case((ok, R.cached_tokens), else_=0)).label("cached_tokens"),
         func.sum(case((ok, R.completion_tokens), else_=0)).label("completion_tokens"),
@@ -71,9 +75,9 @@ def _sums() -> list[ColumnElement[Any]]:
     ]
 
 
-_NUMBERS = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens",
-            "predicted_cached_tokens", "reported_cached_tokens", "predicted_requests",
-            "prefill_saved_ms", "latency_ms")
+_NUMBERS = ("requests", "errors", "client_errors", "failures", "prompt_tokens", "cached_tokens",
+            "completion_tokens", "predicted_cached_tokens", "reported_cached_tokens",
+            "predicted_requests", "prefill_saved_ms", "latency_ms")
 
 
 def _empty() -> dict[str, float]:

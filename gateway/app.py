@@ -16,7 +16,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import parse_anthropic, parse_openai, render_anthropic, render_openai
+from gateway import (
+    api_stats,
+    dashboard,
+    parse_anthropic,
+    parse_openai,
+    render_anthropic,
+    render_openai,
+)
 from gateway.auth import is_admin, tenant_for
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
@@ -118,21 +125,8 @@ def _default_backend(config: GatewayConfig, registry: Registry) -> Backend:
 
 
 def _extra_routes(state_getter: Any) -> list[BaseRoute]:
-    """U's routes: /api/stats and /dashboard (absent modules contribute nothing)."""
-    routes: list[BaseRoute] = []
-    try:
-        from gateway import api_stats
-
-        routes += api_stats.routes(state_getter)
-    except ImportError:
-        log.debug("gateway.api_stats not available")
-    try:
-        from gateway import dashboard
-
-        routes += dashboard.routes()
-    except ImportError:
-        log.debug("gateway.dashboard not available")
-    return routes
+    """The stats API (/api/stats) and the dashboard (/dashboard)."""
+    return [*api_stats.routes(state_getter), *dashboard.routes()]
 
 
 def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlette:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.serve", "run the gateway (OpenAI + Anthropic APIs) under uvicorn"),
@@ -28,10 +29,12 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def _resolve(target: str):  # type: ignore[no-untyped-def]
+def _resolve(target: str) -> Callable[[list[str]], int | None]:
+    """The `main(argv)` function named by `module` or `module:function`."""
     module_name, _, attr = target.partition(":")
     module = importlib.import_module(module_name)
-    return getattr(module, attr or "main")
+    func: Callable[[list[str]], int | None] = getattr(module, attr or "main")
+    return func
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,11 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"prefixgate: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    try:
-        func = _resolve(COMMANDS[name][0])
-    except (ImportError, AttributeError):
-        print(f"prefixgate {name}: not yet", file=sys.stderr)
-        return 3
+    func = _resolve(COMMANDS[name][0])
     return int(func(rest) or 0)
 
 

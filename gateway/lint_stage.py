@@ -12,17 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import prompt_lint
 from gateway.config import LINT_MODES, LintMode
 from gateway.errors import invalid
 from gateway.types import Provider
 
 log = logging.getLogger("prefixgate.lint")
 MODE_HEADER = "x-prefixgate-lint-mode"
-
-try:  # prompt_lint is optional at import time so the gateway still serves without it.
-    import prompt_lint as _prompt_lint
-except ImportError:  # pragma: no cover - exercised only before prompt_lint exists
-    _prompt_lint = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,19 +45,18 @@ class LintStage:
     """Runs prompt_lint over live traffic, one TemplateLearner per tenant."""
 
     def __init__(self) -> None:
-        self.learners: dict[str, Any] = {}
-        self.available = _prompt_lint is not None and hasattr(_prompt_lint, "lint_request")
+        self.learners: dict[str, prompt_lint.TemplateLearner] = {}
 
-    def learner(self, tenant: str) -> Any:
+    def learner(self, tenant: str) -> prompt_lint.TemplateLearner:
         if tenant not in self.learners:
-            self.learners[tenant] = _prompt_lint.TemplateLearner()
+            self.learners[tenant] = prompt_lint.TemplateLearner()
         return self.learners[tenant]
 
     def run(
         self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode
     ) -> LintOutcome:
         """Lint (and in rewrite mode rewrite) one client body."""
-        if mode == "off" or not self.available:
+        if mode == "off":
             return LintOutcome(body, (), None, False)
         try:
             return self._run(body, provider, tenant, mode)
@@ -73,10 +68,10 @@ class LintStage:
         self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode
     ) -> LintOutcome:
         learner = self.learner(tenant)
-        report = _prompt_lint.lint_request(body, provider, learner=learner)
+        report = prompt_lint.lint_request(body, provider, learner=learner)
         ids = tuple(sorted({f.rule for f in report.findings}))
-        family = getattr(report, "family", None)
+        family = report.family
         if mode != "rewrite":
             return LintOutcome(body, ids, family, False)
-        result = _prompt_lint.rewrite_request(body, provider, report=report, learner=learner)
+        result = prompt_lint.rewrite_request(body, provider, report=report, learner=learner)
         return LintOutcome(result.body, ids, family, bool(result.changed))

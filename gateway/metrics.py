@@ -1,202 +1,247 @@
-"""A small Prometheus text-format registry: Counter, Gauge, Histogram with labels.
+"""The gateway's Prometheus metrics, on `prometheus_client`.
 
-The app keeps one `Registry` on `app.state.metrics`; any module may register its own series
-(`registry.counter(name, help, labels=(...))` returns the existing series on a repeated call with
-the same shape). `GET /metrics` serves `registry.render()` (text format 0.0.4).
+The app keeps one `Registry` on `app.state.metrics` (its own `CollectorRegistry`, so apps in one
+process never share series). Adding a series anywhere is one line,
+`registry.counter(name, help, labels=(...))` (or `.gauge`, `.histogram`): a repeated call with
+the same shape returns the existing series, another shape is a ValueError. `GET /metrics` serves
+`registry.render()` (`prometheus_client.generate_latest`, text format; no `_created` series).
+
+Several worker processes: set `PROMETHEUS_MULTIPROC_DIR` to an empty folder before start-up;
+counters, histograms and gauges are then kept in files there and `render()` sums every live
+worker's (`prometheus_client.multiprocess`). Callback gauges (`Gauge.set_function`) are read in
+the process that serves the scrape.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
+import os
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gateway.types import Usage
 
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # no `x_created`
+
 LabelValues = tuple[str, ...]
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_PLAIN_0_0_4
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _format_labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-def _format_number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-@dataclass
 class _Series:
-    name: str
-    help: str
-    label_names: tuple[str, ...]
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """One named metric with fixed label names; checks the labels of every update."""
 
-    def _key(self, labels: dict[str, str]) -> LabelValues:
-        names = self.label_names
-        if len(labels) == len(names):
-            try:  # the hot path: exactly the declared labels, already strings
-                key = tuple([labels[n] for n in names])
-            except KeyError:
-                pass
-            else:
-                if all(type(v) is str for v in key):
-                    return key
-                return tuple([str(v) for v in key])
-        raise ValueError(f"metric {self.name} takes labels {names}, got {tuple(labels)}")
+    kind = ""
+
+    def __init__(self, registry: CollectorRegistry, name: str, help: str,
+                 label_names: tuple[str, ...]) -> None:
+        self.registry = registry
+        self.name = name
+        self.help = help
+        self.label_names = label_names
+
+    def _labels(self, labels: dict[str, str]) -> dict[str, str]:
+        if set(labels) != set(self.label_names):
+            raise ValueError(f"metric {self.name} takes labels {self.label_names}, "
+                             f"got {tuple(labels)}")
+        return {k: str(v) for k, v in labels.items()}
+
+    def _child(self, metric: Any, labels: dict[str, str]) -> Any:
+        checked = self._labels(labels)
+        return metric.labels(**checked) if self.label_names else metric
 
 
-@dataclass
 class Counter(_Series):
-    """A monotonically increasing value per label set."""
+    """A monotonically increasing value per label set (exposed as `<name>_total`)."""
 
-    kind: str = "counter"
-    values: dict[LabelValues, float] = field(default_factory=dict)
+    kind = "counter"
+
+    def __init__(self, registry: CollectorRegistry, name: str, help: str,
+                 label_names: tuple[str, ...]) -> None:
+        super().__init__(registry, name, help, label_names)
+        self.metric = prometheus_client.Counter(name, help, label_names, registry=registry)
+        self.sample_name = name if name.endswith("_total") else f"{name}_total"
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         if amount < 0:
             raise ValueError(f"counter {self.name} cannot decrease (inc {amount})")
-        key = self._key(labels)
-        with self.lock:
-            self.values[key] = self.values.get(key, 0.0) + amount
+        self._child(self.metric, labels).inc(amount)
 
     def get(self, **labels: str) -> float:
-        return self.values.get(self._key(labels), 0.0)
-
-    def lines(self) -> list[str]:
-        with self.lock:
-            items = sorted(self.values.items())
-        return [f"{self.name}{_format_labels(self.label_names, k)} {_format_number(v)}"
-                for k, v in items]
+        value = self.registry.get_sample_value(self.sample_name, self._labels(labels))
+        return 0.0 if value is None else value
 
 
-@dataclass
 class Gauge(_Series):
     """A value that goes up and down; or read from a callback at scrape time."""
 
-    kind: str = "gauge"
-    values: dict[LabelValues, float] = field(default_factory=dict)
-    callback: Callable[[], dict[LabelValues, float]] | None = None
+    kind = "gauge"
+
+    def __init__(self, registry: CollectorRegistry, name: str, help: str,
+                 label_names: tuple[str, ...]) -> None:
+        super().__init__(registry, name, help, label_names)
+        self.metric = prometheus_client.Gauge(name, help, label_names, registry=None,
+                                              multiprocess_mode="livesum")
+        self.callback: Callable[[], dict[LabelValues, float]] | None = None
+        registry.register(_GaugeCollector(self))
 
     def set(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        with self.lock:
-            self.values[key] = float(value)
+        self._child(self.metric, labels).set(value)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        with self.lock:
-            self.values[key] = self.values.get(key, 0.0) + amount
+        self._child(self.metric, labels).inc(amount)
 
     def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc(-amount, **labels)
+        self._child(self.metric, labels).dec(amount)
 
     def set_function(self, callback: Callable[[], dict[LabelValues, float]]) -> None:
         """Read the values at scrape time: callback() -> {label values tuple: value}."""
         self.callback = callback
 
-    def lines(self) -> list[str]:
-        with self.lock:
-            items = dict(self.values)
-        if self.callback is not None:
-            items.update(self.callback())
-        return [f"{self.name}{_format_labels(self.label_names, k)} {_format_number(v)}"
-                for k, v in sorted(items.items())]
+
+class _GaugeCollector(Collector):
+    """A gauge's set values, updated by its callback's values at scrape time."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(self.gauge.name, self.gauge.help,
+                                  labels=self.gauge.label_names)]
+
+    def collect(self) -> Iterable[Metric]:
+        g = self.gauge
+        values: dict[LabelValues, float] = {}
+        for family in g.metric.collect():
+            for sample in family.samples:
+                values[tuple(sample.labels[n] for n in g.label_names)] = sample.value
+        if g.callback is not None:
+            values.update(g.callback())
+        family = GaugeMetricFamily(g.name, g.help, labels=g.label_names)
+        for key, value in sorted(values.items()):
+            family.add_metric(list(key), value)
+        return [family]
 
 
-@dataclass
 class Histogram(_Series):
     """Cumulative buckets, sum and count per label set."""
 
-    kind: str = "histogram"
-    buckets: tuple[float, ...] = LATENCY_BUCKETS
-    counts: dict[LabelValues, list[int]] = field(default_factory=dict)
-    sums: dict[LabelValues, float] = field(default_factory=dict)
+    kind = "histogram"
+
+    def __init__(self, registry: CollectorRegistry, name: str, help: str,
+                 label_names: tuple[str, ...], buckets: tuple[float, ...]) -> None:
+        super().__init__(registry, name, help, label_names)
+        self.buckets = buckets
+        self.metric = prometheus_client.Histogram(name, help, label_names, registry=registry,
+                                                  buckets=buckets)
 
     def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        with self.lock:
-            counts = self.counts.get(key)
-            if counts is None:
-                counts = self.counts[key] = [0] * (len(self.buckets) + 1)
-            first = bisect.bisect_left(self.buckets, value) if value == value else len(counts)
-            for i in range(first, len(self.buckets)):
-                counts[i] += 1  # cumulative: every bucket whose bound is >= value
-            counts[-1] += 1
-            self.sums[key] = self.sums.get(key, 0.0) + value
+        self._child(self.metric, labels).observe(value)
 
     def count(self, **labels: str) -> int:
-        counts = self.counts.get(self._key(labels))
-        return counts[-1] if counts else 0
+        value = self.registry.get_sample_value(f"{self.name}_count", self._labels(labels))
+        return 0 if value is None else int(value)
 
-    def lines(self) -> list[str]:
-        with self.lock:
-            items = sorted((k, list(c), self.sums[k]) for k, c in self.counts.items())
-        out: list[str] = []
-        for key, counts, total in items:
-            for bound, n in zip((*self.buckets, math.inf), counts, strict=True):
-                le = f'le="{_format_number(bound)}"'
-                out.append(f"{self.name}_bucket{_format_labels(self.label_names, key, le)} {n}")
-            labels = _format_labels(self.label_names, key)
-            out.append(f"{self.name}_sum{labels} {_format_number(total)}")
-            out.append(f"{self.name}_count{labels} {counts[-1]}")
-        return out
+    def snapshot(self, **labels: str) -> HistogramSnapshot:
+        """The cumulative bucket counts (the +Inf bucket last) and the sum of one label set.
+        A NaN observation lands in no bucket and makes the sum NaN (prometheus_client)."""
+        want = self._labels(labels)
+        counts: list[int] = []
+        total = 0.0
+        for family in self.metric.collect():
+            for sample in family.samples:
+                if any(sample.labels.get(k) != v for k, v in want.items()):
+                    continue
+                if sample.name.endswith("_bucket"):
+                    counts.append(int(sample.value))
+                elif sample.name.endswith("_sum"):
+                    total = sample.value
+        return HistogramSnapshot(tuple(counts), total)
+
+
+class HistogramSnapshot(NamedTuple):
+    """One label set of a histogram: cumulative counts per bucket (+Inf last) and the sum."""
+
+    counts: tuple[int, ...]
+    total: float
 
 
 class Registry:
-    """Named series, rendered in registration order."""
+    """The app's named series (one `prometheus_client.CollectorRegistry`)."""
 
     def __init__(self) -> None:
+        self.collectors = CollectorRegistry(auto_describe=True)
         self._series: dict[str, Counter | Gauge | Histogram] = {}
         self._lock = threading.Lock()
 
     def counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
-        return self._get(Counter(name, help, tuple(labels)))  # type: ignore[return-value]
+        with self._lock:
+            found = self._existing(name, Counter, tuple(labels))
+            if found is None:
+                found = self._series[name] = Counter(self.collectors, name, help, tuple(labels))
+        assert isinstance(found, Counter)
+        return found
 
     def gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
-        return self._get(Gauge(name, help, tuple(labels)))  # type: ignore[return-value]
+        with self._lock:
+            found = self._existing(name, Gauge, tuple(labels))
+            if found is None:
+                found = self._series[name] = Gauge(self.collectors, name, help, tuple(labels))
+        assert isinstance(found, Gauge)
+        return found
 
     def histogram(
         self, name: str, help: str, labels: Sequence[str] = (),
         buckets: Sequence[float] = LATENCY_BUCKETS,
     ) -> Histogram:
-        series = Histogram(name, help, tuple(labels), buckets=tuple(sorted(buckets)))
-        return self._get(series)  # type: ignore[return-value]
-
-    def _get(self, series: Counter | Gauge | Histogram) -> Counter | Gauge | Histogram:
         with self._lock:
-            existing = self._series.get(series.name)
-            if existing is None:
-                self._series[series.name] = series
-                return series
-        if type(existing) is not type(series) or existing.label_names != series.label_names:
-            raise ValueError(f"metric {series.name} already registered with another shape")
+            found = self._existing(name, Histogram, tuple(labels))
+            if found is None:
+                found = self._series[name] = Histogram(
+                    self.collectors, name, help, tuple(labels), tuple(sorted(buckets)))
+        assert isinstance(found, Histogram)
+        return found
+
+    def _existing(self, name: str, kind: type[_Series],
+                  labels: tuple[str, ...]) -> _Series | None:
+        existing = self._series.get(name)
+        if existing is not None and (type(existing) is not kind
+                                     or existing.label_names != labels):
+            raise ValueError(f"metric {name} already registered with another shape")
         return existing
 
     def render(self) -> str:
-        """The whole registry in Prometheus text format."""
-        with self._lock:
-            series = list(self._series.values())
-        out: list[str] = []
-        for s in series:
-            out.append(f"# HELP {s.name} {s.help}")
-            out.append(f"# TYPE {s.name} {s.kind}")
-            out.extend(s.lines())
-        return "\n".join(out) + "\n"
+        """Every series in Prometheus text format (every worker's, in multiprocess mode)."""
+        if not os.environ.get(MULTIPROC_ENV):
+            return generate_latest(self.collectors).decode()
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+        for series in self._series.values():
+            if isinstance(series, Gauge) and series.callback is not None:
+                merged.register(_CallbackOnly(series))
+        return generate_latest(merged).decode()
+
+
+class _CallbackOnly(Collector):
+    """A callback gauge's values alone (multiprocess mode reads the rest from files)."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+
+    def collect(self) -> Iterable[Metric]:
+        g = self.gauge
+        family = GaugeMetricFamily(g.name, g.help, labels=g.label_names)
+        for key, value in sorted((g.callback or dict)().items()):
+            family.add_metric(list(key), value)
+        return [family]
 
 
 TOKEN_BUCKETS: tuple[float, ...] = (16, 64, 256, 1024, 4096, 16384, 65536)

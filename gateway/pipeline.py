@@ -1,7 +1,7 @@
 """One request through the gateway: auth, body, parse, lint, backend stream, response, record.
 
 Every request, whatever happens to it, leaves exactly one RequestRecord and carries the
-x-prefixgate-* headers. A BackendError before the first delta becomes an error response in the
+x-prefixgate-* headers. An ApiError before the first delta becomes an error response in the
 client's format; after it (streaming) an SSE error event. A client that disconnects cancels the
 backend stream, which aborts the engine request (status 499 in the record).
 """
@@ -31,7 +31,17 @@ from gateway.errors import GatewayError, error_body
 from gateway.lint_stage import MODE_HEADER, LintStage, request_mode
 from gateway.metrics import GatewayMetrics
 from gateway.stats import RecordStore
-from gateway.types import Backend, BackendError, ChatRequest, Final, Provider, TextDelta, Usage
+from gateway.types import (
+    ApiError,
+    Backend,
+    BackendError,
+    ChatRequest,
+    Final,
+    Provider,
+    TextDelta,
+    Usage,
+)
+from gateway.usage_report import SUMMARY_FIELD, summary, usage_headers
 from gateway.validate import ParseContext, parse_json_object
 
 log = logging.getLogger("prefixgate.gateway")
@@ -94,17 +104,9 @@ class Ticket:
 def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...], request_id: str) -> dict[
     str, str
 ]:
-    """The x-prefixgate-* headers of a response."""
-    prompt = usage.prompt_tokens if usage else 0
-    cached = usage.cached_tokens if usage else 0
-    return {
-        "x-request-id": request_id,
-        "x-prefixgate-cached-tokens": str(cached),
-        "x-prefixgate-prompt-tokens": str(prompt),
-        "x-prefixgate-hit-rate": f"{cached / prompt:.4f}" if prompt else "0.0000",
-        "x-prefixgate-prefill-saved-ms": f"{usage.prefill_saved_ms:.1f}" if usage else "0.0",
-        "x-prefixgate-lint": ",".join(lint_ids),
-    }
+    """The x-prefixgate-* headers of a response (see `gateway.usage_report`)."""
+    return {"x-request-id": request_id, **usage_headers(usage),
+            "x-prefixgate-lint": ",".join(lint_ids)}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -130,7 +132,7 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
         req = await _prepare(gw, request, ticket)
         stream = gw.backend.stream(req)
         first = await _first(stream)
-    except BackendError as err:
+    except ApiError as err:
         return _error_response(gw, ticket, err)
     except ClientDisconnect:
         _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
@@ -167,7 +169,7 @@ async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
         raise BackendError(502, "backend returned no output") from None
 
 
-def _error_response(gw: Gateway, ticket: Ticket, err: BackendError) -> Response:
+def _error_response(gw: Gateway, ticket: Ticket, err: ApiError) -> Response:
     _record(gw, ticket, err.status, None, error=err.message)
     lint_ids = ticket.req.lint_ids if ticket.req else ()
     headers = prefixgate_headers(None, lint_ids, ticket.request_id)
@@ -181,7 +183,7 @@ async def _json_response(
 ) -> Response:
     try:
         final = await _until_final(request, first, stream)
-    except BackendError as err:
+    except ApiError as err:
         return _error_response(gw, ticket, err)
     except Exception as exc:  # noqa: BLE001
         return _error_response(gw, ticket, _internal(exc))
@@ -193,6 +195,7 @@ async def _json_response(
         return Response(status_code=CLIENT_CLOSED)
     _record(gw, ticket, 200, final)
     body = ticket.route.render(req, final, int(time.time()))
+    body[SUMMARY_FIELD] = summary(final.usage)
     headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
     return JSONResponse(body, headers=headers)
 
@@ -302,7 +305,7 @@ async def _sse_body(
     except StopAsyncIteration:
         status, error = 502, "backend ended without a result"
         yield _stream_error(ticket, BackendError(502, error))
-    except BackendError as err:
+    except ApiError as err:
         status, error = err.status, err.message
         yield _stream_error(ticket, err)
     except Exception as exc:  # noqa: BLE001
@@ -320,7 +323,7 @@ def _internal(exc: BaseException) -> BackendError:
     return BackendError(500, f"internal gateway error: {type(exc).__name__}")
 
 
-def _stream_error(ticket: Ticket, err: BackendError) -> bytes:
+def _stream_error(ticket: Ticket, err: ApiError) -> bytes:
     body = error_body(err, ticket.route.provider)
     if ticket.route.provider == "anthropic":
         return render_anthropic.error_event(body)
@@ -377,6 +380,7 @@ def _make_record(
         tpot_ms=_ms(usage.tpot) if usage else None,
         latency_ms=latency * 1000.0,
         prefill_saved_ms=usage.prefill_saved_ms if usage else 0.0,
+        usage_estimated=usage.estimated if usage else False,
         lint_ids=",".join(req.lint_ids) if req else "",
         family=req.family if req else None,
         stream=bool(req.stream) if req else bool(body.get("stream", False)),

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from gateway.types import ChatRequest, Final, Usage
+from gateway.usage_report import SUMMARY_FIELD, summary
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -113,7 +114,8 @@ class MessageEvents:
         delta = {"stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
                  "stop_sequence": None}
         out += event("message_delta", {"type": "message_delta", "delta": delta,
-                                       "usage": usage_body(final.usage)})
+                                       "usage": usage_body(final.usage),
+                                       SUMMARY_FIELD: summary(final.usage)})
         return out + event("message_stop", {"type": "message_stop"})
 
     def _tool_use(self, call: dict[str, Any]) -> bytes:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from gateway.types import ChatRequest, Final, Usage
+from gateway.usage_report import SUMMARY_FIELD, summary
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -60,7 +61,8 @@ class ChatChunks:
         self.include_usage = include_usage
         self.created = int(time.time())
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None,
+               extra: dict[str, Any] | None = None) -> bytes:
         body: dict[str, Any] = {
             "id": completion_id(self.req),
             "object": "chat.completion.chunk",
@@ -70,7 +72,7 @@ class ChatChunks:
         }
         if self.include_usage:
             body["usage"] = None
-        return sse(body)
+        return sse({**body, **extra} if extra else body)
 
     def start(self) -> bytes:
         return self._chunk({"role": "assistant", "content": ""})
@@ -82,17 +84,19 @@ class ChatChunks:
         out = b""
         for index, call in enumerate(final.tool_calls):
             out += self._chunk({"tool_calls": [{"index": index, **call}]})
+        tail = {SUMMARY_FIELD: summary(final.usage)}  # on the last chunk
+        if not self.include_usage:
+            return out + self._chunk({}, final.finish_reason, tail) + DONE
         out += self._chunk({}, final.finish_reason)
-        if self.include_usage:
-            out += sse({
-                "id": completion_id(self.req),
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.req.model,
-                "choices": [],
-                "usage": usage_body(final.usage),
-            })
-        return out + DONE
+        return out + sse({
+            "id": completion_id(self.req),
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [],
+            "usage": usage_body(final.usage),
+            **tail,
+        }) + DONE
 
 
 def text_completion(req: ChatRequest, final: Final, created: int) -> dict[str, Any]:
@@ -116,7 +120,8 @@ class CompletionChunks:
         self.include_usage = include_usage
         self.created = int(time.time())
 
-    def _chunk(self, text: str, finish: str | None, usage: Usage | None = None) -> bytes:
+    def _chunk(self, text: str, finish: str | None, usage: Usage | None = None,
+               last: Usage | None = None) -> bytes:
         body: dict[str, Any] = {
             "id": f"cmpl-{self.req.request_id}",
             "object": "text_completion",
@@ -127,6 +132,8 @@ class CompletionChunks:
         if usage is not None:
             body["choices"] = []
             body["usage"] = usage_body(usage)
+        if last is not None:
+            body[SUMMARY_FIELD] = summary(last)
         return sse(body)
 
     def start(self) -> bytes:
@@ -136,10 +143,10 @@ class CompletionChunks:
         return self._chunk(text, None) if text else b""
 
     def final(self, final: Final) -> bytes:
+        if not self.include_usage:
+            return self._chunk("", final.finish_reason, last=final.usage) + DONE
         out = self._chunk("", final.finish_reason)
-        if self.include_usage:
-            out += self._chunk("", None, final.usage)
-        return out + DONE
+        return out + self._chunk("", None, final.usage, last=final.usage) + DONE
 
 
 def error_event(body: dict[str, Any]) -> bytes:

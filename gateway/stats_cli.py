@@ -42,7 +42,7 @@ def _text(value: Any) -> str:
 
 
 GROUP_COLUMNS: list[Column] = [
-    ("requests", "requests", _num), ("errors", "errors", _num),
+    ("requests", "requests", _num), ("4xx", "client_errors", _num), ("5xx", "failures", _num),
     ("prompt", "prompt_tokens", _num), ("cached", "cached_tokens", _num),
     ("hit rate", "hit_rate", _pct), ("predicted", "predicted_cached_tokens", _num),
     ("reported", "reported_cached_tokens", _num), ("prefill saved", "prefill_saved_ms", _ms),
@@ -71,7 +71,8 @@ def render(stats: dict[str, Any]) -> str:
     hours = stats["window_s"] / 3600
     parts = [
         f"prefixgate stats: last {hours:g} h, generated {stats['generated_at']}",
-        f"requests {_num(t['requests'])} (errors {_num(t['errors'])})   "
+        f"requests {_num(t['requests'])} (client errors {_num(t['client_errors'])}, "
+        f"failures {_num(t['failures'])})   "
         f"hit rate {_pct(t['hit_rate'])}   cached {_num(t['cached_tokens'])} of "
         f"{_num(t['prompt_tokens'])} prompt tokens",
         f"prefill time saved {_ms(t['prefill_saved_ms'])}   cost saved {_usd(t['cost_saved_usd'])}"

@@ -7,11 +7,14 @@ the route renders that stream back in the client's own format.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Provider = Literal["openai", "anthropic"]
+#: Where `Usage.cached_tokens` comes from: the engine or provider ("reported"), or the
+#: gateway's shadow cache ("predicted", e.g. in a stream's head before the upstream reports).
+CachedSource = Literal["reported", "predicted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,8 @@ class ChatRequest:
     prompt: str | None = None  # set for /v1/completions (raw text prompt, no chat template)
     lint_ids: tuple[str, ...] = ()
     family: str | None = None  # prompt family from prompt_lint's TemplateLearner
+    # body fields an upstream replica's cache model adds (llama.cpp: id_slot, cache_prompt)
+    upstream_fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,8 @@ class Usage:
     ttft: float | None = None
     tpot: float | None = None
     prefill_saved_ms: float = 0.0
+    cached_source: CachedSource = "reported"
+    estimated: bool = False  # prompt/completion counts are the gateway's estimate (none sent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +91,13 @@ class Final:
     replica: str | None = None
 
 
-class BackendError(Exception):
-    """A backend failure with the HTTP status and error kind the client should see."""
+class ApiError(Exception):
+    """An error the client sees: an HTTP status, a message, an error kind and the offending field.
+
+    Two families derive from it: `gateway.errors.GatewayError` (the gateway refuses the request:
+    auth, parsing, validation, limits) and `BackendError` (the backend failed or refused). The
+    request pipeline catches `ApiError` and renders either in the client's own format.
+    """
 
     def __init__(
         self, status: int, message: str, *, kind: str = "api_error", param: str | None = None
@@ -95,6 +107,10 @@ class BackendError(Exception):
         self.message = message
         self.kind = kind
         self.param = param
+
+
+class BackendError(ApiError):
+    """A backend failure with the HTTP status and error kind the client should see."""
 
 
 class Backend(Protocol):

@@ -77,7 +77,7 @@ def gather_kv(
 class _SeqPages(NamedTuple):
     """Where one sequence's K/V lives: its pages, or a run of consecutive pages."""
 
-    index: int  # b, the row of q and of the output
+    index: int  # type: ignore[assignment]  # b, the row of q and of the output (shadows tuple.index)
     length: int  # tokens in cache
     pages: torch.Tensor  # [n] int64 page ids
     first_page: int  # >= 0: the pages are first_page.. consecutively (read a view, no gather)

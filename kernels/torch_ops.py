@@ -60,7 +60,7 @@ def rotary_cache(
 
 def _as_complex_pairs(xf: torch.Tensor) -> torch.Tensor:
     """float32 [..., D] -> complex64 [..., D/2] view of the pairs (x[2i], x[2i+1])."""
-    pairs = xf.unflatten(-1, (-1, 2))  # [..., D/2, 2]
+    pairs = xf.unflatten(-1, (-1, 2))  # type: ignore[no-untyped-call]  # [..., D/2, 2]
     if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-2]):
         pairs = pairs.contiguous()  # a complex view needs even offsets and strides
     return torch.view_as_complex(pairs)

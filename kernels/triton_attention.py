@@ -229,7 +229,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, int(triton.next_power_of_2(head_dim)))
 
 
 def paged_decode_attention(

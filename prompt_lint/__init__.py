@@ -24,8 +24,12 @@ min_similarity=0.5, max_sessions=4096)``
     Validates the body (``RequestError`` on bad input), runs every rule in
     ``RULES`` and returns ``LintReport(findings, prompt_tokens, cacheable_tokens,
     cacheable_tokens_after_fix, family, provider)``. With a learner, the
-    request is also fed to it (online learning), learned dynamic spans are
-    reported (PL008), tool order/JSON are compared with the previous request of
+    request is also fed to it (online learning) and the family's evidence
+    decides (``prompt_lint.evidence``): what varied is dynamic (pattern kind,
+    PL008 ``learned`` or PL013 ``session``, confidence 1.0), what did not is
+    stable once the family has two sessions; patterns alone decide only
+    without evidence, with a confidence below 1.0. Tool order/JSON are
+    compared with the previous request of
     the family (PL004/PL006) and history with the previous request of the
     session (PL009). ``session`` is either a conversation id string (state
     kept in ``learner.sessions``) or a ``SessionTracker`` to use instead; when
@@ -35,12 +39,14 @@ min_similarity=0.5, max_sessions=4096)``
 
 ``Finding``
     ``rule`` ("PL001"), ``name``, ``severity`` ("error" | "warning" | "info"),
-    ``kind`` ("timestamp", "identifier", "nonce", "learned", "tool_order",
+    ``kind`` ("timestamp", "identifier", "nonce", "learned", "session", "tool_order",
     "tool_json", "json", "history", "short_prefix", "cache_control"), ``path``
     ("messages[0].content", "system[0].text", "tools[2].function.description",
     "tools", ...), ``start``/``end`` (character offsets into the string at
     ``path``; None for structural findings), ``message``, ``value`` (the raw
-    span text), ``token_offset`` (position in the token layout, or None).
+    span text), ``token_offset`` (position in the token layout, or None),
+    ``confidence`` (0.0-1.0; below ``evidence.FIX_CONFIDENCE`` a dynamic
+    finding is a warning and is not moved by the rewriter).
 
 ``rewrite_request(body, provider=None, report=None, learner=None) -> RewriteResult``
     ``RewriteResult(body, moved, changed)``: the same provider format with

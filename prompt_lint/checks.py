@@ -7,7 +7,7 @@ from typing import Any
 
 from prompt_lint.layout import TokenLayout
 from prompt_lint.providers import Provider
-from prompt_lint.rules import RULES
+from prompt_lint.rules import RULES, Severity
 from prompt_lint.session import SessionTracker
 from prompt_lint.templates import Family
 from prompt_lint.toolset import ToolSet, tool_set
@@ -20,11 +20,12 @@ MAX_ANTHROPIC_BREAKPOINTS = 4
 
 
 def finding(rule_id: str, path: str, message: str, *, start: int | None = None,
-            end: int | None = None, value: str = "", token_offset: int | None = None) -> Finding:
-    """A Finding for registry rule `rule_id`."""
+            end: int | None = None, value: str = "", token_offset: int | None = None,
+            confidence: float = 1.0, severity: Severity | None = None) -> Finding:
+    """A Finding for registry rule `rule_id` (`severity` overrides the rule's)."""
     rule = RULES[rule_id]
-    return Finding(rule.id, rule.name, rule.severity, rule.kind, path, start, end, message,
-                   value, token_offset)
+    return Finding(rule.id, rule.name, severity or rule.severity, rule.kind, path, start, end,
+                   message, value, token_offset, confidence)
 
 
 def min_cacheable_tokens(provider: Provider, model: str | None) -> int:

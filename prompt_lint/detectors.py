@@ -47,13 +47,17 @@ Validator = Callable[[re.Match[str]], bool]
 
 
 class Detector(NamedTuple):
-    """A named pattern; `group` selects the value inside the match."""
+    """A named pattern; `group` selects the value inside the match; `confidence` is how
+    likely a match is a per-request value when the family gives no evidence (a UUID
+    almost always is; a bare clock time or date is often a stable office hour or
+    policy date)."""
 
     label: str
     kind: str
     pattern: re.Pattern[str]
     group: int = 0
     valid: Validator | None = None
+    confidence: float = 0.9
 
 
 def _valid_iso(m: re.Match[str]) -> bool:
@@ -101,8 +105,8 @@ def _valid_labelled(m: re.Match[str]) -> bool:
 
 
 def _d(label: str, kind: str, pattern: str, group: int = 0,
-       valid: Validator | None = None, flags: int = 0) -> Detector:
-    return Detector(label, kind, re.compile(pattern, flags), group, valid)
+       valid: Validator | None = None, flags: int = 0, confidence: float = 0.9) -> Detector:
+    return Detector(label, kind, re.compile(pattern, flags), group, valid, confidence)
 
 
 DETECTORS: tuple[Detector, ...] = (
@@ -113,21 +117,26 @@ DETECTORS: tuple[Detector, ...] = (
     _d("UUID", "identifier",
        r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
     _d("email", "identifier",
-       r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
+       r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
+       confidence=0.6),
     _d("RFC 2822 date", "timestamp",
        rf"\b(?:(?:{_DAYS}),\s)?\d{{1,2}}\s(?:{_MONTHS})\s\d{{4}}\s\d{{2}}:\d{{2}}(?::\d{{2}})?"
        r"(?:\s(?:[+-]\d{4}|GMT|UTC|[A-Z]{3}))?"),
     _d("ISO 8601 timestamp", "timestamp", rf"\b(\d{{4}})-(\d{{2}})-(\d{{2}}){_ISO_TIME}(?!\d|\.\d)",
        valid=_valid_iso),
     _d("date and time", "timestamp",
-       rf"\b(\d{{1,2}})[/.](\d{{1,2}})[/.]\d{{4}}(?:,?\s{_CLOCK})?\b", valid=_valid_dmy),
+       rf"\b(\d{{1,2}})[/.](\d{{1,2}})[/.]\d{{4}}(?:,?\s{_CLOCK})?\b", valid=_valid_dmy,
+       confidence=0.6),
     _d("written date", "timestamp",
        rf"\b(?:(?:{_DAYS}),?\s)?(?:(?:{_MONTHS})\.?\s\d{{1,2}}(?:st|nd|rd|th)?,?\s\d{{4}}|"
-       rf"\d{{1,2}}(?:st|nd|rd|th)?\s(?:of\s)?(?:{_MONTHS}),?\s\d{{4}})(?:,?\s(?:at\s)?{_CLOCK})?"),
-    _d("weekday and time", "timestamp", rf"\b(?:{_DAYS}),?\s(?:at\s)?{_CLOCK}"),
-    _d("Unix epoch (ms)", "timestamp", r"(?<![\d.])1[5-9]\d{11}(?![\d.])"),
-    _d("Unix epoch", "timestamp", r"(?<![\d.\w])1[5-9]\d{8}(?![\d.])"),
-    _d("clock time", "timestamp", rf"(?<![\d:.])\b{_CLOCK}(?![\d:])", valid=_valid_clock),
+       rf"\d{{1,2}}(?:st|nd|rd|th)?\s(?:of\s)?(?:{_MONTHS}),?\s\d{{4}})(?:,?\s(?:at\s)?{_CLOCK})?",
+       confidence=0.5),
+    _d("weekday and time", "timestamp", rf"\b(?:{_DAYS}),?\s(?:at\s)?{_CLOCK}",
+       confidence=0.6),
+    _d("Unix epoch (ms)", "timestamp", r"(?<![\d.])1[5-9]\d{11}(?!\d|\.\d)", confidence=0.85),
+    _d("Unix epoch", "timestamp", r"(?<![\d.\w])1[5-9]\d{8}(?!\d|\.\d)", confidence=0.7),
+    _d("clock time", "timestamp", rf"(?<![\d:.])\b{_CLOCK}(?![\d:])", valid=_valid_clock,
+       confidence=0.4),
     _d("labelled id", "identifier",
        rf"\b(?:{_ID_LABELS})[ _-]?(?:id|key|token|uuid|number|no)\b[\"']?[ \t]*[:=#][ \t]*[\"']?"
        r"([A-Za-z0-9][A-Za-z0-9._:@+/-]{3,})", group=1, valid=_valid_labelled, flags=re.I),
@@ -136,9 +145,10 @@ DETECTORS: tuple[Detector, ...] = (
        r"turn[_ ]?(?:number|count)|retry[_ ]?count|attempt[_ ]?(?:number|no))\b[\"']?[ \t]*"
        r"[:=#][ \t]*[\"']?([A-Za-z0-9+/_=-]+)", group=1, flags=re.I),
     _d("request counter", "nonce", r"\b(?:[Rr]equest|[Tt]urn|[Cc]all|[Rr]un)\s#(\d+)\b", group=1),
-    _d("hex digest", "identifier", r"\b[0-9a-fA-F]{16,128}\b", valid=_valid_hex),
+    _d("hex digest", "identifier", r"\b[0-9a-fA-F]{16,128}\b", valid=_valid_hex,
+       confidence=0.6),
     _d("high-entropy token", "nonce", r"(?<![\w/.-])[A-Za-z0-9+/_-]{20,}={0,2}(?![\w/.-])",
-       valid=_valid_random),
+       valid=_valid_random, confidence=0.7),
 )
 
 
@@ -166,13 +176,36 @@ _NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
     "high-entropy token": ((), True),  # the validator wants at least two digits
 }
 
-def _needs_pattern(needs: tuple[str, ...]) -> re.Pattern[str] | None:
-    return re.compile("|".join(map(re.escape, needs))) if needs else None
+_MONTH_STEMS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
+                "Dec")
+_DAY_STEMS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+#: A second necessary condition for the patterns built on word alternations (the slow
+#: ones): a stem every alternative contains (month and day names hold their
+#: three-letter stem; case-insensitive where the pattern is).
+_STEMS: dict[str, tuple[tuple[str, ...], int]] = {
+    "RFC 2822 date": (_MONTH_STEMS, 0),
+    "written date": (_MONTH_STEMS, 0),
+    "weekday and time": (_DAY_STEMS, 0),
+    "labelled id": (("id", "key", "token", "number", "no"), re.I),
+    "nonce": (("nonce", "salt", "seed", "cache", "count", "seq", "number", "attempt"), re.I),
+}
 
 
-_PLAN: tuple[tuple[Detector, re.Pattern[str] | None, bool], ...] = tuple(
-    (d, _needs_pattern(_NEEDS.get(d.label, ((), False))[0]),
-     _NEEDS.get(d.label, ((), False))[1]) for d in DETECTORS)
+def _needs_pattern(needs: tuple[str, ...], flags: int = 0) -> re.Pattern[str] | None:
+    return re.compile("|".join(map(re.escape, needs)), flags) if needs else None
+
+
+class _Step(NamedTuple):
+    detector: Detector
+    needs: re.Pattern[str] | None
+    digit: bool
+    stems: re.Pattern[str] | None
+
+
+_PLAN: tuple[_Step, ...] = tuple(
+    _Step(d, _needs_pattern(_NEEDS.get(d.label, ((), False))[0]),
+          _NEEDS.get(d.label, ((), False))[1],
+          _needs_pattern(*_STEMS[d.label]) if d.label in _STEMS else None) for d in DETECTORS)
 _DIGIT = re.compile(r"\d")
 
 
@@ -180,8 +213,9 @@ def _detect_line(line: str) -> list[Span]:
     taken: list[tuple[int, int]] = []
     spans: list[Span] = []
     has_digit = _DIGIT.search(line) is not None
-    for det, needs, digit in _PLAN:
-        if (digit and not has_digit) or (needs is not None and needs.search(line) is None):
+    for det, needs, digit, stems in _PLAN:
+        if (digit and not has_digit) or (needs is not None and needs.search(line) is None) or \
+                (stems is not None and stems.search(line) is None):
             continue
         for m in det.pattern.finditer(line):
             if det.valid is not None and not det.valid(m):

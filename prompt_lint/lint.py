@@ -12,6 +12,7 @@ from prompt_lint.checks import (
     tool_findings,
 )
 from prompt_lint.detectors import Span, detect
+from prompt_lint.evidence import FIX_CONFIDENCE, Dynamic, decide
 from prompt_lint.layout import TokenLayout, token_layout
 from prompt_lint.providers import (
     Provider,
@@ -22,15 +23,17 @@ from prompt_lint.providers import (
     scan_targets,
     segments,
 )
-from prompt_lint.rules import DYNAMIC_KINDS
+from prompt_lint.rules import DYNAMIC_KINDS, RULES
 from prompt_lint.session import SessionTracker, fingerprint
 from prompt_lint.templates import FamilyMatch, TemplateLearner
 from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
 from prompt_lint.types import Finding, LintReport
 
-_RULE_FOR_KIND = {"timestamp": "PL001", "identifier": "PL002", "nonce": "PL003"}
+_RULE_FOR_KIND = {"timestamp": "PL001", "identifier": "PL002", "nonce": "PL003",
+                  "learned": "PL008", "session": "PL013"}
 #: Rules whose finding ends the reusable prefix at its token offset.
-BREAKING_RULES = frozenset({"PL001", "PL002", "PL003", "PL004", "PL006", "PL008", "PL009"})
+BREAKING_RULES = frozenset({"PL001", "PL002", "PL003", "PL004", "PL006", "PL008", "PL009",
+                            "PL013"})
 #: Tokens the rewriter leaves in place of one moved value (its marker).
 MARKER_TOKENS = 6
 
@@ -46,11 +49,11 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     layout = token_layout(body, prov, counter, toolset)
     targets = scan_targets(body, layout.segments, toolset)
     spans = {t.path: detect(t.text, t.path) for t in targets}
-    findings = _pattern_findings(targets, spans, layout, counter)
     match = FamilyMatch(None, [])
     if learner is not None:
-        match = learner.observe(targets, spans, list(toolset.labels))
-        findings += _learned_findings(match, targets, spans, layout, counter)
+        match = learner.observe(targets, spans, list(toolset.labels),
+                                conversation(body, session))
+    findings = _dynamic_findings(targets, spans, match, layout, counter)
     tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset)
     findings += tool_found
     tracker = session if isinstance(session, SessionTracker) else (
@@ -69,15 +72,26 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
 
 
 def learn_request(body: dict[str, Any], learner: TemplateLearner,
-                  provider: Provider | None = None) -> str | None:
+                  provider: Provider | None = None, session: str | None = None) -> str | None:
     """Feed one request to the learner without linting it (first pass over a
-    log); returns its family id."""
+    log); returns its family id. `session` as in lint_request (a string)."""
     prov = provider or detect_provider(body)
     toolset = check_request(body, prov)
-    targets = scan_targets(body, segments(body, prov, toolset), toolset)
+    segs = segments(body, prov, toolset)
+    targets = scan_targets(body, segs, toolset)
     spans = {t.path: detect(t.text, t.path) for t in targets}
-    match = learner.observe(targets, spans, list(toolset.labels))
+    match = learner.observe(targets, spans, list(toolset.labels), conversation(body, session))
     return match.family.id if match.family else None
+
+
+def conversation(body: dict[str, Any], session: SessionTracker | str | None) -> str:
+    """The learner's session evidence key: the explicit session string, else the
+    first non-system message (the learner scopes it by prompt family)."""
+    if isinstance(session, str):
+        return "s:" + session
+    first: Any = next((m for m in body["messages"] if m.get("role") not in {"system", "developer"}),
+                      {})
+    return "a:" + fingerprint(compact_json(first))
 
 
 def session_key(body: dict[str, Any], family: str | None,
@@ -99,35 +113,39 @@ def _token_offsets(target: Segment, starts: list[int], layout: TokenLayout,
             for n in counter.count_prefixes_at(target.text, target.path, starts)]
 
 
-def _pattern_findings(targets: list[Segment], spans: dict[str, list[Span]],
-                      layout: TokenLayout, counter: TokenCounter) -> list[Finding]:
+def _dynamic_findings(targets: list[Segment], spans: dict[str, list[Span]],
+                      match: FamilyMatch, layout: TokenLayout,
+                      counter: TokenCounter) -> list[Finding]:
+    """Pattern and learned values, judged by the family's evidence (prompt_lint.evidence)."""
     out = []
     for target in targets:
-        found = spans[target.path]
+        found = decide(target.path, target.text, spans[target.path], match)
         if not found:
             continue
-        offsets = _token_offsets(target, [s.start for s in found], layout, counter)
-        for s, offset in zip(found, offsets, strict=True):
-            out.append(finding(_RULE_FOR_KIND[s.kind], target.path,
-                               f"{s.label} in the cached prefix", start=s.start, end=s.end,
-                               value=s.value, token_offset=offset))
+        offsets = _token_offsets(target, [d.start for d in found], layout, counter)
+        for d, offset in zip(found, offsets, strict=True):
+            rule = _RULE_FOR_KIND[d.kind]
+            low = d.confidence < FIX_CONFIDENCE and RULES[rule].severity == "error"
+            out.append(finding(rule, target.path, _message(d), start=d.start, end=d.end,
+                               value=target.text[d.start:d.end], token_offset=offset,
+                               confidence=round(d.confidence, 2),
+                               severity="warning" if low else None))
     return out
 
 
-def _learned_findings(match: FamilyMatch, targets: list[Segment],
-                      spans: dict[str, list[Span]], layout: TokenLayout,
-                      counter: TokenCounter) -> list[Finding]:
-    by_path = {t.path: t for t in targets}
-    out = []
-    for ls in match.spans:
-        if any(s.start < ls.end and ls.start < s.end for s in spans[ls.path]):
-            continue
-        target = by_path[ls.path]
-        (offset,) = _token_offsets(target, [ls.start], layout, counter)
-        out.append(finding("PL008", ls.path, "varies across requests of this prompt family",
-                           start=ls.start, end=ls.end, value=target.text[ls.start:ls.end],
-                           token_offset=offset))
-    return out
+def _message(d: Dynamic) -> str:
+    if d.kind == "session":
+        return "constant within a session but different across sessions of this prompt family"
+    if d.kind == "learned":
+        return "varies across requests of this prompt family"
+    if d.evidence:
+        return f"{d.label} in the cached prefix; varies across requests of this prompt family"
+    return f"{d.label} in the cached prefix (pattern only, no evidence from the family)"
+
+
+def is_moved(f: Finding) -> bool:
+    """Whether rewrite_request moves this finding's value into the context block."""
+    return f.kind in DYNAMIC_KINDS and f.start is not None and f.confidence >= FIX_CONFIDENCE
 
 
 def _first_break(findings: list[Finding], total: int) -> int:
@@ -149,9 +167,9 @@ def context_target(body: dict[str, Any], provider: Provider) -> int | None:
 def _after_fix(body: dict[str, Any], provider: Provider, findings: list[Finding],
                resolved: set[str], layout: TokenLayout, counter: TokenCounter) -> int:
     """Estimate of the cacheable prefix once rewrite_request has run."""
-    moved = [f for f in findings if f.kind in DYNAMIC_KINDS and f.start is not None]
+    moved = [f for f in findings if is_moved(f)]
     breaks = [f.token_offset for f in findings if f.rule in BREAKING_RULES
-              and f.kind not in DYNAMIC_KINDS and f.rule not in resolved
+              and not is_moved(f) and f.rule not in resolved
               and f.token_offset is not None]
     limit = min(breaks, default=layout.total)
     if not moved:

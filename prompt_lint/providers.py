@@ -10,12 +10,11 @@ segments' tokens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from prompt_lint.memo import compact_json_cached
-
-if TYPE_CHECKING:
-    from prompt_lint.toolset import ToolSet
+from prompt_lint.segment import Segment, tool_description_path, tool_name
+from prompt_lint.toolset import ToolSet, tool_set
 
 Provider = Literal["openai", "anthropic"]
 PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
@@ -24,21 +23,6 @@ _SYSTEM_ROLES = frozenset({"system", "developer"})
 
 class RequestError(ValueError):
     """The body is not a request prompt_lint understands."""
-
-
-class Segment(NamedTuple):
-    """One piece of the token layout.
-
-    `path`: where the text lives in the body; `text`: what is tokenized;
-    `scan`: whether it is template material (system prompt, tool text) that
-    pattern detectors and template learning look at; `message`: the message
-    index, or -1 for tools and the Anthropic system prompt.
-    """
-
-    path: str
-    text: str
-    scan: bool
-    message: int
 
 
 def detect_provider(body: dict[str, Any]) -> Provider:
@@ -86,8 +70,6 @@ def check_request(body: Any, provider: Provider) -> ToolSet:
     tools = body.get("tools", [])
     if not isinstance(tools, list):
         raise RequestError("'tools' must be a list")
-    from prompt_lint.toolset import tool_set  # toolset builds on this module
-
     toolset = tool_set(tools)
     unnamed = toolset.first_unnamed()
     if unnamed is not None:
@@ -116,27 +98,6 @@ def _validate_message(message: Any, i: int, provider: Provider) -> None:
         raise RequestError(f"messages[{i}].content is missing")
 
 
-def tool_name(tool: Any, provider: Provider) -> str | None:
-    """The tool's name, or None when the definition has none."""
-    if not isinstance(tool, dict):
-        return None
-    name = tool.get("name")
-    function = tool.get("function")
-    if name is None and isinstance(function, dict):
-        name = function.get("name")
-    return name if isinstance(name, str) else None
-
-
-def tool_description_path(tool: dict[str, Any], i: int) -> tuple[str, str] | None:
-    """(path, text) of the tool's description string, if it has one."""
-    function = tool.get("function")
-    if isinstance(function, dict) and isinstance(function.get("description"), str):
-        return f"tools[{i}].function.description", function["description"]
-    if isinstance(tool.get("description"), str):
-        return f"tools[{i}].description", tool["description"]
-    return None
-
-
 def compact_json(value: Any) -> str:
     """JSON as the layout tokenizes it: compact, key order as given (memoised by value,
     see `prompt_lint.memo`)."""
@@ -148,8 +109,6 @@ def segments(body: dict[str, Any], provider: Provider,
     """The request's token layout: tools, system prompt, then messages (`toolset`:
     the body's ToolSet when the caller has it already)."""
     if toolset is None:
-        from prompt_lint.toolset import tool_set
-
         toolset = tool_set(body.get("tools") or [])
     out = list(toolset.segments)
     system = body.get("system")
@@ -206,7 +165,22 @@ def scan_targets(body: dict[str, Any], layout: list[Segment],
     index of their tool segment in `message` so token offsets can be found.
     """
     if toolset is None:
-        from prompt_lint.toolset import tool_set
-
         toolset = tool_set(body.get("tools") or [])
     return list(toolset.descriptions) + [s for s in layout if s.scan]
+
+
+__all__ = [
+    "PROVIDERS",
+    "Provider",
+    "RequestError",
+    "Segment",
+    "ToolSet",
+    "check_request",
+    "compact_json",
+    "detect_provider",
+    "scan_targets",
+    "segments",
+    "tool_description_path",
+    "tool_name",
+    "validate",
+]

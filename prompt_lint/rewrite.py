@@ -21,9 +21,8 @@ import re
 from typing import Any
 
 from prompt_lint.checks import canonical_json
-from prompt_lint.lint import context_target, lint_request
+from prompt_lint.lint import context_target, is_moved, lint_request
 from prompt_lint.providers import Provider, compact_json, detect_provider, tool_name
-from prompt_lint.rules import DYNAMIC_KINDS
 from prompt_lint.session import SessionTracker, fingerprint
 from prompt_lint.templates import TemplateLearner
 from prompt_lint.types import Finding, LintReport, RewriteResult
@@ -43,7 +42,7 @@ def rewrite_request(body: dict[str, Any], provider: Provider | None = None,
     if report is None:
         report = lint_request(body, prov, learner=learner)
     out = copy.deepcopy(body)
-    moved = [f for f in report.findings if f.kind in DYNAMIC_KINDS and f.start is not None]
+    moved = [f for f in report.findings if is_moved(f)]
     names = _replace_spans(out, moved)
     _canonical_tools(out, prov)
     context = "".join(f"{n}: {f.value}\n" for n, f in zip(names, moved, strict=True))
@@ -114,7 +113,7 @@ def _place_context(body: dict[str, Any], provider: Provider, block: str, moved: 
     if block and target is None:
         messages.append({"role": "user", "content": block})
         return
-    identity = sorted(f.value for f in moved if f.kind == "identifier")
+    identity = sorted(f.value for f in moved if _identifies(f))
     running = fingerprint(family or "", *identity)
     for i, message in enumerate(messages):
         key = fingerprint(running, compact_json(message))
@@ -128,6 +127,12 @@ def _place_context(body: dict[str, Any], provider: Provider, block: str, moved: 
             if old is not None:
                 messages[i] = copy.deepcopy(old)
         running = fingerprint(running, compact_json(messages[i]))
+
+
+def _identifies(f: Finding) -> bool:
+    """Values that tell one session's remembered turns from another's: session-scoped
+    values, and identifiers with no evidence that they change inside a session."""
+    return f.kind == "session" or (f.kind == "identifier" and f.confidence < 1.0)
 
 
 def _with_context(message: dict[str, Any], block: str, provider: Provider) -> dict[str, Any]:

@@ -15,7 +15,8 @@ Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
 
 #: Finding kinds whose spans change between requests and are moved by the rewriter.
-DYNAMIC_KINDS: frozenset[str] = frozenset({"timestamp", "identifier", "nonce", "learned"})
+DYNAMIC_KINDS: frozenset[str] = frozenset({"timestamp", "identifier", "nonce", "learned",
+                                           "session"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,4 +88,9 @@ RULES: dict[str, Rule] = _rules(
          "An Anthropic cache_control breakpoint sits after a dynamic span, before the "
          "provider minimum, or beyond the four allowed; that cache entry is never reused.",
          "Put breakpoints on the last stable block before any dynamic value (at most four)."),
+    Rule("PL013", "session-scoped-value", "error", "session",
+         "A value that stays the same inside a session but differs across the sessions of "
+         "this prompt family (a user handle, account, plan or session id); every session "
+         "starts a cache of its own at that point.",
+         "Move the value into the context block at the start of the last user turn."),
 )

@@ -7,7 +7,19 @@ request joins the family whose line set it overlaps most (Jaccard >=
 founding request's lines as a reference, and marks reference words that were
 seen to differ as dynamic. A new request is aligned to the reference line by
 line, then word by word inside changed lines; words that differ, or sit on a
-known-dynamic word, are learned dynamic spans.
+known-dynamic word, are learned dynamic spans. Pattern-detected values are
+compared like any other text: the family's requests are the evidence.
+
+Evidence per reference line also says how a value varies: a line that
+changed between two requests of one session varies per request; a line that
+varies across sessions but never inside one is session-scoped (its learned
+spans carry `scope="session"`). Once a family has seen two sessions and two
+requests of one session, a path whose template is known is *settled*:
+anything on it that did not vary is stable, whatever it looks like
+(FamilyMatch.settled); with two sessions but no repeat yet it is *partial*
+(a value the same in both may still be a per-request counter), unless the
+learner is frozen: then it has seen the whole log, and a value that is the
+same in every request of the family is stable.
 
 Memory is bounded: at most `max_families` families (least recently used is
 dropped), `max_template_chars` characters of reference per family, and
@@ -25,20 +37,23 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from itertools import accumulate, compress
-from operator import ne
+from itertools import accumulate, compress, groupby
+from operator import add, ne
 from typing import NamedTuple
 
 from prompt_lint.detectors import Span
+from prompt_lint.incremental import shared_bounds
 from prompt_lint.memo import caching
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
 
-_WORD_RE = re.compile(r"\S+")
+#: Alignment tokens: a word with its inner punctuation (a timestamp, a handle, a path)
+#: or a run of punctuation, so "(light rain)." aligns as "(", "light", "rain", ")."
+#: and a changing value's span stops where the value does.
+_WORD_RE = re.compile(r"\w(?:\S*\w)?|[^\w\s]+")
 #: Line hashes probed in the index to find candidate families (then scored exactly).
 _PROBES = 48
 _MASK_CACHE = 4096
-_TRIM = ".,;:!?)]}'\""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,21 +74,33 @@ class LearnerConfig:
             raise ValueError(f"min_similarity must be in (0, 1], got {self.min_similarity}")
 
 
+#: Sessions remembered per family for within-session evidence (least recent dropped).
+_SESSIONS_PER_FAMILY = 128
+
+
 class LearnedSpan(NamedTuple):
-    """A span that varies within the family: path of the string and char offsets."""
+    """A span that varies within the family: path of the string, char offsets, and
+    `scope`: "request" (seen to change inside a session) or "session" (constant
+    inside every session seen, different across sessions)."""
 
     path: str
     start: int
     end: int
+    scope: str = "request"
 
 
 @dataclass(slots=True)
 class _Template:
     lines: list[str]
-    masked: list[str]
     dynamic: dict[int, set[int]] = field(default_factory=dict)  # line -> word indexes
+    within: set[int] = field(default_factory=set)  # lines that changed inside a session
+    repeats: int = 0  # same-session request pairs compared on this template
     last_text: str = ""
-    last_spans: list[tuple[int, int]] = field(default_factory=list)
+    last_spans: list[tuple[int, int, int]] = field(default_factory=list)  # start, end, line
+    last_differ: dict[int, int] | None = None  # line -> hash of lines unlike the reference
+    #: line -> (last text seen there, its known-dynamic count, its spans): session
+    #: constants repeat a changed line request after request
+    line_memo: dict[int, tuple[str, int, list[tuple[int, int]]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -88,13 +115,24 @@ class Family:
     tool_names: list[str] | None = None
     tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
     last_tools: object | None = None  # the ToolSet of the last request (identity check)
+    sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
+    session_lines: OrderedDict[str, dict[str, dict[int, int] | None]] = field(
+        default_factory=OrderedDict)  # session -> template key -> last differing lines
+
+    @property
+    def settled(self) -> bool:
+        """Whether two sessions were seen: enough evidence to call unchanged text stable."""
+        return len(self.sessions) >= 2
 
 
 class FamilyMatch(NamedTuple):
-    """What observe() found: the family (or None) and its learned spans."""
+    """What observe() found: the family (or None), its learned spans, and the paths
+    whose unchanged text is proven stable by the family's evidence."""
 
     family: Family | None
     spans: list[LearnedSpan]
+    settled: frozenset[str] = frozenset()
+    partial: frozenset[str] = frozenset()  # two sessions seen, but no session's second request
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -108,11 +146,6 @@ def masked_text(text: str, spans: list[Span]) -> str:
     return "".join(parts) + text[pos:]
 
 
-def masked_lines(text: str, spans: list[Span]) -> list[str]:
-    """`text`'s lines with pattern spans replaced by their kind."""
-    return masked_text(text, spans).split("\n")
-
-
 def template_key(path: str, tool_names: list[str]) -> str:
     """`tools[2].description` -> `tool:<name>.description`; other paths unchanged."""
     if not path.startswith("tools["):
@@ -124,14 +157,6 @@ def template_key(path: str, tool_names: list[str]) -> str:
 
 def _words(line: str) -> list[tuple[int, int]]:
     return [m.span() for m in _WORD_RE.finditer(line)]
-
-
-def _trimmed(line: str, start: int, end: int) -> tuple[int, int]:
-    while end > start and line[end - 1] in _TRIM:
-        end -= 1
-    while start < end and line[start] in "([{'\"":
-        start += 1
-    return start, end
 
 
 class TemplateLearner:
@@ -162,12 +187,14 @@ class TemplateLearner:
         self.frozen = True
 
     def observe(self, targets: list[Segment], spans: dict[str, list[Span]],
-                tool_names: list[str]) -> FamilyMatch:
+                tool_names: list[str], session: str | None = None) -> FamilyMatch:
         """Assign a request to a family and return its learned dynamic spans.
 
         `targets`: the request's template strings; `spans`: pattern spans per
         target path (masked before hashing); `tool_names`: as sent, so that a
-        tool's description template follows the tool when the order changes.
+        tool's description template follows the tool when the order changes;
+        `session`: the conversation the request belongs to (within-session
+        evidence; None learns no session evidence).
         """
         keys = {t.path: template_key(t.path, tool_names) for t in targets}
         lines: dict[str, list[str]] = {}
@@ -184,10 +211,46 @@ class TemplateLearner:
         self.families.move_to_end(family.id)
         if not self.frozen:
             family.requests += 1
-        out: list[LearnedSpan] = []
         for target in targets:
-            out += self._align(family, target, keys[target.path], lines[target.path])
-        return FamilyMatch(family, out)
+            self._align(family, target, keys[target.path])
+        if session is not None and not self.frozen:
+            self._session_evidence(family, session, [keys[t.path] for t in targets])
+        out: list[LearnedSpan] = []
+        settled: list[str] = []
+        partial: list[str] = []
+        for target in targets:
+            template = family.templates.get(keys[target.path])
+            if template is not None:
+                out += _spans_of(template, target.path, family.settled)
+                if family.settled and (template.repeats > 0 or self.frozen):
+                    settled.append(target.path)
+                elif family.settled:
+                    partial.append(target.path)
+        return FamilyMatch(family, out, frozenset(settled), frozenset(partial))
+
+    def _session_evidence(self, family: Family, session: str, keys: list[str]) -> None:
+        """Compare each template's differing lines with this session's last request:
+        lines that changed inside the session vary per request."""
+        if len(family.sessions) < 2:
+            family.sessions.add(session)
+        now = {key: family.templates[key].last_differ for key in keys
+               if key in family.templates}
+        before = family.session_lines.get(session)
+        family.session_lines[session] = now
+        family.session_lines.move_to_end(session)
+        if len(family.session_lines) > _SESSIONS_PER_FAMILY:
+            family.session_lines.popitem(last=False)
+        if before is None:
+            return
+        for key, lines in now.items():
+            old = before.get(key, None)
+            if lines is None or old is None:
+                continue
+            template = family.templates[key]
+            template.repeats += 1
+            if lines != old:
+                template.within.update(i for i in lines.keys() | old.keys()
+                                       if lines.get(i) != old.get(i))
 
     def _masked(self, target: Segment, spans: list[Span]) -> tuple[list[str], frozenset[int]]:
         """Masked lines of a target and their hashes, cached on the masked text (tool
@@ -257,8 +320,7 @@ class TemplateLearner:
         family = Family(fid, hashes)
         for target in targets:
             if family.chars + len(target.text) <= self.config.max_template_chars:
-                family.templates[keys[target.path]] = _Template(target.text.split("\n"),
-                                                                lines[target.path])
+                family.templates[keys[target.path]] = _Template(target.text.split("\n"))
                 family.chars += len(target.text)
         self.families[fid] = family
         for h in hashes:
@@ -276,39 +338,84 @@ class TemplateLearner:
                 if not owners:
                     del self._index[h]
 
-    def _align(self, family: Family, target: Segment, key: str,
-               masked: list[str]) -> list[LearnedSpan]:
+    def _align(self, family: Family, target: Segment, key: str) -> None:
+        """Diff the target against its template (learning), caching the answer on the text."""
         template = family.templates.get(key)
         if template is None:
-            return []
-        if target.text != template.last_text:  # the same text gives the same answer
-            template.last_spans = self._diff(template, target.text, masked)
+            return
+        if target.text != template.last_text or not template.last_text:
+            found = self._diff_since(template, target.text)
+            template.last_spans, template.last_differ = found or self._diff(template,
+                                                                              target.text)
             template.last_text = target.text
-        return [LearnedSpan(target.path, s, e) for s, e in template.last_spans]
 
-    def _diff(self, template: _Template, text: str, masked: list[str]) -> list[tuple[int, int]]:
+    def _diff_since(self, template: _Template, text: str
+                    ) -> tuple[list[tuple[int, int, int]], dict[int, int]] | None:
+        """_diff by updating the last answer: only the lines that hold characters that
+        changed since the last text are diffed again (a new timestamp re-diffs one line
+        of a long prompt). None when the line count changed: then diff it whole."""
+        old, before = template.last_text, template.last_differ
+        if not old or before is None or not caching():
+            return None
+        a, b = shared_bounds(old, text)
+        if old.count("\n", a, len(old) - b) != text.count("\n", a, len(text) - b):
+            return None
+        first = old.count("\n", 0, a)
+        start = text.rfind("\n", 0, a) + 1
+        stop = text.find("\n", len(text) - b)
+        lines = text[start: len(text) if stop < 0 else stop].split("\n")
+        last, delta = first + len(lines) - 1, len(text) - len(old)
+        out = [(s, e, i) if i < first else (s + delta, e + delta, i)
+               for s, e, i in template.last_spans if i < first or i > last]
+        differ = dict(before)
+        ref, pos = template.lines, start
+        for i, line in enumerate(lines, start=first):
+            if line != ref[i]:
+                differ[i] = hash(line)
+            else:
+                differ.pop(i, None)
+            if i in differ or i in template.dynamic:
+                found = self._diff_line(template, i, ref[i], line)
+                out += [(pos + s, pos + e, i) for s, e in found]
+            pos += len(line) + 1
+        return sorted(out), differ
+
+    def _diff(self, template: _Template,
+              text: str) -> tuple[list[tuple[int, int, int]], dict[int, int] | None]:
+        """Learned spans (start, end, reference line or -1) and, when the lines align
+        one to one, the hashes of the lines that differ from the reference."""
         new = text.split("\n")
         ref = template.lines
+        differ: dict[int, int] | None = None
         if len(new) == len(ref):
-            # lines whose only change is a pattern-detected value need no word diff
-            differ = set(compress(range(len(new)), map(ne, template.masked, masked)))
-            pairs = [(i, i) for i in sorted(differ.union(template.dynamic))]
+            differ = {i: hash(new[i]) for i in compress(range(len(new)), map(ne, ref, new))}
+            pairs = [(i, i) for i in sorted(differ.keys() | template.dynamic.keys())]
             extra: list[int] = []
         else:
             pairs, extra = _line_pairs(ref, new)
         if not pairs and not extra:
-            return []
+            return [], differ
         offsets = _line_offsets(new)
-        out = [(offsets[j], offsets[j] + len(new[j])) for j in extra if new[j].strip()]
+        out = [(offsets[j], offsets[j] + len(new[j]), -1) for j in extra if new[j].strip()]
         for i, j in pairs:
             for s, e in self._diff_line(template, i, ref[i], new[j]):
-                out.append((offsets[j] + s, offsets[j] + e))
-        return sorted(out)
+                out.append((offsets[j] + s, offsets[j] + e, i))
+        return sorted(out), differ
 
     def _diff_line(self, template: _Template, i: int, ref: str, new: str) -> list[tuple[int, int]]:
         known = template.dynamic.get(i, set())
         if ref == new and not known:
             return []
+        memo = template.line_memo.get(i)
+        if memo is not None and memo[0] == new and memo[1] == len(known) and caching():
+            return memo[2]
+        found = self._align_line(template, i, ref, new, known)
+        template.line_memo[i] = (new, len(template.dynamic.get(i, ())), found)
+        return found
+
+    def _align_line(self, template: _Template, i: int, ref: str, new: str,
+                    known: set[int]) -> list[tuple[int, int]]:
+        """Word-align one changed line; learns its changed words unless frozen."""
         rw, nw = _words(ref), _words(new)
         spans: list[tuple[int, int]] = []
         changed: set[int] = set()
@@ -328,16 +435,32 @@ class TemplateLearner:
             spans = [region]
         elif spans:
             spans = [(min(s for s, _ in spans), max(e for _, e in spans))]
-        return [t for t in (_trimmed(new, s, e) for s, e in spans) if t[1] > t[0]]
+        return [(s, e) for s, e in spans if e > s]
+
+
+def _spans_of(template: _Template, path: str, settled: bool) -> list[LearnedSpan]:
+    """The template's last learned spans with their scope from the evidence so far."""
+    session_ok = settled and template.repeats > 0
+    return [LearnedSpan(path, s, e, "session" if session_ok and i >= 0 and
+                        i not in template.within else "request")
+            for s, e, i in template.last_spans]
 
 
 def _word_opcodes(ref: str, new: str, rw: list[tuple[int, int]],
                   nw: list[tuple[int, int]]) -> Sequence[tuple[str, int, int, int, int]]:
+    """Token alignment of two lines: position by position when they have as many
+    tokens (a changed value keeps its place), else a SequenceMatcher diff."""
     if ref == new:
         return []
-    matcher = SequenceMatcher(None, [ref[s:e] for s, e in rw], [new[s:e] for s, e in nw],
-                              autojunk=False)
-    return matcher.get_opcodes()
+    a, b = [ref[s:e] for s, e in rw], [new[s:e] for s, e in nw]
+    if len(a) != len(b):
+        return SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    out: list[tuple[str, int, int, int, int]] = []
+    for same, run in groupby(range(len(a)), key=lambda k: a[k] == b[k]):
+        ks = list(run)
+        op = "equal" if same else "replace"
+        out.append((op, ks[0], ks[-1] + 1, ks[0], ks[-1] + 1))
+    return out
 
 
 def _region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new: str,
@@ -358,7 +481,7 @@ def _region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new:
 
 
 def _line_offsets(lines: list[str]) -> list[int]:
-    return [n + j for j, n in enumerate(accumulate(map(len, lines), initial=0))]
+    return list(map(add, accumulate(map(len, lines), initial=0), range(len(lines) + 1)))
 
 
 def _line_pairs(ref: list[str], new: list[str]) -> tuple[list[tuple[int, int]], list[int]]:

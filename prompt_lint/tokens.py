@@ -10,14 +10,13 @@ turns tokenization of a 4k-token request into a few dictionary lookups.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from itertools import accumulate
 from typing import TYPE_CHECKING, Protocol, cast
 
 from prompt_lint.incremental import PieceMemo, Pieces
-from prompt_lint.memo import caching
+from prompt_lint.memo import LRU
 
 if TYPE_CHECKING:
     from prompt_lint.providers import Segment
@@ -79,28 +78,35 @@ class TokenCounter:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
         self.encoding_name = encoding
         self._encoding = get_encoding(encoding)
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._counts: OrderedDict[str, int] = OrderedDict()
-        self._max = max_chunks
+        # bounded by entries and by the characters of their keys (values are about as big)
+        self._cache: LRU[str, tuple[int, ...]] = LRU(max_chunks, max_weight=max_chunks * 256)
+        self._counts: LRU[str, int] = LRU(max_chunks, max_weight=max_chunks * 256)
+        # whole texts -> ids: a resent message is one lookup, not one per chunk
+        self._ids: LRU[str, tuple[int, ...]] = LRU(max_chunks // 4 or 1,
+                                                   max_weight=max_chunks * 256)
         self._memo: PieceMemo[int] = PieceMemo(chunks, lambda c: len(self.chunk_tokens(c)))
 
     def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
         """Token ids of one chunk (cached)."""
-        cache = self._cache
-        tokens = cache.get(chunk) if caching() else None
+        tokens = self._cache.get(chunk)
         if tokens is None:
-            tokens = tuple(self._encoding.encode_ordinary(chunk))
-            cache[chunk] = tokens
-            if len(cache) > self._max:
-                cache.popitem(last=False)
+            tokens = self._cache.put(chunk, tuple(self._encoding.encode_ordinary(chunk)),
+                                     len(chunk) + 1)
         return tokens
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
-        out: list[int] = []
-        for chunk in chunks(text):
-            out.extend(self.chunk_tokens(chunk))
-        return out
+        return list(self.encode_cached(text))
+
+    def encode_cached(self, text: str) -> tuple[int, ...]:
+        """Token ids of `text` as a shared tuple (whole texts are cached: history repeats)."""
+        ids = self._ids.get(text)
+        if ids is None:
+            out: list[int] = []
+            for chunk in chunks(text):
+                out.extend(self.chunk_tokens(chunk))
+            ids = self._ids.put(text, tuple(out), len(text) + 1)
+        return ids
 
     def pieces(self, text: str, slot: str) -> Pieces[int]:
         """`text` in chunks with token counts, reusing the last text seen at `slot`
@@ -116,8 +122,7 @@ class TokenCounter:
     def count_segments(self, segments: Sequence[Segment]) -> list[int]:
         """count_at(seg.text, seg.path) for each segment (short texts straight from the
         whole-text cache)."""
-        counts: dict[str, int] = self._counts if caching() else {}
-        out: list[int | None] = list(map(counts.get, [seg.text for seg in segments]))
+        out: list[int | None] = list(map(self._counts.get, [seg.text for seg in segments]))
         k = -1
         while None in out:  # misses (and long texts not counted whole before)
             k = out.index(None, k + 1)
@@ -143,13 +148,10 @@ class TokenCounter:
 
     def count(self, text: str) -> int:
         """Number of tokens in `text` (whole texts are cached too: history repeats)."""
-        counts = self._counts
-        n = counts.get(text) if caching() else None
+        n = self._counts.get(text)
         if n is None:
-            n = sum(len(self.chunk_tokens(c)) for c in chunks(text))
-            counts[text] = n
-            if len(counts) > self._max:
-                counts.popitem(last=False)
+            n = self._counts.put(text, sum(len(self.chunk_tokens(c)) for c in chunks(text)),
+                                 len(text) + 1)
         return n
 
     def count_prefix(self, text: str, end: int) -> int:

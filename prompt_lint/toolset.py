@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from prompt_lint.memo import LRU, encode_compact, memo_by_value
-from prompt_lint.providers import Segment, tool_description_path, tool_name
+from prompt_lint.segment import Segment, tool_description_path, tool_name
 
 
 class ToolSet(NamedTuple):

@@ -17,7 +17,9 @@ class Finding:
     offsets into the string at `path` (None for structural findings); `value`
     is the raw span text ("" for structural findings); `token_offset` is the
     token position of `start` in the request's token layout (None when the
-    finding has no position).
+    finding has no position); `confidence` (0.0-1.0) is 1.0 for what the prompt
+    family's requests showed to vary (and for structural findings), and the
+    detector's confidence for a pattern match with no such evidence.
     """
 
     rule: str
@@ -30,6 +32,7 @@ class Finding:
     message: str
     value: str = ""
     token_offset: int | None = None
+    confidence: float = 1.0
 
     def to_json(self, show_values: bool = True) -> dict[str, Any]:
         """The finding as a JSON-ready dict (value masked unless `show_values`)."""
@@ -62,13 +65,6 @@ class LintReport:
     cacheable_tokens_after_fix: int
     family: str | None = None
     provider: str = "openai"
-
-    def worst_severity(self) -> str | None:
-        """The highest severity among the findings, or None when clean."""
-        from prompt_lint.rules import SEVERITY_RANK
-
-        ranks = [SEVERITY_RANK[f.severity] for f in self.findings]
-        return None if not ranks else ["info", "warning", "error"][max(ranks)]
 
 
 @dataclass(frozen=True, slots=True)

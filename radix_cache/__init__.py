@@ -4,7 +4,8 @@ Pure Python: token ids in, page ids and handles out. See :class:`RadixCache` for
 """
 
 from radix_cache.cache import RadixCache
-from radix_cache.tokens import pack_tokens
+from radix_cache.tokens import PackedTokens, pack_tokens
 from radix_cache.types import CacheStats, Handle, InsertResult, MatchResult
 
-__all__ = ["CacheStats", "Handle", "InsertResult", "MatchResult", "RadixCache", "pack_tokens"]
+__all__ = ["CacheStats", "Handle", "InsertResult", "MatchResult", "PackedTokens", "RadixCache",
+           "pack_tokens"]

@@ -94,6 +94,30 @@ class RadixCache:
         self._touched(node)
         return InsertResult(hit * self.page_size, duplicates, None if node is root else node)
 
+    def truncate(self, tokens: TokenInput, length: int, namespace: str = "") -> list[int]:
+        """Drop what is cached of ``tokens`` past its first ``length`` tokens (rounded down to
+        a page), with every entry that extends that part; return the freed page ids.
+
+        For a shadow cache told that its upstream kept less of a prompt than predicted. Locked
+        pages are never dropped: nothing is freed when the part to drop is locked.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"length must be a non-negative int, got {length!r}")
+        n_pages, keep = len(tokens) // self.page_size, length // self.page_size
+        root = self._roots.get(_check_namespace(namespace))
+        if root is None or keep >= n_pages:
+            return []
+        buf = self._packer.pack(tokens, n_pages * self.page_size)
+        cut = keep * self._page_bytes
+        node, offset, _ = self._walk(root, buf[:cut])
+        self._touched(node)  # the walk refreshed its time: a leaf needs a fresh heap entry
+        child = self._child(node, buf[cut : cut + self._page_bytes]) if offset == cut else None
+        if child is None or child.lock_ref:
+            return []
+        freed = self._drop_subtree(child)
+        self._remove(child)
+        return freed
+
     def lock(self, handle: Handle) -> None:
         """Pin ``handle``'s node and its ancestors against eviction (reference counted)."""
         if handle is None:
@@ -190,12 +214,25 @@ class RadixCache:
         return node.overflow.get(page) if node.overflow else None
 
     def _common_pages(self, key: bytes, buf: bytes, offset: int) -> int:
-        """Whole pages shared by ``key`` and ``buf[offset:]`` (at least one, fewer than all)."""
-        page_bytes, shared = self._page_bytes, self._page_bytes
-        limit = min(len(key), len(buf) - offset)
-        while shared < limit and buf.startswith(key[shared : shared + page_bytes], offset + shared):
-            shared += page_bytes
-        return shared // page_bytes
+        """Whole pages shared by ``key`` and ``buf[offset:]`` (at least one, fewer than all):
+        slice compares over doubling spans, then a binary search in pages."""
+        page_bytes = self._page_bytes
+        limit = min(len(key), len(buf) - offset) // page_bytes
+        lo, step = 1, 1  # pages known equal (the first page matched by hash and bytes)
+        while lo < limit:
+            hi = min(lo + step, limit)
+            if not buf.startswith(key[lo * page_bytes : hi * page_bytes], offset + lo * page_bytes):
+                break
+            lo, step = hi, step * 2
+        else:
+            return lo
+        while hi - lo > 1:  # pages [0, lo) equal, [0, hi) not
+            mid = (lo + hi) // 2
+            if buf.startswith(key[lo * page_bytes : mid * page_bytes], offset + lo * page_bytes):
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _split(self, node: Node, n_pages: int) -> Node:
         """Cut ``node`` after ``n_pages``; return the new upper part (node keeps the rest)."""
@@ -250,6 +287,19 @@ class RadixCache:
         self._leaves.pop()
         self._remove(node)
 
+    def _drop_subtree(self, top: Node) -> list[int]:
+        """Detach every node below ``top`` (not ``top`` itself); return all their page ids and
+        ``top``'s, and take them off the page count."""
+        freed, stack = list(top.pages), list(_children(top))
+        while stack:
+            node = stack.pop()
+            freed += node.pages
+            node.detached = True
+            self._nodes -= 1
+            stack += _children(node)
+        self._total_pages -= len(freed)
+        return freed
+
     def _remove(self, node: Node) -> None:
         parent = node.parent
         assert parent is not None, "a root is never evicted"
@@ -286,6 +336,10 @@ class RadixCache:
         start = self._next_shadow_page
         self._next_shadow_page += count
         return list(range(start, start + count))
+
+
+def _children(node: Node) -> list[Node]:
+    return [*node.children.values(), *(node.overflow or {}).values()]
 
 
 def _check_namespace(namespace: str) -> str:

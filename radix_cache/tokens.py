@@ -12,16 +12,29 @@ TOKEN_BYTES = 4
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 
-TokenInput = Sequence[int] | np.ndarray[Any, Any]
 
 
-def full_page_count(tokens: TokenInput, page_size: int) -> int:
-    """Number of complete pages in ``tokens``."""
-    return len(tokens) // page_size
+class PackedTokens:
+    """Token ids packed once as int32 bytes, to look up in several caches without repacking
+    (a gateway matches one prompt against every replica's shadow cache)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, tokens: Sequence[int] | np.ndarray[Any, Any]) -> None:
+        self.data = pack_tokens(tokens, len(tokens))
+
+    def __len__(self) -> int:
+        return len(self.data) // TOKEN_BYTES
+
+
+TokenInput = Sequence[int] | np.ndarray[Any, Any] | PackedTokens
 
 
 def pack_tokens(tokens: TokenInput, count: int) -> bytes:
     """Pack ``tokens[:count]`` as native int32 bytes; raise ValueError on bad token ids."""
+    if isinstance(tokens, PackedTokens):
+        data = tokens.data
+        return data if count * TOKEN_BYTES == len(data) else data[: count * TOKEN_BYTES]
     if isinstance(tokens, np.ndarray):
         return _pack_array(tokens, count)
     head = tokens if count == len(tokens) else tokens[:count]

@@ -9,19 +9,18 @@ delta. The upstream's cache report is `usage.cache_read_input_tokens`; Anthropic
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncGenerator
 from typing import Any, NamedTuple
 
 import httpx
 
 from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthropic_body
+from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
-    ExchangeBackend,
     UpstreamOptions,
+    dumps_body,
     iter_sse,
     loads_event,
-    make_client,
     stream_error_event,
 )
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
@@ -119,8 +118,9 @@ class _StreamState:
                      for _, (block, parts) in sorted(self.tools.items()))
 
 
-class AnthropicUpstream(ExchangeBackend):
-    """One Anthropic replica (api.anthropic.com or a compatible server)."""
+class AnthropicUpstream(UpstreamBackend):
+    """One Anthropic replica (api.anthropic.com or a compatible server); see `UpstreamBackend`
+    for the shared lifecycle."""
 
     name = "anthropic"
 
@@ -128,42 +128,23 @@ class AnthropicUpstream(ExchangeBackend):
         self, options: UpstreamOptions, *, transport: httpx.AsyncBaseTransport | None = None,
         models: tuple[str, ...] = (),
     ) -> None:
-        self.options = options
-        self.replica = options.replica
-        self._models = list(models)
-        self._client = make_client(options, transport)
-        base = options.url.rstrip("/")
-        self._endpoint = base + ("/messages" if base.endswith("/v1") else "/v1/messages")
-        # parsed once: building a request from strings re-parses the URL and headers each time
-        self._endpoint_url = httpx.URL(self._endpoint)
-        self._header_obj = httpx.Headers(self._headers())
-
-    def models(self) -> list[str]:
-        return list(self._models)
-
-    def kv_pages(self) -> tuple[int, int] | None:
-        return None
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
+        super().__init__(options, transport=transport, models=models)
+        path = "/messages" if self._base.endswith("/v1") else "/v1/messages"
+        self._endpoint_url = httpx.URL(self._base + path)
 
     def _headers(self) -> dict[str, str]:
-        headers = {"content-type": "application/json", "anthropic-version": API_VERSION}
+        headers = {**super()._headers(), "anthropic-version": API_VERSION}
         if self.options.api_key:
             headers["x-api-key"] = self.options.api_key
         return headers
 
     def _request(self, req: ChatRequest) -> httpx.Request:
-        body = build_body(req)
-        return self._client.build_request(
-            "POST", self._endpoint_url, content=json.dumps(body).encode(),
-            headers=self._header_obj)
+        return self._post(self._endpoint_url, dumps_body(build_body(req)))
 
     async def _read_stream(
-        self, response: httpx.Response, start: float
+        self, response: httpx.Response, clock: StreamClock
     ) -> AsyncGenerator[TextDelta | Final, None]:
         state = _StreamState()
-        first: float | None = None
         async for event in iter_sse(response):
             payload = loads_event(event.data, self.replica)
             kind = event.event or str(payload.get("type", ""))
@@ -171,8 +152,8 @@ class AnthropicUpstream(ExchangeBackend):
                 raise stream_error_event(payload, self.replica)
             text = state.take(kind, payload)
             if text:
-                early = None if first else _early_usage(state.start_usage)
-                first = first or time.perf_counter()
+                early = None if clock.first else _early_usage(state.start_usage)
+                clock.mark()
                 state.deltas += 1
                 state.text.append(text)
                 yield TextDelta(text, early)
@@ -183,23 +164,21 @@ class AnthropicUpstream(ExchangeBackend):
                                kind="upstream_stream_cut")
         usage = read_usage(state.start_usage, state.output_tokens)
         yield self._final("".join(state.text), state.tool_calls(), state.stop, usage,
-                          start, first, state.deltas)
+                          clock, state.deltas)
 
     def _final(
         self, text: str, tools: tuple[dict[str, Any], ...], stop: str | None,
-        usage: AnthropicUsage, start: float, first: float | None, deltas: int,
+        usage: AnthropicUsage, clock: StreamClock, deltas: int,
     ) -> Final:
-        end = time.perf_counter()
         completion = usage.completion_tokens or deltas
-        tpot = (end - first) / (completion - 1) if first and completion > 1 else None
+        ttft, tpot = clock.timings(completion)
         return Final(text, tools, _FINISH.get(stop or "end_turn", "stop"), Usage(
             prompt_tokens=usage.prompt_tokens, completion_tokens=completion,
             cached_tokens=usage.reported_cached_tokens or 0,
-            reported_cached_tokens=usage.reported_cached_tokens,
-            ttft=(first or end) - start, tpot=tpot,
+            reported_cached_tokens=usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
         ), replica=self.replica)
 
-    def _read_whole(self, payload: Any, start: float) -> Final:
+    def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
         if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
             raise BackendError(502, f"upstream {self.replica} sent no content",
                                kind="upstream_error")
@@ -207,4 +186,4 @@ class AnthropicUpstream(ExchangeBackend):
         text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
         tools = tuple(_tool_call(b) for b in blocks if b.get("type") == "tool_use")
         usage = read_usage(payload.get("usage"))
-        return self._final(text, tools, payload.get("stop_reason"), usage, start, None, 0)
+        return self._final(text, tools, payload.get("stop_reason"), usage, clock, 0)

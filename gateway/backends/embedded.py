@@ -11,40 +11,54 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
+from engine import (
+    AsyncEngine,
+    EngineUnavailable,
+    InvalidRequest,
+    RequestError,
+    RequestOutput,
+    RequestTooLong,
+    SamplingParams,
+    StreamDelta,
+)
+from engine.tokenizer import Tokenizer
 from gateway.config import GatewayConfig
 from gateway.tool_calls import ToolCallFilter
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
 
 log = logging.getLogger("prefixgate.embedded")
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
+REQUEST_PARAMS = {"prompt": "messages", "messages": "messages", "request_id": "request_id"}
+"""The client-facing field of each engine `InvalidRequest.field`."""
 
 
-def engine_config(config: GatewayConfig) -> Any:
-    """The EngineConfig for a GatewayConfig."""
-    from engine import EngineConfig
-
-    values: dict[str, Any] = {"model": config.model_path, "num_pages": config.engine_num_pages,
-                              "quantization": config.engine_quantization}
-    if config.engine_max_num_seqs is not None:
-        values["max_num_seqs"] = config.engine_max_num_seqs
-    if config.engine_device is not None:
-        values["device"] = config.engine_device
-    return EngineConfig(**values)
+def engine_error(exc: Exception) -> BackendError:
+    """The client-facing error of an engine error, chosen by its type (never by its text)."""
+    if isinstance(exc, RequestTooLong):
+        return BackendError(400, str(exc), kind="context_length_exceeded", param="messages")
+    if isinstance(exc, InvalidRequest):
+        return BackendError(400, str(exc), param=REQUEST_PARAMS.get(exc.field, exc.field))
+    if isinstance(exc, RequestError):
+        return BackendError(500, f"engine error: {exc}")
+    if isinstance(exc, EngineUnavailable):
+        return BackendError(503, f"engine unavailable: {exc}")
+    raise TypeError(f"not an engine error: {type(exc).__name__}") from exc
 
 
 class EmbeddedBackend:
-    """Serves ChatRequests from an in-process `engine.AsyncEngine`."""
+    """Serves ChatRequests from an in-process `engine.AsyncEngine` built from `config.engine`."""
 
     name = "embedded"
 
-    def __init__(self, config: GatewayConfig, *, async_engine: Any | None = None) -> None:
-        from engine import AsyncEngine
-
+    def __init__(self, config: GatewayConfig, *, async_engine: AsyncEngine | None = None) -> None:
         self.config = config
         self.owns_engine = async_engine is None
-        self.engine = async_engine or AsyncEngine(engine_config(config))
+        self.engine: AsyncEngine = async_engine or AsyncEngine(config.engine)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
 
     def models(self) -> list[str]:
         return list(self.config.served_models)
@@ -54,28 +68,22 @@ class EmbeddedBackend:
         stats = self.engine.stats()
         return stats.pages_total - stats.pages_free, stats.pages_total
 
-    def engine_stats(self) -> Any:
-        return self.engine.stats()
-
     async def aclose(self) -> None:
         if self.owns_engine:
             await self.engine.shutdown()
 
     def prompt_ids(self, req: ChatRequest) -> list[int]:
         """Token ids of the request: the raw prompt, or messages + tools through the template."""
-        tokenizer = self.engine.tokenizer
         try:
             if req.prompt is not None:
-                return list(tokenizer.encode(req.prompt))
+                return list(self.tokenizer.encode(req.prompt))
             tools = list(req.tools) or None
-            return list(tokenizer.apply_chat_template(list(req.messages), tools=tools,
-                                                      add_generation_prompt=True))
-        except Exception as exc:  # template errors (role order, ...) are the client's input
-            raise BackendError(400, f"cannot render the prompt: {exc}", param="messages") from exc
+            return list(self.tokenizer.apply_chat_template(list(req.messages), tools=tools,
+                                                           add_generation_prompt=True))
+        except InvalidRequest as exc:  # template errors (role order, ...) are the client's input
+            raise engine_error(exc) from exc
 
-    def sampling_params(self, req: ChatRequest) -> Any:
-        from engine import SamplingParams
-
+    def sampling_params(self, req: ChatRequest) -> SamplingParams:
         o = req.options
         try:
             return SamplingParams(
@@ -87,12 +95,10 @@ class EmbeddedBackend:
                 presence_penalty=o.presence_penalty,
                 frequency_penalty=o.frequency_penalty,
             )
-        except ValueError as exc:
+        except ValueError as exc:  # SamplingParams checks its own fields
             raise BackendError(400, str(exc), param="sampling") from exc
 
     async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
-        from engine import RequestError
-
         ids = self.prompt_ids(req)
         params = self.sampling_params(req)
         filt = ToolCallFilter() if req.tools and not _tool_choice_none(req) else None
@@ -103,33 +109,22 @@ class EmbeddedBackend:
                 text = filt.feed(delta.text) if filt else delta.text
                 final = None
                 if delta.output is not None:
-                    tail, final = self._final(req, delta.output, filt)
+                    tail, final = self._final(req, delta, delta.output, filt)
                     text += tail
                 if text or first:
-                    early = self._early_usage(len(ids), delta) if first else None
+                    early = _early_usage(len(ids), delta) if first else None
                     yield TextDelta(text, usage=early)
                     first = False
                 if final is not None:
                     yield final
                     return
-        except ValueError as exc:
-            raise BackendError(400, str(exc), param=_param_of(str(exc))) from exc
-        except RequestError as exc:
-            raise BackendError(500, f"engine error: {exc}") from exc
-        except RuntimeError as exc:
-            raise BackendError(503, f"engine unavailable: {exc}") from exc
+        except (InvalidRequest, RequestError, EngineUnavailable) as exc:
+            raise engine_error(exc) from exc
 
-    def _early_usage(self, prompt_tokens: int, delta: Any) -> Usage:
-        """Usage known after prefill: prompt and cached tokens (for headers, message_start)."""
-        cached = delta.output.cached_tokens if delta.output is not None else delta.cached_tokens
-        return Usage(prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=cached,
-                     prefill_saved_ms=self._saved_ms(cached))
-
-    def _saved_ms(self, cached_tokens: int) -> float:
-        rate = self.engine.prefill_tokens_per_second
-        return cached_tokens / rate * 1000.0 if rate and cached_tokens else 0.0
-
-    def _final(self, req: ChatRequest, out: Any, filt: ToolCallFilter | None) -> tuple[str, Final]:
+    def _final(
+        self, req: ChatRequest, delta: StreamDelta, out: RequestOutput,
+        filt: ToolCallFilter | None,
+    ) -> tuple[str, Final]:
         tail = ""
         if filt is not None:
             tail, parsed = filt.finish(out.text, req.request_id)
@@ -140,9 +135,16 @@ class EmbeddedBackend:
         usage = Usage(
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, ttft=out.ttft, tpot=out.tpot,
-            prefill_saved_ms=self._saved_ms(out.cached_tokens),
+            prefill_saved_ms=delta.prefill_saved_ms,
         )
         return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage)
+
+
+def _early_usage(prompt_tokens: int, delta: StreamDelta) -> Usage:
+    """Usage known after prefill: prompt and cached tokens (for headers, message_start)."""
+    cached = delta.output.cached_tokens if delta.output is not None else delta.cached_tokens
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=cached,
+                 prefill_saved_ms=delta.prefill_saved_ms)
 
 
 def _tool_choice_none(req: ChatRequest) -> bool:
@@ -151,8 +153,4 @@ def _tool_choice_none(req: ChatRequest) -> bool:
     return choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
 
 
-def _param_of(message: str) -> str:
-    return "messages" if "prompt" in message else "sampling"
-
-
-__all__ = ["EmbeddedBackend", "engine_config"]
+__all__ = ["EmbeddedBackend", "engine_error"]

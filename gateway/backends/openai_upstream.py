@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import time
 from collections.abc import AsyncGenerator
 from typing import Any, NamedTuple
 
 import httpx
 
+from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
-    ExchangeBackend,
     UpstreamOptions,
+    dumps_body,
     iter_sse,
     loads_event,
-    make_client,
     stream_error_event,
 )
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
@@ -40,14 +38,17 @@ class OpenAIUsage(NamedTuple):
     reported_cached_tokens: int | None
 
 
-def read_usage(usage: Any) -> OpenAIUsage:
-    """Parse a `usage` object; the cached count is None when the upstream does not report one."""
+def read_usage(usage: Any, timings: Any = None) -> OpenAIUsage:
+    """Parse a `usage` object; the cached count is None when the upstream does not report one.
+    `timings` is llama.cpp server's block (`cache_n`: prompt tokens reused from the slot)."""
     if not isinstance(usage, dict):
         return OpenAIUsage(0, 0, None)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     if cached is None:
         cached = usage.get("prompt_cache_hit_tokens")  # DeepSeek
+    if cached is None and isinstance(timings, dict):
+        cached = timings.get("cache_n")  # llama.cpp server
     return OpenAIUsage(
         int(usage.get("prompt_tokens") or 0),
         int(usage.get("completion_tokens") or 0),
@@ -101,6 +102,7 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     else:
         body.pop("stream_options", None)
+    body.update(req.upstream_fields)
     wants_key = req.prompt is None and req.family and _wants_cache_key(options)
     if wants_key and "prompt_cache_key" not in body:
         body["prompt_cache_key"] = derive_prompt_cache_key(req.namespace, str(req.family))
@@ -122,6 +124,8 @@ class _StreamState:
         self.tools: dict[int, dict[str, Any]] = {}
         self.finish: str | None = None
         self.usage = OpenAIUsage(0, 0, None)
+        self.usage_seen = False
+        self.llamacpp = False  # the server sent llama.cpp's `timings` block
         self.deltas = 0
         self.done = False
 
@@ -135,8 +139,10 @@ class _StreamState:
 
     def take_chunk(self, chunk: dict[str, Any]) -> str:
         """Fold one chunk in; return its new text."""
+        self.llamacpp = self.llamacpp or "timings" in chunk
         if chunk.get("usage"):
-            self.usage = read_usage(chunk["usage"])
+            self.usage = read_usage(chunk["usage"], chunk.get("timings"))
+            self.usage_seen = True
         choices = chunk.get("choices") or []
         if not choices:
             return ""
@@ -151,8 +157,9 @@ class _StreamState:
         return str(delta.get("content") or "")
 
 
-class OpenAIUpstream(ExchangeBackend):
-    """One OpenAI-compatible replica, implementing the `Backend` protocol."""
+class OpenAIUpstream(UpstreamBackend):
+    """One OpenAI-compatible replica: builds `/chat/completions` or `/completions` bodies and
+    reads their answers (see `UpstreamBackend` for the shared lifecycle)."""
 
     name = "openai"
 
@@ -160,41 +167,36 @@ class OpenAIUpstream(ExchangeBackend):
         self, options: UpstreamOptions, *, transport: httpx.AsyncBaseTransport | None = None,
         models: tuple[str, ...] = (),
     ) -> None:
-        self.options = options
-        self.replica = options.replica
-        self._models = list(models)
-        self._client = make_client(options, transport)
-        self._base = options.url.rstrip("/")
-        # parsed once: building a request from strings re-parses the URL and headers each time
+        super().__init__(options, transport=transport, models=models)
+        self.server_kind: str | None = None  # "llamacpp" once its responses say so
         self._urls = {path: httpx.URL(self._base + path)
                       for path in ("/chat/completions", "/completions")}
-        self._header_obj = httpx.Headers(self._headers())
 
-    def models(self) -> list[str]:
-        return list(self._models)
-
-    def kv_pages(self) -> tuple[int, int] | None:
-        return None
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
+    async def total_slots(self) -> int | None:
+        """A llama.cpp server's slot count (`GET /props`), or None when it does not say."""
+        root = self._base.removesuffix("/v1")
+        try:
+            response = await self._client.get(root + "/props", headers=self._header_obj,
+                                              timeout=5.0)
+            slots = response.json().get("total_slots") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return slots if isinstance(slots, int) and slots > 0 else None
 
     def _headers(self) -> dict[str, str]:
-        headers = {"content-type": "application/json"}
+        headers = super()._headers()
         if self.options.api_key:
             headers["authorization"] = f"Bearer {self.options.api_key}"
         return headers
 
     def _request(self, req: ChatRequest) -> httpx.Request:
         path, body = build_body(req, self.options)
-        return self._client.build_request(
-            "POST", self._urls[path], content=json.dumps(body).encode(), headers=self._header_obj)
+        return self._post(self._urls[path], dumps_body(body))
 
     async def _read_stream(
-        self, response: httpx.Response, start: float
+        self, response: httpx.Response, clock: StreamClock
     ) -> AsyncGenerator[TextDelta | Final, None]:
         state = _StreamState()
-        first: float | None = None
         async for event in iter_sse(response):
             if event.data.strip() == "[DONE]":
                 state.done = True
@@ -204,35 +206,37 @@ class OpenAIUpstream(ExchangeBackend):
                 raise stream_error_event(chunk, self.replica)
             text = state.take_chunk(chunk)
             if text:
-                first = first or time.perf_counter()
+                clock.mark()
                 state.deltas += 1
                 state.text.append(text)
                 yield TextDelta(text)
         if not state.done and state.finish is None:
             raise BackendError(502, f"upstream {self.replica} stream was cut mid-way",
                                kind="upstream_stream_cut")
-        yield self._final(state, start, first)
+        yield self._final(state, clock)
 
-    def _final(self, state: _StreamState, start: float, first: float | None) -> Final:
-        end = time.perf_counter()
+    def _final(self, state: _StreamState, clock: StreamClock) -> Final:
+        self.server_kind = "llamacpp" if state.llamacpp else self.server_kind
         completion = state.usage.completion_tokens or state.deltas
-        ttft = (first or end) - start
-        tpot = (end - first) / (completion - 1) if first and completion > 1 else None
+        ttft, tpot = clock.timings(completion)
         tools = tuple(state.tools[i] for i in sorted(state.tools))
         finish = _FINISH.get(state.finish or "stop", "stop")
         return Final("".join(state.text), tools, finish, Usage(
             prompt_tokens=state.usage.prompt_tokens, completion_tokens=completion,
             cached_tokens=state.usage.reported_cached_tokens or 0,
             reported_cached_tokens=state.usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
+            estimated=not state.usage_seen,
         ), replica=self.replica)
 
-    def _read_whole(self, payload: Any, start: float) -> Final:
+    def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
         if not isinstance(payload, dict) or not payload.get("choices"):
             raise BackendError(502, f"upstream {self.replica} sent no choices",
                                kind="upstream_error")
         choice = payload["choices"][0]
         state = _StreamState()
-        state.usage = read_usage(payload.get("usage"))
+        state.usage = read_usage(payload.get("usage"), payload.get("timings"))
+        state.usage_seen = isinstance(payload.get("usage"), dict)
+        state.llamacpp = "timings" in payload
         state.finish = choice.get("finish_reason")
         message = choice.get("message")
         if message is None:  # /completions
@@ -241,4 +245,4 @@ class OpenAIUpstream(ExchangeBackend):
             state.text.append(str(message.get("content") or ""))
             for i, call in enumerate(message.get("tool_calls") or ()):
                 state.tools[i] = _tool_call(call)
-        return self._final(state, start, None)
+        return self._final(state, clock)

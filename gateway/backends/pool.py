@@ -1,18 +1,18 @@
 """Upstream replica pools: the `Backend` the gateway uses when `--upstream` is given.
 
-`ReplicaPool` tokenizes each request once (tiktoken, for the shadow caches), asks the `Router`
-for a replica, streams the answer from it, and completes the `Final` with the shadow cache's
-prediction beside the upstream's own report. A replica fault before any text was sent fails
-over to another replica; after that it reaches the client as an error (an SSE error event when
-streaming). `build_upstream_backend(config, metrics)` builds one pool per upstream kind from
-`GatewayConfig.upstreams` (repeated URLs of one kind are replicas of one pool).
+`ReplicaPool` tokenizes each request once (prompt_lint's token layout, for the shadow caches),
+asks the `Router` for a replica, streams the answer from it, and completes the `Final` with the
+shadow cache's prediction beside the upstream's own report. A replica fault before any text was
+sent fails over to another replica; after that it reaches the client as an error (an SSE error
+event when streaming). `build_upstream_backend(config, metrics)` builds one pool per upstream
+kind from `GatewayConfig.upstreams` (repeated URLs of one kind are replicas of one pool).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence, Sized
 from contextlib import aclosing
 from typing import Any
 
@@ -21,24 +21,13 @@ import httpx
 from gateway.backends.anthropic_upstream import AnthropicUpstream
 from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.router import Replica, Route, Router, RouterConfig
+from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import UpstreamOptions, is_replica_fault
+from gateway.config import UPSTREAM_KINDS
 from gateway.metrics import Registry
-from gateway.shadow import PromptTokenizer, ShadowCache, ShadowConfig
-from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta
-
-UpstreamBackend = OpenAIUpstream | AnthropicUpstream
-
-
-def shadow_config_for(kind: str, url: str) -> ShadowConfig:
-    """The caching rule a provider is known for (self-hosted servers: 16-token pages)."""
-    host = httpx.URL(url).host
-    if host.endswith("openai.com"):
-        return ShadowConfig(page_size=128, min_cached_tokens=1024)
-    if host.endswith("deepseek.com"):
-        return ShadowConfig(page_size=64, min_cached_tokens=64)
-    if kind == "anthropic":
-        return ShadowConfig(page_size=16, min_cached_tokens=1024)
-    return ShadowConfig(page_size=16)
+from gateway.shadow import CacheModel, Prompt, request_prompt
+from gateway.shadow_models import SlotShadow, cache_model_for
+from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta, Usage
 
 
 class PoolMetrics:
@@ -95,21 +84,23 @@ class ReplicaPool:
 
     def __init__(
         self, kind: str, backends: Sequence[UpstreamBackend], *,
-        router: RouterConfig | None = None, shadow: Sequence[ShadowConfig] | None = None,
-        metrics: Registry | None = None, tokenizer: PromptTokenizer | None = None,
+        router: RouterConfig | None = None, shadow: Sequence[CacheModel] | None = None,
+        metrics: Registry | None = None,
     ) -> None:
         if not backends:
             raise ValueError("a replica pool needs at least one upstream")
-        shadows = list(shadow) if shadow is not None else [
-            shadow_config_for(kind, b.options.url) for b in backends]
-        if len(shadows) != len(backends):
-            raise ValueError("need one shadow config per replica")
+        models = list(shadow) if shadow is not None else [
+            cache_model_for(kind, b.options.url) for b in backends]
+        if len(models) != len(backends):
+            raise ValueError("need one cache model per replica")
         self.name = kind
+        self.api = "anthropic" if kind == "anthropic" else "openai"
         names = _unique([b.replica for b in backends])
-        self.router = Router([Replica(n, b, ShadowCache(s))
-                              for n, b, s in zip(names, backends, shadows, strict=True)], router)
-        self.tokenizer = tokenizer or PromptTokenizer()
+        self.router = Router([Replica(n, b, m)
+                              for n, b, m in zip(names, backends, models, strict=True)], router)
         self.metrics: PoolMetrics | None = None
+        self._probed = kind != "llamacpp"
+        self._detect = shadow is None and kind == "openai"  # a generic kind: learn the server
         if metrics is not None:
             self.bind_metrics(metrics)
 
@@ -119,7 +110,7 @@ class ReplicaPool:
 
     def models(self) -> list[str]:
         """The replicas' configured model ids, or ["*"] (any model is passed upstream)."""
-        seen = {m: None for r in self.router.replicas for m in r.backend.models()}  # type: ignore[attr-defined]
+        seen = {m: None for r in self.router.replicas for m in r.backend.models()}
         return list(seen) or ["*"]
 
     def kv_pages(self) -> tuple[int, int] | None:
@@ -127,20 +118,22 @@ class ReplicaPool:
 
     async def aclose(self) -> None:
         for r in self.router.replicas:
-            await r.backend.aclose()  # type: ignore[attr-defined]
+            await r.backend.aclose()
 
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
-        tokens = self.tokenizer.encode(req)
+        if not self._probed:
+            await self._probe_slots()
+        prompt = request_prompt(req)  # tokenized and packed once for every replica
         tried: set[str] = set()
         while True:
-            route = self.router.choose(tokens, req.namespace, tried)
+            route = self.router.choose(prompt, req.namespace, tried)
             if route is None:
                 raise BackendError(503, "no upstream replica is available",
                                    kind="upstream_unavailable")
             tried.add(route.replica.name)
             emitted = False
             try:
-                async with aclosing(self._attempt(req, tokens, route)) as attempt:
+                async with aclosing(self._attempt(req, prompt, route)) as attempt:
                     async for item in attempt:
                         emitted = True
                         yield item
@@ -149,29 +142,41 @@ class ReplicaPool:
                 if emitted or not is_replica_fault(err) or len(tried) >= len(self.router.replicas):
                     raise
 
+    async def _probe_slots(self) -> None:
+        """llama.cpp servers: read each replica's slot count from `/props` (once)."""
+        self._probed = True
+        for r in self.router.replicas:
+            if isinstance(r.shadow, SlotShadow) and isinstance(r.backend, OpenAIUpstream):
+                slots = await r.backend.total_slots()
+                if slots:
+                    r.shadow.resize(slots)
+
     async def _attempt(
-        self, req: ChatRequest, tokens: list[int], route: Route
+        self, req: ChatRequest, prompt: Prompt, route: Route
     ) -> AsyncGenerator[TextDelta | Final, None]:
-        replica = route.replica
+        replica, ns = route.replica, req.namespace
+        # the router scored the prompt with this replica's model already (predict's answer)
         predicted = route.matched if route.matched >= replica.shadow.config.min_cached_tokens else 0
+        fields = replica.shadow.upstream_fields(prompt, ns)
+        if fields:
+            req = dataclasses.replace(req, upstream_fields={**req.upstream_fields, **fields})
         if self.metrics:
             self.metrics.routes.inc(replica=replica.name, reason=route.reason)
         replica.inflight += 1
-        recorded = False
+        first = True
         try:
-            async with aclosing(replica.backend.stream(req)) as upstream:  # type: ignore[attr-defined]
+            async with aclosing(replica.backend.stream(req)) as upstream:
                 async for item in upstream:
-                    if not recorded:  # the upstream has prefilled the prompt by now
-                        replica.shadow.record(tokens, req.namespace)
-                        recorded = True
+                    if first:  # the upstream has prefilled the prompt by now
+                        replica.shadow.record(prompt, ns)
                     if isinstance(item, Final):
                         replica.mark_ok()
                         replica.served += 1
-                        item = self._complete(item, replica, tokens, predicted)
-                    elif item.usage is not None:
-                        scaled = in_upstream_tokens(predicted, tokens, item.usage.prompt_tokens)
-                        usage = dataclasses.replace(item.usage, predicted_cached_tokens=scaled)
-                        item = dataclasses.replace(item, usage=usage)
+                        item = self._complete(item, replica, prompt, ns, predicted)
+                    elif first:
+                        item = dataclasses.replace(item, usage=head_usage(item.usage, prompt,
+                                                                          predicted))
+                    first = False
                     yield item
         except BackendError as err:
             if is_replica_fault(err):
@@ -182,23 +187,67 @@ class ReplicaPool:
         finally:
             replica.inflight -= 1
 
-    def _complete(self, final: Final, replica: Replica, tokens: list[int], predicted: int) -> Final:
-        prompt = final.usage.prompt_tokens
-        usage = dataclasses.replace(
-            final.usage, predicted_cached_tokens=in_upstream_tokens(predicted, tokens, prompt),
-            prompt_tokens=prompt or len(tokens))
+    def _detected(self, replica: Replica) -> None:
+        """A replica of the generic `openai` kind that answers like llama.cpp's server gets
+        the slot model (its slot count is read from `/props` before the next request)."""
+        backend = replica.backend
+        if (isinstance(backend, OpenAIUpstream) and backend.server_kind == "llamacpp"
+                and not isinstance(replica.shadow, SlotShadow)):
+            replica.shadow = cache_model_for("llamacpp", backend.options.url)
+            self._probed = False
+
+    def _complete(self, final: Final, replica: Replica, prompt: Prompt, namespace: str,
+                  predicted: int) -> Final:
+        if self._detect:
+            self._detected(replica)
+        usage = final_usage(final.usage, prompt, predicted)
+        if usage.reported_cached_tokens is not None:
+            reported = in_shadow_tokens(usage.reported_cached_tokens, len(prompt),
+                                        usage.prompt_tokens)
+            replica.shadow.learn(prompt, namespace, predicted, reported)
         final = dataclasses.replace(final, usage=usage, replica=replica.name)
         if self.metrics:
             self.metrics.final(replica.name, final)
         return final
 
 
-def in_upstream_tokens(predicted: int, tokens: list[int], upstream_prompt: int) -> int:
+def head_usage(early: Usage | None, prompt: Prompt, predicted: int) -> Usage:
+    """What a stream's head says: the upstream's early report (Anthropic's message_start)
+    beside the prediction, else the prediction itself, marked predicted and estimated."""
+    if early is not None:
+        scaled = in_upstream_tokens(predicted, len(prompt), early.prompt_tokens)
+        return dataclasses.replace(early, predicted_cached_tokens=scaled)
+    return Usage(prompt_tokens=len(prompt), completion_tokens=0, cached_tokens=predicted,
+                 predicted_cached_tokens=predicted, cached_source="predicted", estimated=True)
+
+
+def final_usage(usage: Usage, prompt: Prompt, predicted: int) -> Usage:
+    """The upstream's usage with the prediction beside it; counts the upstream did not send
+    are the gateway's, and marked so (estimated prompt tokens, predicted cached tokens)."""
+    prompt_tokens = usage.prompt_tokens or len(prompt)
+    scaled = in_upstream_tokens(predicted, len(prompt), usage.prompt_tokens)
+    reported = usage.reported_cached_tokens is not None
+    return dataclasses.replace(
+        usage, predicted_cached_tokens=scaled, prompt_tokens=prompt_tokens,
+        cached_tokens=usage.cached_tokens if reported else scaled,
+        cached_source="reported" if reported else "predicted",
+        estimated=usage.estimated or not usage.prompt_tokens)
+
+
+def in_upstream_tokens(predicted: int, tokens: Sized | int, upstream_prompt: int) -> int:
     """The shadow's prediction (tiktoken tokens) in the upstream's own token units: the same
     fraction of the prompt, so predicted and reported hits compare whatever the tokenizer."""
-    if not upstream_prompt or not tokens:
+    n = tokens if isinstance(tokens, int) else len(tokens)
+    if not upstream_prompt or not n:
         return predicted
-    return min(upstream_prompt, round(predicted * upstream_prompt / len(tokens)))
+    return min(upstream_prompt, round(predicted * upstream_prompt / n))
+
+
+def in_shadow_tokens(reported: int, shadow_prompt: int, upstream_prompt: int) -> int:
+    """The upstream's reported hit in the shadow's token units (inverse of the above)."""
+    if not upstream_prompt:
+        return reported
+    return min(shadow_prompt, round(reported * shadow_prompt / upstream_prompt))
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -224,7 +273,8 @@ class ProviderPools:
         self.pools = dict(pools)
 
     def _pool(self, req: ChatRequest) -> ReplicaPool:
-        return self.pools.get(req.provider) or next(iter(self.pools.values()))
+        same = [p for p in self.pools.values() if p.api == req.provider]
+        return same[0] if same else next(iter(self.pools.values()))
 
     def models(self) -> list[str]:
         return list({m: None for p in self.pools.values() for m in p.models()})
@@ -246,12 +296,13 @@ class ProviderPools:
 
 def make_upstream(kind: str, options: UpstreamOptions,
                   transport: httpx.AsyncBaseTransport | None = None) -> UpstreamBackend:
-    """An upstream backend of `kind` ("openai" | "anthropic") for one replica."""
-    if kind == "openai":
-        return OpenAIUpstream(options, transport=transport)
+    """An upstream backend of `kind` (see `UPSTREAM_KINDS`) for one replica: Anthropic's
+    Messages API, or an OpenAI-compatible one (openai, vllm, sglang, llamacpp)."""
+    if kind not in UPSTREAM_KINDS:
+        raise ValueError(f"unknown upstream kind {kind!r}; known: {', '.join(UPSTREAM_KINDS)}")
     if kind == "anthropic":
         return AnthropicUpstream(options, transport=transport)
-    raise ValueError(f"unknown upstream kind {kind!r}")
+    return OpenAIUpstream(options, transport=transport)
 
 
 def build_upstream_backend(
@@ -262,8 +313,9 @@ def build_upstream_backend(
         raise ValueError("no upstreams configured")
     by_kind: dict[str, list[UpstreamBackend]] = {}
     for spec in config.upstreams:
-        options = UpstreamOptions(url=spec.url, api_key=config.upstream_api_keys.get(spec.kind),
-                                  timeout_s=config.upstream_timeout_s)
+        api = "anthropic" if spec.kind == "anthropic" else "openai"  # whose key it takes
+        key = config.upstream_api_keys.get(spec.kind) or config.upstream_api_keys.get(api)
+        options = UpstreamOptions(url=spec.url, api_key=key, timeout_s=config.upstream_timeout_s)
         by_kind.setdefault(spec.kind, []).append(make_upstream(spec.kind, options))
     pools = {k: ReplicaPool(k, b, router=router, metrics=metrics) for k, b in by_kind.items()}
     if len(pools) == 1:

@@ -14,10 +14,12 @@ one success makes it healthy.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
-from gateway.shadow import ShadowCache
+from gateway.shadow import CacheModel, Prompt, as_prompt
+from gateway.types import ChatRequest, Final, TextDelta
 
 Policy = Literal["prefix", "round_robin"]
 Reason = Literal["prefix", "least_loaded", "balance", "round_robin", "retry"]
@@ -45,8 +47,22 @@ class RouterConfig:
             raise ValueError("need 0 < retry_after_s <= max_retry_after_s")
 
 
-class _Backend(Protocol):
+class ReplicaBackend(Protocol):
+    """What a replica needs from its backend (an `UpstreamBackend` in practice)."""
+
     replica: str
+
+    def models(self) -> list[str]:
+        """Configured model ids."""
+        ...
+
+    def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
+        """Text deltas, then one Final."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the backend's resources."""
+        ...
 
 
 @dataclass(eq=False)
@@ -54,8 +70,8 @@ class Replica:
     """One upstream replica: its backend, shadow cache, load and health."""
 
     name: str
-    backend: _Backend
-    shadow: ShadowCache
+    backend: ReplicaBackend
+    shadow: CacheModel
     inflight: int = 0
     failures: int = 0
     retry_at: float = 0.0
@@ -106,12 +122,14 @@ class Router:
             return ready
         return [min(pool, key=lambda r: r.retry_at)]
 
-    def choose(self, tokens: list[int], namespace: str, exclude: set[str] | None = None,
-               now: float | None = None) -> Route | None:
-        """The replica for a prompt, or None when every replica was excluded."""
+    def choose(self, tokens: Prompt | Sequence[int], namespace: str,
+               exclude: set[str] | None = None, now: float | None = None) -> Route | None:
+        """The replica for a prompt, or None when every replica was excluded. Each replica's
+        cache model scores the prompt (what that replica would reuse of it)."""
         pool = self.candidates(exclude or set(), now)
         if not pool:
             return None
+        tokens = as_prompt(tokens)
         self._turn += 1
         if self.config.policy == "round_robin":
             replica = pool[self._turn % len(pool)]

@@ -10,16 +10,15 @@ an error message or a log line.
 from __future__ import annotations
 
 import json
-import time
-from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import httpx
+import orjson
 
-from gateway.types import BackendError, ChatRequest, Final, TextDelta
+from gateway.types import BackendError, Final, TextDelta
 
 REPLICA_FAULT_KINDS = frozenset(
     {"upstream_timeout", "upstream_unavailable", "upstream_error", "upstream_stream_cut"}
@@ -86,6 +85,15 @@ async def send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Respo
         return await client.send(request, stream=True)
     except STALE_CONNECTION_ERRORS:
         return await client.send(request, stream=True)
+
+
+def dumps_body(body: dict[str, Any]) -> bytes:
+    """A request body as compact JSON bytes (orjson; the standard library for what orjson
+    refuses, such as integers past 64 bits)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class SSEEvent(NamedTuple):
@@ -169,7 +177,7 @@ def is_replica_fault(err: BackendError) -> bool:
 def loads_event(data: str, replica: str) -> dict[str, Any]:
     """Decode one SSE data payload, as a stream-cut error when it is not a JSON object."""
     try:
-        payload = json.loads(data)
+        payload = orjson.loads(data)
     except ValueError:
         payload = None
     if not isinstance(payload, dict):
@@ -214,7 +222,7 @@ async def exchange(
                         started = True
                         yield item
             else:
-                yield read_whole(json.loads(await response.aread()))
+                yield read_whole(orjson.loads(await response.aread()))
         finally:
             await response.aclose()
     except httpx.HTTPError as exc:
@@ -222,34 +230,3 @@ async def exchange(
     except ValueError as exc:  # a 2xx with a body that is not JSON
         raise BackendError(502, f"upstream {replica} sent malformed JSON",
                            kind="upstream_error") from exc
-
-
-class ExchangeBackend(ABC):
-    """The streaming half both provider backends share: build the provider request, exchange it,
-    hand the response to the backend's own readers. Subclasses set `_client` and `replica`."""
-
-    _client: httpx.AsyncClient
-    replica: str
-
-    @abstractmethod
-    def _request(self, req: ChatRequest) -> httpx.Request:
-        """Implemented by each provider backend."""
-
-    @abstractmethod
-    def _read_stream(self, response: httpx.Response, start: float) -> AsyncGenerator[Item, None]:
-        """Implemented by each provider backend."""
-
-    @abstractmethod
-    def _read_whole(self, payload: dict[str, Any], start: float) -> Final:
-        """Implemented by each provider backend."""
-
-    async def stream(self, req: ChatRequest) -> AsyncGenerator[Item, None]:
-        request = self._request(req)
-        start = time.perf_counter()
-        items = exchange(
-            self._client, request, self.replica, stream=req.stream,
-            read_stream=lambda response: self._read_stream(response, start),
-            read_whole=lambda payload: self._read_whole(payload, start))
-        async with aclosing(items):
-            async for item in items:
-                yield item

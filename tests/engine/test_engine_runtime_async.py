@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_runtime_support import (
+
+from engine import AsyncEngine, Engine, EngineConfig, RequestError, SamplingParams, StreamDelta
+from engine.loader import LoadedModel
+
+from .engine_runtime_support import (
     STOP,
     chain_model,
     dense_greedy,
@@ -13,9 +17,6 @@ from engine_runtime_support import (
     random_prompts,
     tiny_model,
 )
-
-from engine import AsyncEngine, Engine, EngineConfig, RequestError, SamplingParams, StreamDelta
-from engine.loader import LoadedModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 __all__ = ["one_torch_thread"]  # a fixture, imported for use
@@ -85,8 +86,9 @@ async def test_cancelling_the_consumer_aborts_and_frees_pages(aeng) -> None:
     got_first = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in aeng.stream(prompt, params, request_id="doomed"):
-            got_first.set()
+        async for delta in aeng.stream(prompt, params, request_id="doomed"):
+            if delta.token_ids:  # the prompt is prefilled (the first delta only admits it)
+                got_first.set()
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(got_first.wait(), 30)
@@ -178,3 +180,15 @@ async def test_a_failing_step_raises_request_error_and_the_loop_survives(aeng) -
     after = await aeng.generate([1, 2, 3, 4], params)  # the loop thread keeps serving
     assert after.completion_tokens == 6
     assert aeng.stats().pages_used == 0
+
+
+async def test_first_delta_admits_with_cached_tokens_before_any_token(aeng) -> None:
+    prompt = random_prompts(1, 40, 40, seed=11)[0]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    await aeng.generate(prompt, params)  # warm the prefix cache
+    deltas = [d async for d in aeng.stream(prompt, params)]
+    head = deltas[0]
+    assert head.token_ids == [] and head.text == "" and not head.finished
+    final = deltas[-1].output
+    assert final is not None and final.cached_tokens > 0
+    assert head.cached_tokens == final.cached_tokens  # what a response head says is the usage

@@ -11,12 +11,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from engine_runtime_support import STOP, dense_greedy, one_torch_thread, random_prompts, tiny_model
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.cli import main as cli_main
 from engine.loader import LoadedModel
 from engine.plan import plan_memory, shape_from_config
+
+from .engine_runtime_support import STOP, dense_greedy, one_torch_thread, random_prompts, tiny_model
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_fakes import FakeBackend, fake_config
 
+from engine.config import EngineConfig
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+
+from .gateway_fakes import FakeBackend, fake_config
 
 
 @pytest.fixture
@@ -40,7 +42,7 @@ def make_fake_app(tmp_path: Path, fake_backend: FakeBackend) -> Iterator[Any]:
 def real_backend() -> Iterator[Any]:
     """One EmbeddedBackend (SmolLM2 through `engine`) shared by every test of the session."""
     embedded = pytest.importorskip("gateway.backends.embedded")
-    config = GatewayConfig(engine_num_pages=512, engine_max_num_seqs=64,
+    config = GatewayConfig(engine=EngineConfig(num_pages=512, max_num_seqs=64),
                            default_max_tokens=16)
     backend = embedded.EmbeddedBackend(config)
     yield backend

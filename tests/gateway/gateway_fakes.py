@@ -1,19 +1,14 @@
-"""Gateway test helpers: a deterministic fake backend, an in-process client, a uvicorn thread."""
+"""Gateway test helpers: a deterministic fake backend and an in-process client."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from gateway.config import GatewayConfig
 from gateway.tool_calls import ToolCallFilter, render_messages
@@ -134,45 +129,3 @@ def fake_config(tmp_path: Path, **changes: Any) -> GatewayConfig:
 def asgi_client(app: Any, **kwargs: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                              base_url="http://gateway", **kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerThread:
-    """A real uvicorn server on 127.0.0.1 in a background thread (lifespan on)."""
-
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-
-@contextlib.contextmanager
-def serve(app: Any) -> Iterator[ServerThread]:
-    with ServerThread(app) as server:
-        yield server
-
-

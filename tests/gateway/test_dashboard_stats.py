@@ -13,12 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
-from upstream_helpers import fake_replicas, gateway_app, pool_over, seed_records, serving
 
 from gateway import bench, stats_cli
 from gateway.api_stats import compute_stats
 from gateway.pricing import DEFAULT_PRICES, Price, PriceTable
 from gateway.stats import RecordStore, RequestRecord
+
+from .upstream_helpers import fake_replicas, gateway_app, pool_over, seed_records, serving
 
 ADMIN = "admin-secret"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -52,7 +53,9 @@ def naive_group(rows: list[RequestRecord]) -> dict[str, Any]:
     for r in ok:
         price = naive_price(r.model)
         saved += r.cached_tokens * (price.input - price.cached_input) / 1e6 if price else 0.0
-    return {"requests": len(rows), "errors": len(rows) - len(ok), "prompt_tokens": prompt,
+    return {"requests": len(rows), "errors": len(rows) - len(ok),
+            "client_errors": sum(1 for r in rows if 400 <= r.status < 500),
+            "failures": sum(1 for r in rows if r.status >= 500), "prompt_tokens": prompt,
             "cached_tokens": cached, "hit_rate": round(cached / prompt, 4),
             "predicted_cached_tokens": sum(r.predicted_cached_tokens or 0 for r in rows),
             "reported_cached_tokens": sum(r.reported_cached_tokens or 0 for r in rows),
@@ -177,7 +180,56 @@ def test_dashboard_draws_in_headless_chromium(admin_app: Any, tmp_path: Path) ->
     assert dom.count('data-drawn="1"') == 6
     points = [int(n) for n in re.findall(r'data-points="(\d+)"', dom)]
     assert len(points) == 6 and min(points) >= 2
-    assert len(re.findall(r'<rect[^>]*height="(?!0")[\d.]+', dom)) > 50  # bars of non-zero height
-    assert dom.count("<polyline") >= 3  # hit rate, predicted, reported
+    # uPlot draws on <canvas>: the page reports what each chart was given to draw.
+    assert dom.count("<canvas") >= 5  # five uPlot charts (lint findings are HTML bars)
+    bars = [int(n) for n in re.findall(r'data-bars="(\d+)"', dom)]
+    assert sum(bars) > 50  # bars of non-zero height
+    assert re.search(r'id="chart-hit"[^>]*data-series="3"', dom)  # hit rate, predicted, reported
     assert "<td" in dom and "acme" in dom and "PL004" in dom
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_dashboard_at_1400px_clips_no_table_and_labels_replicas_whole(
+    admin_app: Any, tmp_path: Path,
+) -> None:
+    """A 1400 px wide screenshot: every table fits its panel (scrollWidth <= clientWidth, as
+    the page measures after layout), replica labels are whole, `?window=` picks the window."""
+    store = admin_app.state.store
+    seed_records(store)
+    long_replica = "127.0.0.1:18001"  # the label the hand-drawn chart cut to 14 characters
+    store.add(RequestRecord(
+        ts=datetime.now(UTC), request_id="long", tenant="acme", model="gpt-4o-2024-08-06",
+        backend="openai", replica=long_replica, provider="openai", route="chat.completions",
+        status=200, prompt_tokens=4000, cached_tokens=3000, predicted_cached_tokens=3100,
+        reported_cached_tokens=3000, completion_tokens=20, latency_ms=90.0,
+        prefill_saved_ms=12.0, lint_ids="", family="family-x", stream=False))
+    store.flush()
+    with serving(admin_app) as server:
+        url = f"{server.url}/dashboard?key={ADMIN}&window=7d"
+        dom = _chromium(url, tmp_path, "--dump-dom").stdout
+        shot = tmp_path / "dashboard-1400.png"
+        _chromium(url, tmp_path, f"--screenshot={shot}")
+        lib = httpx.get(f"{server.url}/dashboard/static/uPlot.iife.min.js")
+        other = httpx.get(f"{server.url}/dashboard/static/dashboard.py")
+    body_tag = re.search(r"<body[^>]*>", dom)
+    assert body_tag, dom[:500]
+    body = dict(re.findall(r'([\w-]+)="([^"]*)"', body_tag.group(0)))
+    assert body.get("data-state") == "ready", body
+    assert body["data-clipped"] == "0"  # no table wider than its panel at 1400 px
+    assert body["data-window"] == "604800"  # ?window=7d
+    found = re.search(r'data-labels="([^"]*)"', dom)
+    assert found, "replica chart not drawn"
+    labels = found.group(1).split("|")
+    assert long_replica in labels and {f"10.0.0.{i}:8000" for i in range(4)} <= set(labels)
+    assert _png_size(shot) == (1400, 1800)
+    assert lib.status_code == 200 and lib.text.startswith("/*! https://github.com/leeoniya/uPlot")
+    assert other.status_code == 404

@@ -5,10 +5,12 @@ from __future__ import annotations
 import anthropic
 import httpx2
 import pytest
-from gateway_fakes import FAKE_MODEL, FAKE_PAGE, FakeBackend, asgi_client, serve, words_of
 
 from gateway.parse_anthropic import parse_messages
 from gateway.validate import ParseContext
+from tests.support import serve
+
+from .gateway_fakes import FAKE_MODEL, FAKE_PAGE, FakeBackend, asgi_client, words_of
 
 SYSTEM_BLOCKS = [
     {"type": "text", "text": "You are a careful assistant. " * 4},

@@ -17,10 +17,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from gateway_fakes import serve
 from sqlalchemy import select
 
 from gateway.stats import RequestRecord
+from tests.support import serve
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"
@@ -262,3 +262,31 @@ def test_agent_loop_example_rewrite_beats_lint_off(make_real_app):
     assert min(t.cached_tokens for t in rewrite[1:]) > max(t.cached_tokens for t in off)
     assert example.overall(rewrite) > example.overall(off)
     assert all("PL001" in t.lint.split(",") for t in rewrite)  # the timestamp was found
+
+
+async def test_stream_heads_carry_the_engines_final_figures(make_real_app, real_backend):
+    """The head waits until the engine has scheduled the request (its cached tokens are known
+    then, before the first token): on every stream, headers equal the final usage."""
+    app = make_real_app()
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
+    client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="none", http_client=http,
+                                max_retries=0)
+    extra = {"cache_salt": salt()}
+    seen_hit = False
+    for question in ("Name one kind of paint.", "Name one kind of paint.", "Which saw cuts?"):
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=chat(question), max_tokens=4, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body=extra)
+        chunks = [c async for c in raw.parse()]
+        usage = chunks[-1].usage
+        cached = usage.prompt_tokens_details.cached_tokens
+        assert int(raw.headers["x-prefixgate-cached-tokens"]) == cached
+        assert int(raw.headers["x-prefixgate-prompt-tokens"]) == usage.prompt_tokens
+        assert raw.headers["x-prefixgate-cached-tokens-source"] == "reported"
+        assert raw.headers["x-prefixgate-usage"] == "reported"
+        summary = chunks[-1].model_extra["prefixgate"]
+        assert (summary["prompt_tokens"], summary["cached_tokens"]) == (usage.prompt_tokens,
+                                                                         cached)
+        seen_hit = seen_hit or cached > 0
+    assert seen_hit
+    await http.aclose()

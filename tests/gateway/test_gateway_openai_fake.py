@@ -7,10 +7,12 @@ import json
 import httpx
 import openai
 import pytest
-from gateway_fakes import FAKE_MODEL, FAKE_PAGE, FakeBackend, asgi_client, serve, words_of
 
 from gateway.parse_openai import parse_chat
 from gateway.validate import ParseContext
+from tests.support import serve
+
+from .gateway_fakes import FAKE_MODEL, FAKE_PAGE, FakeBackend, asgi_client, words_of
 
 SYSTEM = "You are a terse assistant. Answer in one line. " * 3
 TOOLS = [

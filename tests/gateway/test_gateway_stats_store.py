@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gateway_fakes import FAKE_MODEL, FakeBackend, asgi_client, fake_config, free_port
 from sqlalchemy import select
 
 from gateway.app import create_app
 from gateway.stats import RecordStore, RequestRecord
+from tests.support import free_port
+
+from .gateway_fakes import FAKE_MODEL, FakeBackend, asgi_client, fake_config
 
 
 def record(i: int, tenant: str = "t") -> RequestRecord:

@@ -75,16 +75,13 @@ def test_serve_flags_override_env(tmp_path: Path):
 
 
 def test_engine_quantization_from_env_flag_and_into_the_engine_config():
-    from gateway.backends.embedded import engine_config
-
     from_env = config_from_args(build_parser().parse_args([]),
                                 {"PREFIXGATE_ENGINE_QUANTIZATION": "fp16"})
-    assert from_env.engine_quantization == "fp16"
-    assert engine_config(from_env).quantization == "fp16"
+    assert from_env.engine.quantization == "fp16"
     flag = config_from_args(build_parser().parse_args(["--quantization", "none"]),
                             {"PREFIXGATE_ENGINE_QUANTIZATION": "fp16"})
-    assert engine_config(flag).quantization == "none"
-    with pytest.raises(ValueError, match="engine_quantization"):
+    assert flag.engine.quantization == "none"
+    with pytest.raises(ValueError, match="PREFIXGATE_ENGINE_QUANTIZATION"):
         config_from_args(build_parser().parse_args([]), {"PREFIXGATE_ENGINE_QUANTIZATION": "int3"})
 
 
@@ -107,12 +104,13 @@ def test_metrics_text_format_and_values():
     text = reg.render()
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     assert all(SAMPLE.match(line) for line in samples), samples
-    assert 'x_requests_total{route="a"} 1' in samples
-    assert 'x_requests_total{route="b\\"q"} 2' in samples
+    # prometheus_client writes every value as a float ("1.0").
+    assert 'x_requests_total{route="a"} 1.0' in samples
+    assert 'x_requests_total{route="b\\"q"} 2.0' in samples
     buckets = [line for line in samples if line.startswith("x_latency_seconds_bucket")]
-    assert [int(line.rsplit(" ", 1)[1]) for line in buckets] == [1, 2, 3]  # cumulative
+    assert [float(line.rsplit(" ", 1)[1]) for line in buckets] == [1, 2, 3]  # cumulative
     assert 'x_latency_seconds_sum{route="a"} 5.55' in samples
-    assert "x_pages 7" in samples
+    assert "x_pages 7.0" in samples
     assert reg.counter("x_requests_total", "Requests.", ("route",)) is requests
     with pytest.raises(ValueError, match="another shape"):
         reg.gauge("x_requests_total", "no")

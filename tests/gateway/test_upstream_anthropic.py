@@ -12,11 +12,12 @@ import httpx
 import httpx2
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from upstream_helpers import gateway_app, pool_over_handler, records
 
 from gateway.backends.anthropic_format import MAX_BREAKPOINTS, place_cache_breakpoints
 from gateway.backends.anthropic_upstream import read_usage
-from gateway.shadow import _encoding
+from prompt_lint.tokens import get_encoding
+
+from .upstream_helpers import gateway_app, pool_over_handler, records
 
 SYSTEM = "You are a release agent for the payments team. Check every change twice. " * 80
 TOOL = {"name": "read_file", "description": "read a file",
@@ -50,7 +51,7 @@ class FakeAnthropic:
         plain = [{k: v for k, v in b.items() if k != "cache_control"} for b in blocks]
         sizes = [0]
         for b in plain:
-            sizes.append(sizes[-1] + len(_encoding().encode_ordinary(json.dumps(b))))
+            sizes.append(sizes[-1] + len(get_encoding().encode_ordinary(json.dumps(b))))
         keys = [json.dumps(plain[:i + 1]) for i in range(len(plain))]
         marks = [i for i, b in enumerate(blocks) if "cache_control" in b]
         read = max((sizes[j + 1] for i in marks for j in range(max(0, i - 20), i + 1)

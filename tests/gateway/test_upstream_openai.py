@@ -10,7 +10,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from upstream_helpers import (
+
+from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key, read_usage
+from gateway.backends.upstream_http import UpstreamOptions
+from gateway.fake_upstream import render_prompt
+from prompt_lint.tokens import get_encoding
+
+from .upstream_helpers import (
     chat_request,
     fake_replicas,
     gateway_app,
@@ -18,11 +24,6 @@ from upstream_helpers import (
     pool_over_handler,
     records,
 )
-
-from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key, read_usage
-from gateway.backends.upstream_http import UpstreamOptions
-from gateway.fake_upstream import render_prompt
-from gateway.shadow import _encoding
 
 SYSTEM = "You are a build agent. Follow the repository conventions. " * 60
 
@@ -39,7 +40,7 @@ def fake_reference(bodies: list[dict[str, Any]], page: int = 16) -> list[int]:
     seen: list[list[int]] = []
     out = []
     for body in bodies:
-        tokens = _encoding().encode_ordinary(render_prompt(body))
+        tokens = get_encoding().encode_ordinary(render_prompt(body))
         best = 0
         for old in seen:
             n = 0

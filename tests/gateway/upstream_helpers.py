@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-import time
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from gateway.app import create_app
 from gateway.backends.pool import ReplicaPool, make_upstream
@@ -22,6 +17,7 @@ from gateway.config import GatewayConfig
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream
 from gateway.stats import RecordStore, RequestRecord
 from gateway.types import ChatRequest, SamplingOptions
+from tests.support import ServerThread, serve
 
 
 def fake_replicas(n: int, **config: Any) -> list[Any]:
@@ -74,44 +70,9 @@ def chat_request(messages: list[dict[str, Any]], *, stream: bool = False, namesp
         family=family)
 
 
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """uvicorn serving `app` on 127.0.0.1 in a thread (stopped on exit)."""
-
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-@contextlib.contextmanager
-def serving(app: Any) -> Iterator[Server]:
-    with Server(app) as server:
-        yield server
+def serving(app: Any) -> AbstractContextManager[ServerThread]:
+    """A real server for `app` without lifespan events (fake replicas need none)."""
+    return serve(app, lifespan="off")
 
 
 def seed_records(store: RecordStore, now: datetime | None = None) -> list[RequestRecord]:
@@ -127,7 +88,7 @@ def seed_records(store: RecordStore, now: datetime | None = None) -> list[Reques
             tenant=("acme", "globex", "initech")[i % 3],
             model=("gpt-4o-2024-08-06", "claude-sonnet-4-20250514", "local-model")[i % 3],
             backend="openai", replica=f"10.0.0.{i % 4}:8000", provider="openai",
-            route="chat.completions", status=200 if ok else 502,
+            route="chat.completions", status=200 if ok else (502 if i % 2 else 422),
             error=None if ok else "upstream failed", prompt_tokens=prompt if ok else 0,
             cached_tokens=cached, predicted_cached_tokens=cached + 16 * (i % 3) if ok else None,
             reported_cached_tokens=cached if ok else None, completion_tokens=20 if ok else 0,

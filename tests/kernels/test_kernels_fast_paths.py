@@ -8,10 +8,11 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from kernels_cases import ATTENTION_TOL, ROTARY_TOL, STORE_TOL, assert_close, make_paged_batch
 
 import kernels
 from kernels import checks, naive, torch_attention, torch_ops
+
+from .kernels_cases import ATTENTION_TOL, ROTARY_TOL, STORE_TOL, assert_close, make_paged_batch
 
 THETA = 10000.0
 PAGE_SIZE = 16

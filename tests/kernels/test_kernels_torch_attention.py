@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernels_cases import (
+
+import kernels
+from kernels import naive
+
+from .kernels_cases import (
     ATTENTION_TOL,
     PagedBatch,
     assert_close,
     dense_causal_attention,
     make_paged_batch,
 )
-
-import kernels
-from kernels import naive
 
 DECODE_LENS = [[1], [15], [63], [300], [1, 15, 63, 300, 17]]
 PREFILL_CASES = [  # (seq_lens, new tokens per sequence)

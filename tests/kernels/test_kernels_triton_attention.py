@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels_cases import ATTENTION_TOL, PagedBatch, assert_close, make_paged_batch
 
 import kernels
 from kernels import naive
 from kernels.backend import triton_interpret_enabled
+
+from .kernels_cases import ATTENTION_TOL, PagedBatch, assert_close, make_paged_batch
 
 pytest.importorskip("triton")
 

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kernels_sm90_compile import ATTENTION_CASES, OP_CASES
+
+from .kernels_sm90_compile import ATTENTION_CASES, OP_CASES
 
 triton = pytest.importorskip("triton")
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"

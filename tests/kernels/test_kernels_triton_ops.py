@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernels_cases import NORM_TOL, ROTARY_TOL, SILU_TOL, assert_close
 
 import kernels
 from kernels import naive
+
+from .kernels_cases import NORM_TOL, ROTARY_TOL, SILU_TOL, assert_close
 
 pytest.importorskip("triton")
 

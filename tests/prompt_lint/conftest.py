@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+from prompt_lint import TemplateLearner, learn_request, lint_request
 
-from lint_corpus import CorpusRequest, build_corpus  # noqa: E402
-from lint_linted import Linted  # noqa: E402
-
-from prompt_lint import TemplateLearner, learn_request, lint_request  # noqa: E402
+from .lint_corpus import CorpusRequest, build_corpus
+from .lint_linted import Linted
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +18,17 @@ def corpus() -> list[CorpusRequest]:
 @pytest.fixture(scope="session")
 def two_pass(corpus: list[CorpusRequest]) -> Linted:
     """What `prefixgate lint` does: learn the whole log, freeze, lint in order."""
+    learner = TemplateLearner()
+    for req in corpus:
+        learn_request(req.body, learner)
+    learner.freeze()
+    return Linted(corpus, [lint_request(req.body, learner=learner) for req in corpus], learner)
+
+
+@pytest.fixture(scope="session")
+def held_out() -> Linted:
+    """`prefixgate lint` on a corpus with another seed and the held-out phrasings."""
+    corpus = build_corpus(seed=11, phrasing="holdout")
     learner = TemplateLearner()
     for req in corpus:
         learn_request(req.body, learner)

@@ -6,9 +6,18 @@ problems it carries (tool order/JSON changes, edited history), and the
 *ideal* request an agent designed for caching would have sent (static
 system prompt and tools, dynamic values in a context block on the user turn
 they were sent with, history appended). Clean look-alikes (versions, ports,
-code, ratios, RFC numbers) sit in every system prompt and must not be flagged.
+code, ratios, RFC numbers) sit in every system prompt and must not be flagged,
+and so do per-family look-alikes that patterns would flag (office hours, policy
+dates, versions, a support address, a pinned hash; `corpus_classes`).
 
-Run `python tests/prompt_lint/lint_corpus.py OUT_DIR` to write the corpus as
+Labels are set by behaviour, which is what "dynamic" means for a cache: once
+the log is built, a labelled slot whose value changes inside some session
+keeps the generator's kind; one that is constant inside every session but
+differs across sessions becomes `session`; one with a single value in the
+whole log is stable in this log and loses its label. Session start times are
+spread over several days, so dates differ across sessions.
+
+Run `python -m tests.prompt_lint.lint_corpus OUT_DIR` to write the corpus as
 JSONL (raw.jsonl, ideal.jsonl, labels.jsonl).
 """
 
@@ -18,13 +27,28 @@ import copy
 import hashlib
 import json
 import random
-import string
 import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from .corpus_classes import (
+    HEADLINES,
+    INCIDENTS,
+    KILLER_KIND,
+    KILLER_PHRASES,
+    KILLERS,
+    LOOKALIKES,
+    ORGS,
+    PLANS,
+    TIPS,
+    WEATHER,
+    handle,
+    lookalike_values,
+    random_token,
+)
 
 
 class Label(NamedTuple):
@@ -33,8 +57,9 @@ class Label(NamedTuple):
     path: str
     start: int
     end: int
-    kind: str  # timestamp | identifier | nonce | learned
+    kind: str  # timestamp | identifier | nonce | learned | session
     value: str
+    slot: str = ""  # the generator's name for where the value was injected
 
 
 @dataclass
@@ -75,10 +100,6 @@ STABLE_LINES = [
 FILLER = ("Policy {i}: handle {topic} requests by checking the runbook section {i} first, "
           "then confirm the plan with the user before changing anything.")
 TOPICS = ["billing", "deploy", "database", "search", "access", "alerting", "backup", "network"]
-WEATHER = ["sunny", "light rain", "overcast", "snow showers", "thunderstorms", "fog"]
-TIPS = ["Small commits are easier to review.", "Write the test before the fix.",
-        "Name things after what they hold.", "Measure before optimising.",
-        "Delete dead code early."]
 TIME_FORMATS = ["iso_z", "iso_ms", "iso_offset", "iso_naive", "rfc2822", "written", "dmy",
                 "epoch", "epoch_ms", "clock"]
 TOOL_NAMES = ["search_web", "read_file", "run_tests", "get_user_by_id", "create_ticket",
@@ -101,12 +122,7 @@ def format_time(t: datetime, fmt: str) -> str:
     }[fmt]
 
 
-def _token(rng: random.Random, n: int, alphabet: str = string.ascii_letters + string.digits) -> str:
-    while True:
-        s = "".join(rng.choice(alphabet) for _ in range(n))
-        if sum(c.isdigit() for c in s) >= 3 and any(c.isupper() for c in s) and \
-                any(c.islower() for c in s):
-            return s
+_token = random_token
 
 
 @dataclass
@@ -124,10 +140,7 @@ class FamilySpec:
     tool_desc_killer: bool
     edit_history: bool
     fields: dict[str, str] = field(default_factory=dict)
-
-
-KILLERS = ["time", "user", "session", "email", "jwt", "apikey", "digest", "nonce", "counter",
-           "weather", "tip"]
+    phrases: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _tool(name: str, provider: str, rng: random.Random) -> dict[str, Any]:
@@ -142,20 +155,27 @@ def _tool(name: str, provider: str, rng: random.Random) -> dict[str, Any]:
                                              "parameters": schema}}
 
 
-def make_family(i: int, rng: random.Random) -> FamilySpec:
-    """Family `i`: alternating providers, a random mix of killers."""
+def make_family(i: int, rng: random.Random, phrasing: str = "train") -> FamilySpec:
+    """Family `i`: alternating providers, a random mix of killers and look-alikes."""
     provider = "openai" if i % 2 == 0 else "anthropic"
     stable = [line.replace("{name}", f"Agent{i}").replace("{team}", rng.choice(TOPICS))
               for line in STABLE_LINES]
     stable += [FILLER.format(i=k, topic=rng.choice(TOPICS)) for k in range(rng.randint(20, 40))]
+    looks = lookalike_values(rng)
+    stable += [line.format(**looks) for line in rng.sample(LOOKALIKES[phrasing], 5)]
     rng.shuffle(stable)
-    killers = ["time"] + rng.sample(KILLERS[1:], rng.randint(1, 4))
+    others = KILLERS[1:]  # three in turn (every class covered), then a random few
+    turn = 3 * (i - i // 5)  # families 4, 9, ... are clean
+    killers = ["time"] + [others[(turn + j) % len(others)] for j in range(3)]
+    killers += rng.sample([k for k in others if k not in killers], rng.randint(0, 2))
     if i % 5 == 4:
         killers = []  # a clean family: look-alikes only
     tools = [_tool(n, provider, rng) for n in rng.sample(TOOL_NAMES, rng.randint(2, 5))]
+    phrases = {k: rng.choice(KILLER_PHRASES[phrasing][k]) for k in KILLERS}
     return FamilySpec(f"family{i}", provider, stable, killers, TIME_FORMATS[i % len(TIME_FORMATS)],
                       tools, shuffle_tools=i % 3 == 1, reorder_schema=i % 4 == 2,
-                      tool_desc_killer=i % 6 == 3 and bool(killers), edit_history=i % 4 == 1)
+                      tool_desc_killer=i % 6 == 3 and bool(killers), edit_history=i % 4 == 1,
+                      phrases=phrases)
 
 
 class _Text:
@@ -176,22 +196,10 @@ class _Text:
         return "".join(self.parts)
 
 
-def _killer(text: _Text, killer: str, values: dict[str, str]) -> None:
-    prefix, kind, suffix = {
-        "time": ("Current time: ", "timestamp", ""),
-        "user": ("user_id: ", "identifier", ""),
-        "session": ("Session ", "identifier", " is active."),
-        "email": ("Signed-in user email: ", "identifier", ""),
-        "jwt": ("Authorization context: Bearer ", "identifier", ""),
-        "apikey": ("Tool gateway key: ", "identifier", ""),
-        "digest": ("Config digest ", "identifier", " loaded."),
-        "nonce": ("nonce=", "nonce", ""),
-        "counter": ("This is request #", "nonce", " of the session."),
-        "weather": ("Weather at the office right now: ", "learned", "."),
-        "tip": ("Tip of the day: ", "learned", ""),
-    }[killer]
+def _killer(text: _Text, spec: FamilySpec, killer: str, values: dict[str, str]) -> None:
+    prefix, suffix = spec.phrases[killer]
     text.add(prefix)
-    text.add(values[killer], kind)
+    text.add(values[killer], killer)
     text.add(suffix)
 
 
@@ -201,7 +209,9 @@ def _values(spec: FamilySpec, session: dict[str, str], t: datetime, n: int,
             "session": session["session"], "email": session["email"], "jwt": session["jwt"],
             "apikey": session["apikey"], "counter": str(n),
             "digest": hashlib.sha256(f"{session['session']}{n}".encode()).hexdigest(),
-            "nonce": _token(rng, 24), "weather": rng.choice(WEATHER), "tip": rng.choice(TIPS)}
+            "nonce": _token(rng, 24), "weather": rng.choice(WEATHER), "tip": rng.choice(TIPS),
+            "handle": session["handle"], "org": session["org"], "plan": session["plan"],
+            "headline": rng.choice(HEADLINES), "incidents": rng.choice(INCIDENTS)}
 
 
 def _system(spec: FamilySpec, values: dict[str, str]) -> tuple[str, list[tuple[int, int, str, str]],
@@ -212,7 +222,7 @@ def _system(spec: FamilySpec, values: dict[str, str]) -> tuple[str, list[tuple[i
     for k, line in enumerate(spec.stable):
         if k == head:
             for killer in spec.killers:
-                _killer(raw, killer, values)
+                _killer(raw, spec, killer, values)
                 raw.add("\n")
         raw.add(line + "\n")
         ideal.add(line + "\n")
@@ -239,7 +249,8 @@ def _session_ids(rng: random.Random) -> dict[str, str]:
             "session": str(uuid.UUID(int=rng.getrandbits(128))),
             "email": f"{name}.{rng.randint(1, 999)}@example.com",
             "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJ" + _token(rng, 30) + "." + _token(rng, 43),
-            "apikey": "sk-proj-" + _token(rng, 32)}
+            "apikey": "sk-proj-" + _token(rng, 32), "handle": handle(rng),
+            "org": rng.choice(ORGS), "plan": rng.choice(PLANS)}
 
 
 def _tools_for(spec: FamilySpec, rng: random.Random, values: dict[str, str],
@@ -262,7 +273,7 @@ def _tools_for(spec: FamilySpec, rng: random.Random, values: dict[str, str],
         path = "tools[0].description" if spec.provider == "anthropic" else \
             "tools[0].function.description"
         labels.append(Label(path, len(prefix), len(prefix) + len(values["time"]), "timestamp",
-                            values["time"]))
+                            values["time"], "tool_time"))
     return tools
 
 
@@ -360,7 +371,7 @@ def _edit(state: _SessionState, out: list[CorpusRequest]) -> None:
 def _request(state: _SessionState, values: dict[str, str], rng: random.Random) -> CorpusRequest:
     spec = state.spec
     system, spans, ideal_system = _system(spec, values)
-    labels = [Label(_system_path(spec), s, e, k, v) for s, e, k, v in spans]
+    labels = [Label(_system_path(spec), s, e, KILLER_KIND[k], v, k) for s, e, k, v in spans]
     tools = _tools_for(spec, rng, values, labels)
     body = _body(spec, system, tools, state.raw_history)
     ideal = _body(spec, ideal_system, _ideal_tools(spec), state.ideal_history)
@@ -391,25 +402,46 @@ def _structural(requests: list[CorpusRequest], edited: set[tuple[str, int]]) -> 
             req.structural.add("PL009")
 
 
-def build_corpus(seed: int = 7, families: int = 10, sessions: int = 40) -> list[CorpusRequest]:
-    """The corpus: `sessions` agent sessions over `families` templates, interleaved."""
+def build_corpus(seed: int = 7, families: int = 10, sessions: int = 40,
+                 phrasing: str = "train") -> list[CorpusRequest]:
+    """The corpus: `sessions` agent sessions over `families` templates, interleaved;
+    `phrasing` picks the phrase pools (`holdout` for the held-out check)."""
     rng = random.Random(seed)
-    specs = [make_family(i, rng) for i in range(families)]
+    specs = [make_family(i, rng, phrasing) for i in range(families)]
     start = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
     per_session: list[list[CorpusRequest]] = []
     counter = [0]
     for s in range(sessions):
         spec = specs[s % families]
         state = _SessionState(spec, f"s{s:03d}-" + _token(rng, 8), [], [], _session_ids(rng))
-        per_session.append(_session_requests(state, rng, start + timedelta(minutes=7 * s),
-                                             counter))
+        begin = start + timedelta(hours=5 * s + rng.randint(0, 3), minutes=rng.randint(0, 59))
+        per_session.append(_session_requests(state, rng, begin, counter))
     out: list[CorpusRequest] = []
     while any(per_session):  # round-robin interleave, like a gateway log
         for reqs in per_session:
             if reqs:
                 out.append(reqs.pop(0))
     _structural(out, _edited_requests(out))
+    _relabel(out)
     return out
+
+
+def _relabel(requests: list[CorpusRequest]) -> None:
+    """Set each label's kind by how its slot's value behaves (module docstring)."""
+    values: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for req in requests:
+        for lb in req.labels:
+            values.setdefault((req.family, lb.slot), {}).setdefault(req.session, set()).add(
+                lb.value)
+    for req in requests:
+        kept = []
+        for lb in req.labels:
+            by_session = values[(req.family, lb.slot)]
+            if any(len(v) > 1 for v in by_session.values()):
+                kept.append(lb)
+            elif len(set().union(*by_session.values())) > 1:
+                kept.append(lb._replace(kind="session"))
+        req.labels = kept
 
 
 def _edited_requests(requests: list[CorpusRequest]) -> set[tuple[str, int]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from lint_corpus import CorpusRequest
-
 from prompt_lint import LintReport, TemplateLearner
+
+from .lint_corpus import CorpusRequest
 
 
 class Linted(NamedTuple):

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lint_corpus import CorpusRequest
 
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
 from prompt_lint.detectors import DETECTORS, Span, _detect_line
 from prompt_lint.memo import LRU, compact_json_cached, set_caching
 from prompt_lint.providers import segments, tool_description_path, tool_name
 from prompt_lint.toolset import keys_sorted, tool_schema, tool_set
+
+from .lint_corpus import CorpusRequest
 
 
 def _online(corpus: list[CorpusRequest]) -> list[tuple[Any, ...]]:

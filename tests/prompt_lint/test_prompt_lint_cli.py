@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lint_linted import Linted
 
 from prompt_lint.cli import fix_main, lint_main
+
+from .lint_linted import Linted
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN = {"model": "gpt-4o", "messages": [{"role": "system", "content": "You help."},
@@ -21,8 +22,12 @@ CLEAN = {"model": "gpt-4o", "messages": [{"role": "system", "content": "You help
 @pytest.fixture(scope="module")
 def log(tmp_path_factory: pytest.TempPathFactory, two_pass: Linted) -> Path:
     path = tmp_path_factory.mktemp("lint") / "log.jsonl"
-    path.write_text("".join(json.dumps(r.body) + "\n" for r in two_pass.corpus[:60]))
+    path.write_text("".join(json.dumps(r.body) + "\n" for r in two_pass.corpus))
     return path
+
+
+def _count(log: Path) -> int:
+    return len(log.read_text().splitlines())
 
 
 def run(main: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -36,8 +41,8 @@ def test_json_report_schema_matches_library(log: Path, two_pass: Linted,
     code, out, _ = run(lint_main, [str(log), "--format", "json", "--show-values"], capsys)
     doc = json.loads(out)
     assert code == 1
-    assert [r["index"] for r in doc["requests"]] == list(range(60))
-    for entry, req in zip(doc["requests"], two_pass.corpus[:60], strict=True):
+    assert [r["index"] for r in doc["requests"]] == list(range(len(two_pass.corpus)))
+    for entry, req in zip(doc["requests"], two_pass.corpus, strict=True):
         assert {"index", "findings", "prompt_tokens", "cacheable_tokens",
                 "cacheable_tokens_after_fix"} <= set(entry)
         for f in entry["findings"]:
@@ -47,14 +52,14 @@ def test_json_report_schema_matches_library(log: Path, two_pass: Linted,
         flagged = {(f["path"], f["value"]) for f in entry["findings"] if f["start"] is not None}
         assert {v.rstrip(".") for _, v in labelled} <= {v.rstrip(".") for _, v in flagged}
     summary = doc["summary"]
-    assert summary["requests"] == 60
+    assert summary["requests"] == len(two_pass.corpus)
     assert summary["findings"] == sum(len(r["findings"]) for r in doc["requests"])
     assert summary["hit_rate_after_fix"] > summary["hit_rate_now"]
 
 
 def test_values_are_masked_unless_asked(log: Path, two_pass: Linted,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    secrets = {lb.value for r in two_pass.corpus[:60] for lb in r.labels
+    secrets = {lb.value for r in two_pass.corpus for lb in r.labels
                if lb.kind != "learned" and len(lb.value) >= 6}
     assert len(secrets) > 50
     for fmt in ("text", "json", "sarif"):
@@ -62,7 +67,7 @@ def test_values_are_masked_unless_asked(log: Path, two_pass: Linted,
         assert not [s for s in secrets if s in out], fmt
     _, out, _ = run(lint_main, [str(log), "--show-values"], capsys)
     assert all(s in out for s in secrets)
-    assert "summary: 60 requests" in out and "expected hit-rate change" in out
+    assert f"summary: {len(two_pass.corpus)} requests" in out and "expected hit-rate change" in out
 
 
 def test_sarif(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,9 +130,9 @@ def test_fix_then_lint_is_clean(log: Path, tmp_path: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     fixed = tmp_path / "fixed.jsonl"
     code, _, err = run(fix_main, [str(log), "-o", str(fixed)], capsys)
-    assert code == 0 and "60 requests" in err
+    assert code == 0 and f"{_count(log)} requests" in err
     lines = fixed.read_text().splitlines()
-    assert len(lines) == 60
+    assert len(lines) == _count(log)
     again = tmp_path / "again.jsonl"
     run(fix_main, [str(log), "-o", str(again)], capsys)
     assert again.read_text() == fixed.read_text()  # deterministic bytes
@@ -144,7 +149,7 @@ def test_prefixgate_lint_subprocess(log: Path) -> None:
     proc = subprocess.run([str(exe), "lint", str(log), "--format", "json"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 1, proc.stderr
-    assert len(json.loads(proc.stdout)["requests"]) == 60
+    assert len(json.loads(proc.stdout)["requests"]) == _count(log)
     probe = subprocess.run([sys.executable, "-c", "import sys, prompt_lint.cli; "
                             "print('torch' in sys.modules)"], capture_output=True, text=True,
                            timeout=60, cwd=ROOT)

@@ -4,60 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from lint_corpus import Label
-from lint_linted import Linted
+from prompt_lint.evidence import FIX_CONFIDENCE
 
-from prompt_lint import Finding
-
-DYNAMIC_RULES = {"timestamp": "PL001", "identifier": "PL002", "nonce": "PL003",
-                 "learned": "PL008"}
-STRUCTURAL_RULES = ("PL004", "PL006", "PL009")
-
-
-def _overlaps(f: Finding, label: Label) -> bool:
-    return f.path == label.path and f.start is not None and f.end is not None and \
-        f.start < label.end and label.start < f.end
-
-
-def score(linted: Linted) -> dict[str, tuple[float, float, int]]:
-    """rule -> (precision, recall, support); `dynamic` is every dynamic rule together.
-
-    A dynamic finding is a true positive when it overlaps an injected value;
-    a label is recalled for its rule when a finding of that rule overlaps it.
-    Structural rules are scored per request.
-    """
-    tp, fp, fn, support = Counter(), Counter(), Counter(), Counter()
-    for req, rep in zip(linted.corpus, linted.reports, strict=True):
-        dyn = [f for f in rep.findings if f.rule in DYNAMIC_RULES.values()]
-        for f in dyn:
-            hit = any(_overlaps(f, lb) for lb in req.labels)
-            for key in (f.rule, "dynamic"):
-                (tp if hit else fp)[key] += 1
-        for lb in req.labels:
-            rule = DYNAMIC_RULES[lb.kind]
-            hits = [f for f in dyn if _overlaps(f, lb)]
-            support[rule] += 1
-            support["dynamic"] += 1
-            fn[rule] += not any(f.rule == rule for f in hits)
-            fn["dynamic"] += not hits
-        got = {f.rule for f in rep.findings}
-        for rule in STRUCTURAL_RULES:
-            support[rule] += rule in req.structural
-            if rule in got:
-                (tp if rule in req.structural else fp)[rule] += 1
-            elif rule in req.structural:
-                fn[rule] += 1
-    out = {}
-    for rule in sorted(support):
-        found = tp[rule] + fp[rule]
-        recalled = support[rule] - fn[rule]
-        out[rule] = (tp[rule] / found if found else 1.0,
-                     recalled / support[rule] if support[rule] else 1.0, support[rule])
-    return out
+from .corpus_score import DYNAMIC_RULES, STRUCTURAL_RULES, overlaps, score
+from .lint_linted import Linted
 
 
 def test_corpus_covers_every_rule_and_format(two_pass: Linted) -> None:
     kinds = Counter(lb.kind for req in two_pass.corpus for lb in req.labels)
+    slots = Counter(lb.slot for req in two_pass.corpus for lb in req.labels)
+    assert min(slots[k] for k in ("handle", "org", "weather", "tip", "headline")) >= 10, slots
     structural = Counter(r for req in two_pass.corpus for r in req.structural)
     providers = Counter(req.provider for req in two_pass.corpus)
     assert min(kinds[k] for k in DYNAMIC_RULES) >= 20, kinds
@@ -75,23 +31,56 @@ def test_two_pass_precision_recall(two_pass: Linted) -> None:
 
 
 def test_online_precision_recall(online: Linted) -> None:
-    """One pass: learned spans are missed until a family has shown variation."""
+    """One pass: before a family has evidence, patterns decide alone (look-alikes are
+    reported until the family settles). Recall stays >= 0.95, and what fix would
+    move (confidence >= FIX_CONFIDENCE) is >= 0.95 real."""
     scores = score(online)
+    actionable = score(online, min_confidence=FIX_CONFIDENCE)
     for rule, (precision, recall, support) in scores.items():
-        print(f"online {rule:8} precision {precision:.3f} recall {recall:.3f} support {support}")
-    assert scores["dynamic"][0] >= 0.95 and scores["dynamic"][1] >= 0.95, scores["dynamic"]
+        print(f"online {rule:8} precision {precision:.3f} (actionable "
+              f"{actionable[rule][0]:.3f}) recall {recall:.3f} support {support}")
+    assert scores["dynamic"][1] >= 0.95, scores["dynamic"]
+    assert actionable["dynamic"][0] >= 0.95, actionable["dynamic"]
     for rule in ("PL001", "PL002", "PL003"):
         assert scores[rule][1] >= 0.95, (rule, scores[rule])
-    assert scores["PL008"][1] >= 0.6, scores["PL008"]
+
+
+def test_held_out_phrasing_precision_recall(held_out: Linted) -> None:
+    """Another seed and phrasings the rules were never tuned on (corpus_classes.holdout)."""
+    scores = score(held_out)
+    for rule, (precision, recall, support) in scores.items():
+        print(f"held-out {rule:8} precision {precision:.3f} recall {recall:.3f} support {support}")
+    for rule in ("dynamic", *DYNAMIC_RULES.values(), *STRUCTURAL_RULES):
+        assert scores[rule][0] >= 0.95 and scores[rule][1] >= 0.95, (rule, scores[rule])
+
+
+def test_learned_spans_have_the_value_boundaries(two_pass: Linted, held_out: Linted) -> None:
+    """Free text that changes (a rotating tip, weather, a handle) is one finding whose span
+    is the value itself, not a fragment or the value plus its neighbours."""
+    exact = total = 0
+    for linted in (two_pass, held_out):
+        for req, rep in zip(linted.corpus, linted.reports, strict=True):
+            for lb in req.labels:
+                if lb.slot not in {"weather", "tip", "headline", "incidents", "handle", "org",
+                                   "plan"}:
+                    continue
+                hits = [f for f in rep.findings if overlaps(f, lb)]
+                total += 1
+                bare = lb.start + len(lb.value.rstrip("."))  # a period every value ends with
+                exact += len(hits) == 1 and hits[0].start == lb.start and \
+                    hits[0].end in (lb.end, bare)
+    print(f"exact learned boundaries: {exact}/{total}")
+    assert total > 200 and exact >= 0.95 * total
 
 
 def test_stable_lookalikes_are_never_flagged(two_pass: Linted) -> None:
     """No dynamic finding lands on a stable line (versions, ports, code, ratios, RFCs)."""
-    from lint_corpus import FILLER, STABLE_LINES
-
     from prompt_lint.rewrite import get_path
 
-    prefixes = tuple(p for p in (line.split("{")[0] for line in [*STABLE_LINES, FILLER]) if p)
+    from .lint_corpus import FILLER, LOOKALIKES, STABLE_LINES
+
+    lines = [*STABLE_LINES, FILLER, *LOOKALIKES["train"]]
+    prefixes = tuple(p for p in (line.split("{")[0] for line in lines) if p)
     checked = 0
     for req, rep in zip(two_pass.corpus, two_pass.reports, strict=True):
         text = get_path(req.body, "system[0].text" if req.provider == "anthropic"

@@ -11,11 +11,12 @@ import json
 from typing import Any
 
 import pytest
-from lint_linted import Linted
 
 from prompt_lint import TemplateLearner, request_tokens, rewrite_request
 from prompt_lint.lint import lint_request
 from prompt_lint.providers import detect_provider, validate
+
+from .lint_linted import Linted
 
 PAGE = 16
 

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from benchmarks import radix_trace
 from radix_cache import RadixCache
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_radix.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_radix", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_radix"] = module
-    spec.loader.exec_module(module)
-    return module
+    """The benchmark's trace, baseline trie and runner (`benchmarks/radix_trace.py`)."""
+    return radix_trace
 
 
 def test_radix_agrees_with_token_trie_on_agent_trace(bench: ModuleType) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radix_cache import Handle, RadixCache
+from radix_cache import Handle, PackedTokens, RadixCache
 
 Key = tuple[str, tuple[int, ...]]
 
@@ -80,6 +80,23 @@ class NaiveCache:
             del self.used[victim]
         return freed
 
+    def truncate(self, tokens: list[int], length: int, namespace: str) -> list[int]:
+        """Drop the page after `length` (rounded down) and every entry extending it, unless
+        any of them is locked or the path to it is not cached."""
+        keep, size = length // self.page_size, self.page_size
+        if keep >= len(tokens) // size or not any(k[0] == namespace for k in self.pages):
+            return []
+        self.match(tokens[: keep * size], namespace)  # the kept part is used: touched
+        head = tuple(tokens[: (keep + 1) * size])
+        if len(head) < (keep + 1) * size or (namespace, head) not in self.pages:
+            return []
+        doomed = [k for k in self.pages if k[0] == namespace and k[1][: len(head)] == head]
+        if any(self.locks.get(k) for k in doomed):
+            return []
+        for key in doomed:
+            del self.used[key]
+        return [self.pages.pop(k) for k in doomed]
+
     def locked_pages(self) -> int:
         return sum(1 for key in self.pages if self.locks.get(key))
 
@@ -90,6 +107,8 @@ tokens_st = st.lists(st.integers(0, 2), max_size=90)
 def as_input(tokens: list[int], kind: str) -> Any:
     if kind == "list":
         return tokens
+    if kind == "packed":
+        return PackedTokens(tokens)
     return np.asarray(tokens, dtype=np.int64 if kind == "int64" else np.int32)
 
 
@@ -135,7 +154,7 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(
         tokens=tokens_st,
         namespace=st.sampled_from(["", "b"]),
-        kind=st.sampled_from(["list", "int64"]),
+        kind=st.sampled_from(["list", "int64", "packed"]),
         lock=st.booleans(),
     )
     def match(self, tokens: list[int], namespace: str, kind: str, lock: bool) -> None:
@@ -157,6 +176,12 @@ class RadixMachine(RuleBasedStateMachine):
         handle, key = self.held.pop(index % len(self.held))
         self.cache.unlock(handle)
         self.model.lock(key, -1)
+
+    @rule(tokens=tokens_st, length=st.integers(0, 90), namespace=st.sampled_from(["", "b"]),
+          kind=st.sampled_from(["list", "packed"]))
+    def truncate(self, tokens: list[int], length: int, namespace: str, kind: str) -> None:
+        got = self.cache.truncate(as_input(tokens, kind), length, namespace)
+        assert sorted(got) == sorted(self.model.truncate(tokens, length, namespace))
 
     @rule(count=st.integers(0, 12))
     def evict(self, count: int) -> None:

@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks (scripts); shared workload modules are importable as `benchmarks.*`."""

@@ -1,0 +1,117 @@
+"""The lifecycle every upstream backend shares, in one base class.
+
+`UpstreamBackend` owns what does not depend on the provider's wire format: the pooled HTTP
+client (built from `UpstreamOptions`, closed by `aclose`), the configured model ids, the
+replica's name, the stream/exchange loop, and the clock that times the first token. A provider
+backend adds only its request builder and its two response readers (streamed and whole).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any, NamedTuple
+
+import httpx
+
+from gateway.backends.upstream_http import Item, UpstreamOptions, exchange, make_client
+from gateway.types import ChatRequest, Final
+
+
+class Timings(NamedTuple):
+    """Seconds to the first text (`ttft`) and per output token after it (`tpot`)."""
+
+    ttft: float
+    tpot: float | None
+
+
+class StreamClock:
+    """Times one upstream answer: started when the request is sent, marked at the first text."""
+
+    __slots__ = ("start", "first")
+
+    def __init__(self, start: float | None = None) -> None:
+        self.start = time.perf_counter() if start is None else start
+        self.first: float | None = None
+
+    def mark(self) -> None:
+        """Note that text arrived (only the first call counts)."""
+        if self.first is None:
+            self.first = time.perf_counter()
+
+    def timings(self, completion_tokens: int) -> Timings:
+        """ttft and tpot now that the answer is complete."""
+        end = time.perf_counter()
+        first = self.first
+        tpot = (end - first) / (completion_tokens - 1) if first and completion_tokens > 1 else None
+        return Timings((first or end) - self.start, tpot)
+
+
+class UpstreamBackend(ABC):
+    """One upstream replica implementing the `Backend` protocol.
+
+    Subclasses set `name` (the provider kind) and implement `_request` (the provider request
+    for a `ChatRequest`), `_read_stream` (SSE response -> deltas and one Final) and
+    `_read_whole` (JSON body -> Final). Errors become `BackendError`s in `exchange`.
+    """
+
+    name = "upstream"
+
+    def __init__(
+        self, options: UpstreamOptions, *, transport: httpx.AsyncBaseTransport | None = None,
+        models: tuple[str, ...] = (),
+    ) -> None:
+        self.options = options
+        self.replica = options.replica
+        self._models = list(models)
+        self._client = make_client(options, transport)
+        self._base = options.url.rstrip("/")
+        # parsed once: building a request from strings re-parses the headers each time
+        self._header_obj = httpx.Headers(self._headers())
+
+    def models(self) -> list[str]:
+        """The model ids configured for this replica (empty: any model is passed on)."""
+        return list(self._models)
+
+    def kv_pages(self) -> tuple[int, int] | None:
+        """Upstreams do not expose their KV pool."""
+        return None
+
+    async def aclose(self) -> None:
+        """Close the pooled HTTP client."""
+        await self._client.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        """Request headers (content type and credentials); subclasses extend."""
+        return {"content-type": "application/json"}
+
+    def _post(self, url: httpx.URL, content: bytes) -> httpx.Request:
+        return self._client.build_request("POST", url, content=content, headers=self._header_obj)
+
+    @abstractmethod
+    def _request(self, req: ChatRequest) -> httpx.Request:
+        """The provider request for `req`."""
+
+    @abstractmethod
+    def _read_stream(
+        self, response: httpx.Response, clock: StreamClock
+    ) -> AsyncGenerator[Item, None]:
+        """Deltas, then one Final, from a streamed answer (call `clock.mark()` at text)."""
+
+    @abstractmethod
+    def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
+        """The Final of a whole (non-streamed) JSON answer."""
+
+    async def stream(self, req: ChatRequest) -> AsyncGenerator[Item, None]:
+        """Text deltas, then exactly one Final. Raises BackendError on failure."""
+        request = self._request(req)
+        clock = StreamClock()
+        items = exchange(
+            self._client, request, self.replica, stream=req.stream,
+            read_stream=lambda response: self._read_stream(response, clock),
+            read_whole=lambda payload: self._read_whole(payload, clock))
+        async with aclosing(items):
+            async for item in items:
+                yield item

@@ -1,0 +1,144 @@
+"""A fake llama.cpp server (`llama-server`) whose KV cache behaves like the real one's slots.
+
+llama-server runs each request on one of `--parallel` slots; a slot keeps the tokens of its last
+request and reuses their longest common prefix with the next one (`cache_prompt`). A request
+names its slot with `id_slot`; otherwise the server takes the idle slot whose cached tokens share
+the largest fraction of the prompt (above `slot_prompt_similarity`), else the least recently used
+idle slot. So two sessions that share a system prompt can land on one slot and overwrite each
+other's history. Hits are reported as `usage.prompt_tokens_details.cached_tokens` and
+`timings.cache_n`; `GET /props` reports `total_slots`. Tokens: tiktoken over the whole rendered
+prompt (independent of the gateway's layout), as in `gateway.fake_upstream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.fake_upstream import render_prompt
+from prompt_lint.tokens import get_encoding
+
+
+@dataclass
+class FakeLlamaConfig:
+    """`slots`: the server's `--parallel`; `similarity`: its `--slot-prompt-similarity`."""
+
+    slots: int = 2
+    similarity: float = 0.1
+    reply: str = "Done. The next step is ready."
+
+
+class LlamaSlot:
+    """One slot: the tokens it holds, when it was last used, and whether it is busy."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.tokens: list[int] = []
+        self.used = 0.0
+        self.lock = asyncio.Lock()
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class FakeLlamaServer:
+    """The slots and counters of one fake llama-server."""
+
+    def __init__(self, config: FakeLlamaConfig) -> None:
+        self.config = config
+        self.slots = [LlamaSlot(i) for i in range(config.slots)]
+        self.requests = 0
+        self.chosen: list[int] = []
+
+    def pick(self, prompt: list[int], id_slot: int) -> LlamaSlot:
+        """The slot a request runs on (see the module docstring)."""
+        if 0 <= id_slot < len(self.slots):
+            return self.slots[id_slot]
+        idle = [s for s in self.slots if not s.lock.locked()] or self.slots
+        best, best_sim = None, self.config.similarity
+        for slot in idle:
+            if slot.tokens:
+                sim = common_prefix(slot.tokens, prompt) / max(len(prompt), 1)
+                if sim > best_sim:
+                    best, best_sim = slot, sim
+        return best or min(idle, key=lambda s: s.used)
+
+    async def run(self, body: dict[str, Any]) -> tuple[int, int, int, list[str]]:
+        """(prompt tokens, cached tokens, slot, reply words) of one request."""
+        encoding = get_encoding()
+        prompt = encoding.encode_ordinary(render_prompt(body))
+        slot = self.pick(prompt, int(body.get("id_slot", -1)))
+        async with slot.lock:
+            cached = common_prefix(slot.tokens, prompt) if body.get("cache_prompt", True) else 0
+            cached = min(cached, len(prompt) - 1)  # the last prompt token is always evaluated
+            words = [w + " " for w in self.config.reply.split()]
+            slot.tokens = prompt + encoding.encode_ordinary("".join(words))
+            slot.used = time.monotonic()
+            self.requests += 1
+            self.chosen.append(slot.index)
+        return len(prompt), max(cached, 0), slot.index, words
+
+
+def _usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _chunk(body: dict[str, Any], delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    return {"id": "llama-1", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": body.get("model", "llama"),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+async def _sse(body: dict[str, Any], words: list[str], usage: dict[str, Any],
+               timings: dict[str, Any]) -> AsyncIterator[bytes]:
+    for word in words:
+        yield f"data: {json.dumps(_chunk(body, {'content': word}, None))}\n\n".encode()
+    last = {**_chunk(body, {}, "stop"), "timings": timings}
+    if (body.get("stream_options") or {}).get("include_usage"):
+        last["usage"] = usage
+    yield f"data: {json.dumps(last)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+def create_fake_llama_server(config: FakeLlamaConfig | None = None) -> Starlette:
+    """The ASGI app; its `FakeLlamaServer` is `app.state.server`."""
+    server = FakeLlamaServer(config or FakeLlamaConfig())
+
+    async def complete(request: Request) -> Response:
+        body = json.loads(await request.body())
+        prompt, cached, slot, words = await server.run(body)
+        usage = _usage(prompt, cached, len(words))
+        timings = {"cache_n": cached, "prompt_n": prompt - cached, "predicted_n": len(words)}
+        if body.get("stream"):
+            return StreamingResponse(_sse(body, words, usage, timings),
+                                     media_type="text/event-stream")
+        message = {"role": "assistant", "content": "".join(words)}
+        return JSONResponse({
+            "id": "llama-1", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "llama"), "usage": usage, "timings": timings,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": message}]})
+
+    async def props(request: Request) -> Response:
+        return JSONResponse({"total_slots": len(server.slots)})
+
+    app = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"]),
+                            Route("/props", props)])
+    app.state.server = server
+    return app

@@ -1,0 +1,188 @@
+"""Cache models of upstream replicas: learning, llama.cpp slots, Anthropic breakpoints.
+
+References: the fake llama-server (`gateway.fake_llama_server`: slots chosen and reused as the
+real server does, over its own tokenization of the whole rendered prompt) and the caching fake
+upstream (`gateway.fake_upstream`: a radix cache with a capacity of its own) report the hits;
+the models' predictions are checked against what those servers reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gateway.agent_trace import agent_trace
+from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.router import RouterConfig
+from gateway.backends.upstream_http import UpstreamOptions
+from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
+from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream
+from gateway.shadow import Prompt, ShadowCache, ShadowConfig, as_prompt
+from gateway.shadow_models import BreakpointShadow, SlotShadow, common_prefix_tokens
+from gateway.types import Final
+from radix_cache import PackedTokens
+
+from .upstream_helpers import chat_request
+
+
+def _pool(kind: str, apps: list[Any], policy: str = "prefix",
+          shadows: list[Any] | None = None) -> ReplicaPool:
+    backends = [make_upstream(kind, UpstreamOptions(url=f"http://r{i}.test/v1", name=f"r{i}"),
+                              transport=httpx.ASGITransport(app=app))
+                for i, app in enumerate(apps)]
+    return ReplicaPool(kind, backends, router=RouterConfig(policy=policy),  # type: ignore[arg-type]
+                       shadow=shadows)
+
+
+async def _replay(pool: ReplicaPool, trace: list[Any]) -> list[Final]:
+    finals = []
+    for item in trace:
+        req = chat_request(item.body["messages"], tools=tuple(item.body["tools"]),
+                           body=item.body)
+        final = [x async for x in pool.stream(req)][-1]
+        assert isinstance(final, Final)
+        finals.append(final)
+    await pool.aclose()
+    return finals
+
+
+def _close(final: Final) -> bool:
+    u = final.usage
+    assert u.predicted_cached_tokens is not None and u.reported_cached_tokens is not None
+    return abs(u.predicted_cached_tokens - u.reported_cached_tokens) <= 0.05 * u.prompt_tokens
+
+
+TRACE = agent_trace(sessions=5, turns=5, system_words=300, task_words=120, output_words=60)
+
+
+async def test_slot_model_predicts_what_llama_server_reports() -> None:
+    apps = [create_fake_llama_server(FakeLlamaConfig(slots=2)) for _ in range(2)]
+    finals = await _replay(_pool("llamacpp", apps), TRACE)
+    warm = [f for f, item in zip(finals, TRACE, strict=True) if item.turn > 0]
+    close = sum(_close(f) for f in warm)
+    assert close >= 0.9 * len(warm), (close, len(warm))
+    assert sum(a.state.server.requests for a in apps) == len(TRACE)
+    # the pool read each server's slot count from /props and pinned requests to slots
+    assert all(0 <= s < 2 for a in apps for s in a.state.server.chosen)
+
+
+async def test_slot_pinning_costs_no_hits_against_round_robin() -> None:
+    def cached(finals: list[Final]) -> int:
+        return sum(f.usage.reported_cached_tokens or 0 for f in finals)
+
+    servers = lambda: [create_fake_llama_server(FakeLlamaConfig(slots=2)) for _ in range(2)]  # noqa: E731
+    radix = lambda: [ShadowCache(), ShadowCache()]  # noqa: E731 - a model that ignores slots
+    pinned = cached(await _replay(_pool("llamacpp", servers()), TRACE))
+    round_robin = cached(await _replay(_pool("openai", servers(), "round_robin", radix()), TRACE))
+    radix_prefix = cached(await _replay(_pool("openai", servers(), shadows=radix()), TRACE))
+    assert pinned >= round_robin, (pinned, round_robin)
+    assert pinned >= radix_prefix, (pinned, radix_prefix)
+
+
+async def test_a_generic_upstream_that_answers_like_llama_server_gets_the_slot_model() -> None:
+    apps = [create_fake_llama_server(FakeLlamaConfig(slots=3))]
+    pool = _pool("openai", apps)
+    assert isinstance(pool.router.replicas[0].shadow, ShadowCache)
+    await _replay(pool, TRACE[:2])
+    shadow = pool.router.replicas[0].shadow
+    assert isinstance(shadow, SlotShadow) and len(shadow.slots) == 3  # read from /props
+
+
+def test_slot_shadow_pins_sessions_to_slots_and_takes_empty_slots_first() -> None:
+    shadow = SlotShadow(ShadowConfig(page_size=1, slots=2))
+    system = list(range(100))
+    a, b = as_prompt(system + [1000] * 50), as_prompt(system + [2000] * 50)
+    assert shadow.upstream_fields(a, "t") == {"id_slot": 0, "cache_prompt": True}
+    assert shadow.upstream_fields(b, "t")["id_slot"] == 1  # an empty slot, not a's
+    a2 = as_prompt(system + [1000] * 50 + [3] * 40)
+    assert shadow.predict(a2, "t") == 150 and shadow.upstream_fields(a2, "t")["id_slot"] == 0
+    assert shadow.predict(as_prompt(system + [2000] * 50), "other") == 0  # tenants never share
+
+
+async def test_radix_shadow_learns_an_upstream_smaller_than_itself() -> None:
+    trace = agent_trace(sessions=6, turns=6, system_words=200, task_words=150, output_words=80)
+
+    class Stubborn(ShadowCache):
+        def learn(self, *args: Any) -> None:  # the shadow before this change
+            return None
+
+    def errors(shadow: ShadowCache) -> list[float]:
+        app = create_fake_upstream(FakeUpstreamConfig(max_pages=150))  # the provider is small
+        return [shadow, app]  # type: ignore[return-value]
+
+    out = {}
+    for name, shadow in (("learning", ShadowCache()), ("stubborn", Stubborn())):
+        shadow_, app = errors(shadow)
+        finals = await _replay(_pool("openai", [app], shadows=[shadow_]), trace)
+        late = finals[len(finals) // 2:]
+        out[name] = sum(abs((f.usage.predicted_cached_tokens or 0) -
+                            (f.usage.reported_cached_tokens or 0)) for f in late)
+    assert out["learning"] < 0.5 * out["stubborn"], out
+
+
+def test_learn_drops_what_extended_the_reported_prefix() -> None:
+    shadow = ShadowCache(ShadowConfig(page_size=4))
+    base = list(range(64))
+    shadow.record(base + [1] * 32, "t")
+    shadow.record(base + [2] * 32, "t")
+    assert shadow.match_length(base + [2] * 32, "t") == 96
+    shadow.learn(base + [1] * 32, "t", predicted=96, reported=32)  # the upstream kept 32
+    # the sibling's own part went with it; the shared base is cached again by this request
+    assert shadow.match_length(base + [2] * 32, "t") == 64
+    assert shadow.match_length(base + [1] * 32, "t") == 96  # this prompt is cached again
+    assert shadow.capacity < shadow.config.max_pages
+    before = shadow.pages
+    shadow.learn(base + [1] * 32, "t", predicted=96, reported=92)  # within noise: no change
+    assert shadow.pages == before
+
+
+def test_breakpoint_shadow_reads_live_entries_only() -> None:
+    now = [0.0]
+    shadow = BreakpointShadow(ShadowConfig(page_size=1, min_cached_tokens=1024, ttl_s=300),
+                              clock=lambda: now[0])
+    tokens = list(range(3000))
+    first = Prompt(PackedTokens(tokens[:2000]), (1100, 1500))
+    shadow.record(first, "t")
+    second = Prompt(PackedTokens(tokens), (1100, 2500))  # extends the first
+    assert shadow.predict(second, "t") == 1500  # the longest entry the first one wrote
+    now[0] = 200.0
+    shadow.record(second, "t")  # a hit refreshes 1500; 2500 is written
+    now[0] = 450.0
+    assert shadow.predict(Prompt(PackedTokens(tokens + [7]), (2900,)), "t") == 2500
+    now[0] = 800.0  # everything has expired
+    assert shadow.predict(Prompt(PackedTokens(tokens), (2900,)), "t") == 0
+    assert shadow.predict(Prompt(PackedTokens(tokens[:900]), (800,)), "t") == 0  # under 1024
+
+
+def test_common_prefix_tokens_matches_a_naive_scan() -> None:
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        a = [rng.randrange(4) for _ in range(rng.randrange(0, 3000))]
+        b = a[: rng.randrange(0, len(a) + 1)] + [rng.randrange(4) for _ in range(50)]
+        naive = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                     min(len(a), len(b)))
+        assert common_prefix_tokens(PackedTokens(a).data, PackedTokens(b).data) == naive
+
+
+async def test_upstream_kinds_choose_their_cache_models() -> None:
+    from gateway.backends.pool import ProviderPools, build_upstream_backend
+    from gateway.config import GatewayConfig, UpstreamSpec
+
+    specs = ("llamacpp=http://a.test:1/v1", "vllm=http://b.test:1/v1",
+             "anthropic=https://api.anthropic.com", "openai=https://api.openai.com/v1")
+    config = GatewayConfig(upstreams=tuple(UpstreamSpec.parse(s) for s in specs),
+                           upstream_api_keys={"openai": "sk-o"})
+    backend = build_upstream_backend(config)
+    assert isinstance(backend, ProviderPools)
+    shadow = {kind: pool.router.replicas[0].shadow for kind, pool in backend.pools.items()}
+    assert isinstance(shadow["llamacpp"], SlotShadow)
+    assert isinstance(shadow["anthropic"], BreakpointShadow)
+    assert isinstance(shadow["vllm"], ShadowCache) and shadow["vllm"].config.page_size == 16
+    openai_rule = shadow["openai"].config
+    assert (openai_rule.page_size, openai_rule.min_cached_tokens) == (128, 1024)
+    # every OpenAI-compatible kind takes the openai key; an OpenAI-format request goes to one
+    assert backend.pools["vllm"].router.replicas[0].backend.options.api_key == "sk-o"
+    await backend.aclose()

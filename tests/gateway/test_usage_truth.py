@@ -1,0 +1,124 @@
+"""Every response tells the truth about its usage: headers, final usage and `prefixgate` field.
+
+References: the caching fake upstream (its own radix cache over its own tokenization reports
+the hits; `gateway.fake_upstream`), and an upstream that sends no usage at all. The official
+openai and anthropic SDKs are the clients.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+
+from gateway.agent_trace import agent_trace
+
+from .upstream_helpers import fake_replicas, gateway_app, pool_over, pool_over_handler, records
+
+
+def _sdk(app: Any) -> openai.AsyncOpenAI:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+    return openai.AsyncOpenAI(base_url="http://gw/v1", api_key="none", http_client=http,
+                              max_retries=0)
+
+
+def _agree(headers: Any, summary: dict[str, Any], prompt: int, cached: int) -> None:
+    """The final figures equal the usage, in the headers (when final) and the summary."""
+    assert (summary["prompt_tokens"], summary["cached_tokens"]) == (prompt, cached)
+    assert summary["cached_tokens_source"] == "reported" and summary["usage"] == "reported"
+
+
+async def test_upstream_headers_and_summary_equal_usage_on_every_response(tmp_path: Path) -> None:
+    app = gateway_app(tmp_path, pool_over(fake_replicas(2)))
+    client = _sdk(app)
+    trace = agent_trace(sessions=3, turns=3, system_words=300, task_words=80, output_words=40)
+    for i, item in enumerate(trace):
+        body = {"model": "fake", "messages": item.body["messages"], "tools": item.body["tools"]}
+        if i % 3 == 0:  # non-streaming: the headers carry the reported figures
+            raw = await client.chat.completions.with_raw_response.create(**body)
+            out = raw.parse()
+            cached = out.usage.prompt_tokens_details.cached_tokens
+            assert int(raw.headers["x-prefixgate-cached-tokens"]) == cached
+            assert int(raw.headers["x-prefixgate-prompt-tokens"]) == out.usage.prompt_tokens
+            assert raw.headers["x-prefixgate-cached-tokens-source"] == "reported"
+            assert raw.headers["x-prefixgate-usage"] == "reported"
+            _agree(raw.headers, out.model_extra["prefixgate"], out.usage.prompt_tokens, cached)
+            continue
+        include = i % 3 == 1
+        extra = {"stream_options": {"include_usage": True}} if include else {}
+        raw = await client.chat.completions.with_raw_response.create(stream=True, **body, **extra)
+        # the head went out before the upstream reported: its figure is the shadow's, and says so
+        assert raw.headers["x-prefixgate-cached-tokens-source"] == "predicted"
+        chunks = [c async for c in raw.parse()]
+        last = chunks[-1].model_extra["prefixgate"]
+        assert all("prefixgate" not in (c.model_extra or {}) for c in chunks[:-1])
+        # the head's prediction (gateway tokens) is the summary's (upstream tokens), rescaled
+        head_rate = float(raw.headers["x-prefixgate-hit-rate"])
+        assert abs(head_rate - last["predicted_cached_tokens"] / last["prompt_tokens"]) < 0.01
+        assert raw.headers["x-prefixgate-usage"] == "estimated"  # the head's counts are ours
+        if include:
+            usage = chunks[-1].usage
+            cached = usage.prompt_tokens_details.cached_tokens
+            _agree(raw.headers, last, usage.prompt_tokens, cached)
+        rows = records(app)
+        assert rows[-1].cached_tokens == last["cached_tokens"]
+        assert rows[-1].reported_cached_tokens == last["reported_cached_tokens"]
+    assert any(r.cached_tokens > 0 for r in records(app))  # the trace did hit
+    app.state.store.close()
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+
+
+async def test_usage_the_upstream_never_sent_is_marked_estimated(tmp_path: Path) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "delta": {"content": "hi there"},
+                              "finish_reason": None}]}
+        stop = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        return httpx.Response(200, content=_sse(chunk, stop),
+                              headers={"content-type": "text/event-stream"})
+
+    app = gateway_app(tmp_path, pool_over_handler(handler))
+    client = _sdk(app)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "say hi " * 50}], stream=True,
+        stream_options={"include_usage": True})
+    chunks = [c async for c in raw.parse()]
+    assert sent[0]["stream_options"] == {"include_usage": True}  # asked for it upstream
+    assert raw.headers["x-prefixgate-usage"] == "estimated"
+    summary = chunks[-1].model_extra["prefixgate"]
+    assert summary["usage"] == "estimated" and summary["cached_tokens_source"] == "predicted"
+    assert chunks[-1].usage.prompt_tokens == summary["prompt_tokens"] > 0
+    row = records(app)[-1]
+    assert row.usage_estimated and row.prompt_tokens == summary["prompt_tokens"]
+    app.state.store.close()
+
+
+async def test_anthropic_stream_summary_equals_message_delta_usage(tmp_path: Path) -> None:
+    app = gateway_app(tmp_path, pool_over(fake_replicas(1)))
+    # the anthropic SDK runs on httpx2, so its in-process transport comes from there
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gw")
+    client = anthropic.AsyncAnthropic(base_url="http://gw", api_key="none", http_client=http,
+                                      max_retries=0)
+    body = {"model": "fake", "max_tokens": 16, "system": "You are careful. " * 200,
+            "messages": [{"role": "user", "content": "Plan the change."}]}
+    for _ in range(2):
+        raw = await client.messages.with_raw_response.create(stream=True, **body)
+        events = [e async for e in await raw.parse()]
+        delta = next(e for e in events if e.type == "message_delta")
+        summary = delta.model_extra["prefixgate"]
+        prompt = delta.usage.input_tokens + (delta.usage.cache_read_input_tokens or 0)
+        assert summary["cached_tokens"] == (delta.usage.cache_read_input_tokens or 0)
+        assert summary["prompt_tokens"] == prompt
+    assert summary["cached_tokens"] > 0  # the second one hit
+    app.state.store.close()

@@ -1,0 +1,110 @@
+"""Evidence over patterns on a small hand-built prompt family.
+
+Two sessions of three requests each: a timestamp that changes every request,
+a user handle constant within a session, a rotating tip, and stable
+look-alikes (office hours, a policy date, a support address) that patterns
+alone would flag. Expected values are written out by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
+from prompt_lint.evidence import FIX_CONFIDENCE
+from prompt_lint.templates import _SESSIONS_PER_FAMILY
+
+GUIDE = "\n".join(f"Rule {i}: keep answers about area {i} short." for i in range(30))
+TIPS = ["Small commits are easier to review.", "Write the test first.", "Read the error twice."]
+HANDLES = {"a": "user_k3j9x2", "b": "user_q8m2z7"}
+
+
+def system(session: str, turn: int) -> str:
+    return (f"Current time: 2026-11-{10 + turn:02d}T0{turn}:1{turn}:00Z\n"
+            f"Signed in as {HANDLES[session]}.\n"
+            f"Tip of the day: {TIPS[(turn + (session == 'b')) % 3]}\n"
+            "Office hours: 09:00-17:30 UTC, Monday to Friday.\n"
+            "This policy took effect on 2024-03-01.\n"
+            "Escalations go to support@acme.example.\n" + GUIDE)
+
+
+def body(session: str, turn: int) -> dict[str, Any]:
+    history: list[dict[str, Any]] = []
+    for t in range(turn + 1):
+        history.append({"role": "user", "content": f"{session}: question {t}"})
+        if t < turn:
+            history.append({"role": "assistant", "content": f"answer {t}"})
+    return {"model": "gpt-4o-mini",
+            "messages": [{"role": "system", "content": system(session, turn)}, *history]}
+
+
+LOG = [body(s, t) for t in range(3) for s in ("a", "b")]  # interleaved, like a gateway log
+
+
+def two_pass() -> tuple[TemplateLearner, list[Any]]:
+    learner = TemplateLearner()
+    for b in LOG:
+        learn_request(b, learner)
+    learner.freeze()
+    return learner, [lint_request(b, learner=learner) for b in LOG]
+
+
+def values(report: Any) -> dict[str, tuple[str, float, str]]:
+    return {f.value: (f.rule, f.confidence, f.severity) for f in report.findings
+            if f.start is not None}
+
+
+def test_without_evidence_patterns_carry_their_confidence() -> None:
+    found = values(lint_request(LOG[0]))
+    assert found["2026-11-10T00:10:00Z"] == ("PL001", 0.95, "error")  # cue "Current time"
+    assert found["09:00"][0] == "PL001" and found["09:00"][1] < FIX_CONFIDENCE
+    assert found["09:00"][2] == "warning"
+    assert found["2024-03-01"][1] < FIX_CONFIDENCE
+    assert found["support@acme.example"][1] < FIX_CONFIDENCE
+    assert "user_k3j9x2" not in found  # no pattern names a handle
+
+
+def test_with_evidence_what_varies_is_dynamic_and_the_rest_is_stable() -> None:
+    _, reports = two_pass()
+    for b, report in zip(LOG, reports, strict=True):
+        found = values(report)
+        text = b["messages"][0]["content"]
+        stamp = text.split("\n")[0].removeprefix("Current time: ")
+        tip = text.split("\n")[2].removeprefix("Tip of the day: ")
+        handle = text.split("\n")[1].removeprefix("Signed in as ").rstrip(".")
+        assert found == {stamp: ("PL001", 1.0, "error"),
+                         handle: ("PL013", 1.0, "error"),
+                         tip.rstrip("."): ("PL008", 1.0, "warning")}, found
+
+
+def test_fix_moves_only_supported_values() -> None:
+    single = LOG[0]
+    fixed = rewrite_request(single, report=lint_request(single)).body
+    text = fixed["messages"][0]["content"]
+    assert "2026-11-10T00:10:00Z" not in text  # a confident pattern: moved
+    assert "09:00-17:30 UTC" in text and "2024-03-01" in text  # look-alikes: left in place
+    learner, reports = two_pass()
+    fixed = rewrite_request(LOG[-1], report=reports[-1], learner=learner).body
+    text = fixed["messages"][0]["content"]
+    assert "user_q8m2z7" not in text and "Read the error twice" not in text
+    assert "09:00-17:30 UTC" in text and "support@acme.example" in text
+    assert "user_q8m2z7" in fixed["messages"][-1]["content"]  # in the context block
+
+
+def test_online_learns_the_same_once_settled() -> None:
+    learner = TemplateLearner()
+    reports = [lint_request(b, learner=learner) for b in LOG]
+    last = values(reports[-1])
+    assert {v[0] for v in last.values()} == {"PL001", "PL013", "PL008"}
+    assert all(v[1] == 1.0 for v in last.values())
+
+
+def test_session_evidence_memory_is_bounded() -> None:
+    learner = TemplateLearner()
+    for n in range(_SESSIONS_PER_FAMILY + 40):
+        b = body("a", 1)
+        b["messages"][1]["content"] = f"session {n}: question 0"
+        lint_request(b, learner=learner)
+    (family,) = learner.families.values()
+    assert len(family.session_lines) == _SESSIONS_PER_FAMILY
+    assert len(family.sessions) == 2
