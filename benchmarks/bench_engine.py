@@ -312,6 +312,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="weights of the engine in the trace and the stream/prefill rows")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--skip-trace", action="store_true", help="only the micro rows")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="generated tokens per decode row (default 64; --quick 16)")
+    parser.add_argument("--prefill", type=int, nargs="+", default=None,
+                        help="prefill prompt sizes (default 1024 4096 8000; --quick 512 1024)")
     return parser
 
 
@@ -328,13 +332,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_transformers:
             results.append(run_transformers(loaded.tokenizer, sessions, turns, gen))
         results.append(run_llama_cpp(lcpp, missing, loaded.tokenizer, sessions, turns, gen))
-    tokens = 16 if args.quick else 64
+        print(format_table(results), flush=True)
+    tokens = args.tokens or (16 if args.quick else 64)
+    sizes = tuple(args.prefill or ((512, 1024) if args.quick else (1024, 4096, 8000)))
     variants = {q: loaded if q == args.quantization else load_model(None, quantization=q)
                 for q in QUANTIZATIONS}  # fmt: skip
     rows = decode_rows(variants, lcpp, tokens)
     del variants
     rows += stream_rows(loaded, lcpp, tokens)
-    rows += prefill_rows(loaded, lcpp, (512, 1024) if args.quick else (1024, 4096, 8000))
+    rows += prefill_rows(loaded, lcpp, sizes)
     table = format_table(results) + "\n\n" + format_rows(rows)
     print(f"\ntrace: {sessions} sessions x {turns} turns, {gen} generated tokens per turn; "
           f"engine weights: {args.quantization}; threads (every system): {args.threads}; "

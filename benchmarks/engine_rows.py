@@ -41,6 +41,14 @@ class Row:
         return self.engine / self.llama_cpp
 
 
+def report(row: Row) -> Row:
+    """Print a measured row at once (long runs show progress) and return it."""
+    ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
+    print(f"  {row.measure}: engine {row.engine:.1f} {row.unit}, llama.cpp {row.llama_cpp}, "
+          f"{ratio} {row.note}", flush=True)  # fmt: skip
+    return row
+
+
 def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     """Bytes moved per second (read + write) by a large tensor copy, best of `repeats`."""
     src = torch.ones(nbytes // 4)
@@ -92,7 +100,7 @@ class LlamaCpp:
     """llama.cpp on the default GGUF through llama-cpp-python, `threads` threads."""
 
     def __init__(self, threads: int, n_ctx: int = 8192) -> None:
-        import llama_cpp  # type: ignore[import-not-found]
+        import llama_cpp
 
         self.llm: Any = llama_cpp.Llama(
             str(default_model_path()), n_ctx=n_ctx, n_threads=threads,
@@ -145,7 +153,7 @@ def decode_rows(
         for row in rows:
             row.llama_cpp = lc
             row.note += f"; llama.cpp floor {lc_floor:.1f} ms ({gguf_bytes / 1e6:.0f} MB GGUF)"
-    return rows
+    return [report(row) for row in rows]
 
 
 def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int) -> list[Row]:
@@ -160,7 +168,7 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int) -> list
         if lcpp is not None:
             row.llama_cpp = 1.0 / lcpp.tpot(text_ids(loaded, 32, streams), tokens)
             row.note += "; llama.cpp one at a time"
-        rows.append(row)
+        rows.append(report(row))
     return rows
 
 
@@ -171,7 +179,7 @@ def prefill_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, sizes: tuple[int, .
         row = Row(f"prefill {n} tokens", "tok/s", engine_prefill(loaded, n))
         if lcpp is not None:
             row.llama_cpp = lcpp.prefill(text_ids(loaded, n, 1))
-        rows.append(row)
+        rows.append(report(row))
     return rows
 
 

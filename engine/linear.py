@@ -112,8 +112,9 @@ class Int8WeightLinear(PackedLinear):
         w = weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        self.register_buffer("qweight", q, persistent=False)  # [out, in] int8
-        self.register_buffer("scales", scale.to(_ACT_DTYPE), persistent=False)  # [out]
+        # Plain attributes, not buffers: these formats never leave the CPU (see EngineConfig).
+        self.qweight: Tensor = q  # [out, in] int8
+        self.scales: Tensor = scale.to(_ACT_DTYPE)  # [out]
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] float32 -> [T, out] float32
         y = torch._weight_int8pack_mm(x.to(_ACT_DTYPE), self.qweight, self.scales)
@@ -148,11 +149,9 @@ class Int4WeightLinear(PackedLinear):
         # torch's kernel computes (q - 8) * scale + zero, so zero = low + 8 * scale.
         scales_zeros = torch.stack([scale, low + 8.0 * scale], dim=-1)  # [out, G, 2]
         packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-        self.register_buffer("packed", packed, persistent=False)
-        self.register_buffer(
-            "scales_zeros", scales_zeros.transpose(0, 1).contiguous().to(_ACT_DTYPE),
-            persistent=False,
-        )  # [G, rows, 2]
+        self.packed: Tensor = packed
+        self.scales_zeros: Tensor = scales_zeros.transpose(0, 1).contiguous().to(_ACT_DTYPE)
+        # [G, rows, 2]
         self.group_size = group_size
         self._shape = (out_features, in_features)
 
