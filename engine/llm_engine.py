@@ -53,11 +53,15 @@ class Engine:
 
     `Engine(EngineConfig())` loads the default model (SmolLM2-135M-Instruct from the wheel);
     pass `model=` to share an already loaded `LoadedModel` (then `config.model`,
-    `config.dtype` and `config.quantization` are not applied: the model is used as it is).
+    `config.dtype` and `config.quantization` are not applied: the model is used as it is, and
+    torch's thread count is left alone unless `config.num_threads` is set). An engine that
+    loads its own model sets torch's intra-op threads to `config.threads` (every core).
     """
 
     def __init__(self, config: EngineConfig | None = None, *, model: LoadedModel | None = None):
         self.config = config = config or EngineConfig()
+        if model is None or config.num_threads is not None:
+            torch.set_num_threads(config.threads)  # every core unless told otherwise
         if model is None:
             model = load_model(config.model, config.torch_dtype, quantization=config.quantization)
         self.loaded = model

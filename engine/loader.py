@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.linear import Fp16DynamicLinear, Quantization
+from engine.linear import PackedLinear, Quantization
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.tokenizer import Tokenizer
@@ -56,7 +56,7 @@ def parameter_bytes(model: torch.nn.Module) -> int:
         if key not in seen:
             seen.add(key)
             total += param.numel() * param.element_size()
-    packed = (m for m in model.modules() if isinstance(m, Fp16DynamicLinear))
+    packed = (m for m in model.modules() if isinstance(m, PackedLinear))
     return total + sum(m.weight_bytes() for m in packed)
 
 
@@ -69,7 +69,8 @@ def load_model(
     """Load `path` (None -> default GGUF; a .gguf file; or a HF folder) as a LoadedModel.
 
     `quantization="fp16"` stores the projection and LM-head weights as fp16 (fp32 math, about
-    1.7x faster CPU decode, logits within ~0.03 of fp32); it needs dtype float32.
+    1.7x faster CPU decode, logits within ~0.03 of fp32); "int8" and "int4" store them as
+    integers with scales (see `engine.linear`). All three need dtype float32 and a CPU.
     """
     source = default_model_path() if path is None else Path(path)
     if source.is_dir():

@@ -22,6 +22,10 @@ from engine.model_config import ModelConfig
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
+# The LM head is the largest single matrix and the most sensitive to rounding: under int4 it
+# is stored as int8 (per-channel), like llama.cpp keeps a higher-precision output tensor.
+HEAD_QUANTIZATION: dict[str, Quantization] = {"fp16": "fp16", "int8": "int8", "int4": "int8"}
+
 
 class StepContext(NamedTuple):
     """What every layer of one step shares: the kernel backend and the step's checked plans."""
@@ -189,10 +193,11 @@ class LlamaModel(nn.Module):
 
     @torch.no_grad()
     def quantize(self, quantization: Quantization) -> None:
-        """Swap every projection and the LM head to `quantization` ("fp16": fp16 weights).
+        """Swap every projection and the LM head to `quantization` (see `engine.linear`):
+        "fp16" fp16 weights; "int8" per-channel int8; "int4" 4-bit groups of 32 (LM head int8).
 
-        Only float32 models can be quantised; the embedding table stays float32 (a decode step
-        reads one row of it). Irreversible: load again for the float32 reference.
+        Only float32 CPU models can be quantised; the embedding table stays float32 (a decode
+        step reads one row of it). Irreversible: load again for the float32 reference.
         """
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")
@@ -204,7 +209,9 @@ class LlamaModel(nn.Module):
             for name in PROJECTIONS:
                 dense = _dense(getattr(layer, name))
                 setattr(layer, name, quantize_linear(dense.weight, quantization))
-        self.lm_head = quantize_linear(_dense(self.lm_head).weight, quantization)
+        self.lm_head = quantize_linear(
+            _dense(self.lm_head).weight, HEAD_QUANTIZATION[quantization]
+        )
         self.quantization = quantization
 
     def streamed_weight_bytes(self) -> int:

@@ -1,7 +1,10 @@
 """Memory plan: weights + KV cache + overhead; `prefixgate plan` prints it.
 
 The seed formula: KV cache bytes = 2 (K and V) x layers x kv_heads x head_dim x tokens x bytes.
-Weights = parameters x bytes per parameter (the engine dequantizes GGUF weights to its dtype).
+Weights = parameters x bytes per parameter (the engine dequantizes GGUF weights to its dtype);
+with a weight `quantization` ("fp16", "int8", "int4": see `engine.linear`) the projections and
+the LM head count their packed size and the embedding table stays float32 (a tied LM head is a
+second, packed copy of it). `prefixgate plan` defaults to fp16, the format `make serve` uses.
 Overhead = one step's activations at `max_num_batched_tokens` + the logits of `max_num_seqs`
 rows + a fixed runtime allowance. The engine sizes its page pool from a memory budget with
 `pages_for_budget`, the same formula.
@@ -19,6 +22,12 @@ from typing import NamedTuple
 from engine.model_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
+# Bytes per weight of a packed projection, scales included (int8: a bf16 scale per row is
+# negligible; int4: half a byte + a bf16 scale and zero per group of 32), and of the LM head.
+PROJECTION_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 0.625}
+HEAD_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 1.0}
+PLAN_QUANTIZATIONS = ("none", *PROJECTION_BYTES)
+SERVE_QUANTIZATION = "fp16"  # what `make serve` runs
 RUNTIME_OVERHEAD = 64 << 20  # interpreter, torch, tokenizer, allocator slack
 MIB = 1 << 20
 
@@ -35,6 +44,7 @@ class ModelShape(NamedTuple):
     intermediate_size: int = 0
     vocab_size: int = 0
     q_size: int = 0
+    tie_embeddings: bool = True
 
 
 class MemoryPlan(NamedTuple):
@@ -61,8 +71,34 @@ def shape_from_config(config: ModelConfig) -> ModelShape:
     params = embed + c.hidden_size + c.num_layers * per_layer
     return ModelShape(
         c.name, params, c.num_layers, c.num_kv_heads, c.head_dim,
-        c.hidden_size, c.intermediate_size, c.vocab_size, c.q_size,
+        c.hidden_size, c.intermediate_size, c.vocab_size, c.q_size, c.tie_embeddings,
     )  # fmt: skip
+
+
+def projection_params(shape: ModelShape) -> int:
+    """Weights of all q/k/v/o/gate/up/down projections (0 when the sizes are unknown)."""
+    h, kv = shape.hidden_size, 2 * shape.num_kv_heads * shape.head_dim
+    per_layer = h * (shape.q_size + kv) + shape.q_size * h + 3 * h * shape.intermediate_size
+    return shape.num_layers * per_layer
+
+
+def weight_bytes(shape: ModelShape, dtype: str, quantization: str = "none") -> int:
+    """Bytes of the weights as the engine holds them for `quantization` (see the module doc).
+
+    Without the sizes (manual mode, hidden 0) every parameter counts as a projection."""
+    if quantization not in PLAN_QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {PLAN_QUANTIZATIONS}, got {quantization!r}")
+    if quantization == "none":
+        return shape.num_params * DTYPE_BYTES[dtype]
+    if dtype != "float32":
+        raise ValueError("quantization needs dtype float32 (activations and KV stay float32)")
+    projections = projection_params(shape)
+    head = shape.vocab_size * shape.hidden_size
+    if not projections or not head:
+        return int(shape.num_params * PROJECTION_BYTES[quantization])
+    kept = shape.num_params - projections - (0 if shape.tie_embeddings else head)  # fp32 rest
+    packed = projections * PROJECTION_BYTES[quantization] + head * HEAD_BYTES[quantization]
+    return int(kept * 4 + packed)
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
@@ -90,14 +126,16 @@ def plan_memory(
     batch: int = 1,
     max_batched_tokens: int = 512,
     max_num_seqs: int = 16,
+    quantization: str = "none",
 ) -> MemoryPlan:
-    """Memory for `batch` sequences of `context_len` tokens of `shape` in `dtype`."""
+    """Memory for `batch` sequences of `context_len` tokens of `shape` in `dtype`, weights
+    stored as `quantization`."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     if context_len <= 0 or batch <= 0:
         raise ValueError(f"context_len and batch must be positive, got {context_len}, {batch}")
     nbytes = DTYPE_BYTES[dtype]
-    weights = shape.num_params * nbytes
+    weights = weight_bytes(shape, dtype, quantization)
     per_token = kv_bytes_per_token(shape, nbytes)
     tokens = context_len * batch
     kv = per_token * tokens
@@ -178,6 +216,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--intermediate", type=int, default=0, help="manual: MLP size")
     p.add_argument("--vocab", type=int, default=0, help="manual: vocabulary size")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES))
+    p.add_argument("--quantization", default=SERVE_QUANTIZATION, choices=PLAN_QUANTIZATIONS,
+                   help=f"weight format (default {SERVE_QUANTIZATION}: what `make serve` runs)")
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence")
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
     p.add_argument("--max-batched-tokens", type=int, default=512)
@@ -200,9 +240,13 @@ def _manual_shape(args: argparse.Namespace) -> ModelShape | None:
     )  # fmt: skip
 
 
-def format_table(shape: ModelShape, plan: MemoryPlan, dtype: str, context: int, batch: int) -> str:
+def format_table(
+    shape: ModelShape, plan: MemoryPlan, dtype: str, context: int, batch: int, quantization: str
+) -> str:
+    how = (f"{shape.num_params / 1e6:.1f}M params x {DTYPE_BYTES[dtype]} B" if quantization ==
+           "none" else f"{shape.num_params / 1e6:.1f}M params, {quantization} projections")
     rows = [
-        ("weights", f"{shape.num_params / 1e6:.1f}M params x {DTYPE_BYTES[dtype]} B", plan.weights),
+        ("weights", how, plan.weights),
         ("kv cache", f"{plan.tokens} tokens x {plan.kv_bytes_per_token} B/token", plan.kv_cache),
         ("overhead", "activations + logits + runtime", plan.overhead),
         ("total", f"{dtype}, context {context}, batch {batch}", plan.total),
@@ -211,6 +255,10 @@ def format_table(shape: ModelShape, plan: MemoryPlan, dtype: str, context: int, 
              f"head_dim={shape.head_dim}",
              f"{'part':<10} {'formula':<42} {'MiB':>10}"]  # fmt: skip
     lines += [f"{name:<10} {how:<42} {size / MIB:>10.1f}" for name, how, size in rows]
+    if dtype == "float32":
+        by_format = ", ".join(f"{q} {weight_bytes(shape, dtype, q) / MIB:.0f}"
+                              for q in PLAN_QUANTIZATIONS)  # fmt: skip
+        lines.append(f"weights MiB by --quantization: {by_format}")
     return "\n".join(lines)
 
 
@@ -218,11 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         shape = _manual_shape(args) or _shape_from_model(args.model)
-        plan = plan_memory(shape, args.dtype, args.context, args.batch, args.max_batched_tokens)
+        quantization = "none" if args.dtype != "float32" else args.quantization
+        plan = plan_memory(shape, args.dtype, args.context, args.batch, args.max_batched_tokens,
+                           quantization=quantization)  # fmt: skip
     except (ValueError, FileNotFoundError) as exc:
         print(f"prefixgate plan: {exc}", file=sys.stderr)
         return 2
-    result: dict[str, object] = {"model": shape.name, "dtype": args.dtype, **plan._asdict()}
+    result: dict[str, object] = {"model": shape.name, "dtype": args.dtype,
+                                 "quantization": quantization, **plan._asdict()}  # fmt: skip
     if args.budget is not None:
         try:
             result["pages_for_budget"] = pages_for_budget(
@@ -234,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(format_table(shape, plan, args.dtype, args.context, args.batch))
+    print(format_table(shape, plan, args.dtype, args.context, args.batch, quantization))
     if "pages_for_budget" in result:
         print(f"budget {args.budget / MIB:.0f} MiB -> KV pages of {args.page_size} tokens: "
               f"{result['pages_for_budget']}")

@@ -1,0 +1,196 @@
+"""Micro rows of benchmarks/bench_engine.py: decode TPOT per weight format beside its
+bandwidth floor, 1/4/8-stream decode throughput, and cold prefill at 1k/4k/8k tokens, each for
+the engine and, when `llama-cpp-python` is installed, llama.cpp on the same GGUF and token ids.
+
+llama.cpp runs through its Python binding, which drives one sequence at a time: its 4- and
+8-stream rows are sequential streams (llama-server would batch them; the binding does not).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.loader import LoadedModel, default_model_path
+
+LLAMA_CPP_MISSING = "not installed (optional bench extra: pip install -e '.[bench]')"
+
+
+@dataclass
+class Row:
+    """One measured row: the engine's number beside llama.cpp's (None = not measured)."""
+
+    measure: str
+    unit: str
+    engine: float
+    llama_cpp: float | None = None
+    floor: float | None = None  # bandwidth floor (ms) for TPOT rows
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """How many times better the engine is (time units: lower is better)."""
+        if self.llama_cpp is None or not self.engine:
+            return None
+        if self.unit in ("ms/token",):
+            return self.llama_cpp / self.engine
+        return self.engine / self.llama_cpp
+
+
+def report(row: Row) -> Row:
+    """Print a measured row at once (long runs show progress) and return it."""
+    ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
+    print(f"  {row.measure}: engine {row.engine:.1f} {row.unit}, llama.cpp {row.llama_cpp}, "
+          f"{ratio} {row.note}", flush=True)  # fmt: skip
+    return row
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes moved per second (read + write) by a large tensor copy, best of `repeats`."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def streamed_bytes(loaded: LoadedModel) -> int:
+    """Weight bytes one decode step reads."""
+    return int(loaded.model.streamed_weight_bytes())
+
+
+def text_ids(loaded: LoadedModel, n: int, salt: int = 0) -> list[int]:
+    """`n` token ids of ordinary English text (distinct per salt so no prefix is shared)."""
+    words = "the quick brown fox reads a long report about river boats and mountain towns "
+    ids = loaded.tokenizer.encode(f"Document {salt}. " + words * (n // 8 + 8))
+    return ids[:n]
+
+
+def _engine(loaded: LoadedModel, pages: int, seqs: int = 8, budget: int = 512) -> Engine:
+    config = EngineConfig(num_pages=pages, max_num_seqs=seqs, enable_prefix_caching=False,
+                          max_num_batched_tokens=budget)  # fmt: skip
+    return Engine(config, model=loaded)
+
+
+def engine_decode(loaded: LoadedModel, streams: int, tokens: int) -> float:
+    """Aggregate decode tokens/s of `streams` concurrent greedy streams (32-token prompts)."""
+    eng = _engine(loaded, pages=streams * (-(-(32 + tokens) // 16)) + 8)
+    eng.generate([text_ids(loaded, 8, 99)], SamplingParams(max_tokens=4, temperature=0.0))
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    outs = eng.generate([text_ids(loaded, 32, i) for i in range(streams)], params)
+    return sum(1.0 / o.tpot for o in outs)
+
+
+def engine_prefill(loaded: LoadedModel, n: int) -> float:
+    """Cold prefill tokens/s of one `n`-token prompt (time to first token)."""
+    eng = _engine(loaded, pages=-(-(n + 16) // 16) + 4, seqs=1)
+    eng.generate([text_ids(loaded, 16, 98)], SamplingParams(max_tokens=1, temperature=0.0))
+    out = eng.generate([text_ids(loaded, n, 1)], SamplingParams(max_tokens=1, temperature=0.0))
+    return n / out[0].ttft
+
+
+class LlamaCpp:
+    """llama.cpp on the default GGUF through llama-cpp-python, `threads` threads."""
+
+    def __init__(self, threads: int, n_ctx: int = 8192) -> None:
+        import llama_cpp
+
+        self.llm: Any = llama_cpp.Llama(
+            str(default_model_path()), n_ctx=n_ctx, n_threads=threads,
+            n_threads_batch=threads, n_batch=512, verbose=False,
+        )  # fmt: skip
+
+    def tpot(self, prompt: list[int], tokens: int) -> float:
+        """Mean seconds per generated token after the first (greedy, fresh context)."""
+        self.llm.reset()
+        times: list[float] = []
+        for _ in self.llm.generate(prompt, temp=0.0):
+            times.append(time.perf_counter())
+            if len(times) == tokens:
+                break
+        return (times[-1] - times[0]) / max(len(times) - 1, 1)
+
+    def prefill(self, ids: list[int]) -> float:
+        """Cold prefill tokens/s of `ids`."""
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(ids)
+        return len(ids) / (time.perf_counter() - t0)
+
+
+def open_llama_cpp(threads: int) -> tuple[LlamaCpp | None, str]:
+    try:
+        return LlamaCpp(threads), ""
+    except ImportError:
+        return None, LLAMA_CPP_MISSING
+
+
+def decode_rows(
+    variants: dict[str, LoadedModel], lcpp: LlamaCpp | None, tokens: int
+) -> list[Row]:
+    """Single-stream TPOT per weight format beside its floor (weights / copy bandwidth)."""
+    bandwidth = copy_bandwidth()
+    gguf_bytes = default_model_path().stat().st_size
+    prompt: list[int] = []
+    rows = []
+    for name, loaded in variants.items():
+        prompt = text_ids(loaded, 32, 7)
+        tpot = 1.0 / engine_decode(loaded, 1, tokens)
+        floor = streamed_bytes(loaded) / bandwidth
+        rows.append(Row(f"decode TPOT, {name}", "ms/token", 1e3 * tpot, floor=1e3 * floor,
+                        note=f"{streamed_bytes(loaded) / 1e6:.0f} MB, copy "
+                             f"{bandwidth / 1e9:.1f} GB/s"))  # fmt: skip
+    if lcpp is not None and rows:
+        lc = 1e3 * lcpp.tpot(prompt, tokens)
+        lc_floor = 1e3 * gguf_bytes / bandwidth
+        for row in rows:
+            row.llama_cpp = lc
+            row.note += f"; llama.cpp floor {lc_floor:.1f} ms ({gguf_bytes / 1e6:.0f} MB GGUF)"
+    return [report(row) for row in rows]
+
+
+def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int) -> list[Row]:
+    """1/4/8 concurrent decode streams: aggregate tokens/s (llama.cpp: sequential streams)."""
+    rows = []
+    one = None
+    for streams in (1, 4, 8):
+        rate = engine_decode(loaded, streams, tokens)
+        one = one or rate
+        row = Row(f"decode, {streams} streams", "tok/s", rate,
+                  note=f"{rate / one:.2f}x one stream")  # fmt: skip
+        if lcpp is not None:
+            row.llama_cpp = 1.0 / lcpp.tpot(text_ids(loaded, 32, streams), tokens)
+            row.note += "; llama.cpp one at a time"
+        rows.append(report(row))
+    return rows
+
+
+def prefill_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, sizes: tuple[int, ...]) -> list[Row]:
+    """Cold prefill tokens/s of one prompt of each size, same token ids for both."""
+    rows = []
+    for n in sizes:
+        row = Row(f"prefill {n} tokens", "tok/s", engine_prefill(loaded, n))
+        if lcpp is not None:
+            row.llama_cpp = lcpp.prefill(text_ids(loaded, n, 1))
+        rows.append(report(row))
+    return rows
+
+
+def format_rows(rows: list[Row]) -> str:
+    head = (f"{'measure':<34} {'unit':>9} {'engine':>9} {'floor':>7} {'llama.cpp':>10} "
+            f"{'ratio':>6}  note")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        floor = f"{r.floor:.1f}" if r.floor is not None else "-"
+        lc = f"{r.llama_cpp:.1f}" if r.llama_cpp is not None else "-"
+        ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
+        lines.append(f"{r.measure:<34} {r.unit:>9} {r.engine:>9.1f} {floor:>7} {lc:>10} "
+                     f"{ratio:>6}  {r.note}")  # fmt: skip
+    return "\n".join(lines)
