@@ -79,7 +79,7 @@ class Engine:
             self.loaded, self.num_pages, config.page_size, config.device, config.kernel_backend
         )
         self.sampler = Sampler()
-        self.grammar = GrammarCompiler(self.tokenizer, sorted(self.tokenizer.spec.special))
+        self.grammar = GrammarCompiler(self.tokenizer, sorted(self.tokenizer.special_token_ids))
         self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.grammar import GrammarSpec
+from engine.grammar_spec import GrammarSpec
 
 
 @dataclass(frozen=True, slots=True)

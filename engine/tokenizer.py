@@ -137,6 +137,7 @@ class Tokenizer:
             for tid, tok in enumerate(spec.tokens)
         ]
         self.stop_token_ids = self._stop_ids(specials)
+        self.special_token_ids: frozenset[int] = frozenset(spec.special)
         self._chat = (
             ChatTemplate(
                 spec.chat_template,

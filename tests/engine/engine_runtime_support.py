@@ -26,6 +26,7 @@ class ByteTokenizer:
 
     vocab_size = VOCAB
     stop_token_ids = frozenset({STOP})
+    special_token_ids = frozenset(range(STOP, VOCAB))
     bos_token_id = None
 
     def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
