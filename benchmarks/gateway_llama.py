@@ -47,7 +47,7 @@ def llama_servers(binary: Path, model: Path, n: int, slots: int) -> Iterator[lis
         for _ in range(n):
             port = free_port()
             cmd = [str(binary), "-m", str(model), "--port", str(port), "--host", "127.0.0.1",
-                   "--parallel", str(slots), "-c", str(8192 * slots), "-t", "2"]
+                   "--parallel", str(slots), "-c", str(8192 * slots), "-t", "1"]
             stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/health"))
             urls.append(f"http://127.0.0.1:{port}/v1")
         yield urls

@@ -25,29 +25,34 @@ LintMode = Literal["off", "report", "rewrite"]
 UpstreamKind = Literal["openai", "vllm", "sglang", "llamacpp", "anthropic"]
 LINT_MODES: tuple[str, ...] = get_args(LintMode)
 UPSTREAM_KINDS: tuple[str, ...] = get_args(UpstreamKind)
+AUTO_KIND = "auto"  # `--upstream URL`: the kind is detected (gateway.upstream_detect)
 DEFAULT_TENANT = "default"
 DEFAULT_DB_URL = "sqlite:///prefixgate.db"
 
 
 @dataclass(frozen=True, slots=True)
 class UpstreamSpec:
-    """One upstream replica: `--upstream openai=http://host:port/v1`."""
+    """One upstream replica: `--upstream openai=http://host:port/v1`, or `--upstream URL` (kind
+    "auto": detected from the server at first use, see `gateway.upstream_detect`)."""
 
-    kind: UpstreamKind
+    kind: UpstreamKind | Literal["auto"]
     url: str
 
     def __post_init__(self) -> None:
-        if self.kind not in UPSTREAM_KINDS:
-            raise ValueError(f"upstream kind must be one of {UPSTREAM_KINDS}, got {self.kind!r}")
+        if self.kind not in (*UPSTREAM_KINDS, AUTO_KIND):
+            raise ValueError(f"upstream kind must be one of {UPSTREAM_KINDS} (or none, to "
+                             f"detect it), got {self.kind!r}")
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"upstream url must start with http:// or https://, got {self.url!r}")
 
     @classmethod
     def parse(cls, text: str) -> UpstreamSpec:
-        """Parse `kind=URL`."""
+        """Parse `kind=URL`, or a bare `URL` (kind "auto")."""
+        if text.strip().startswith(("http://", "https://")):
+            return cls(kind="auto", url=text.strip())
         kind, sep, url = text.partition("=")
         if not sep:
-            raise ValueError(f"upstream must look like kind=URL, got {text!r}")
+            raise ValueError(f"upstream must look like URL or kind=URL, got {text!r}")
         return cls(kind=kind.strip(), url=url.strip())  # type: ignore[arg-type]
 
 

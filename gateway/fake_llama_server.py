@@ -6,7 +6,9 @@ names its slot with `id_slot`; otherwise the server takes the idle slot whose ca
 the largest fraction of the prompt (above `slot_prompt_similarity`), else the least recently used
 idle slot. So two sessions that share a system prompt can land on one slot and overwrite each
 other's history. Hits are reported as `usage.prompt_tokens_details.cached_tokens` and
-`timings.cache_n`; `GET /props` reports `total_slots`. Tokens: tiktoken over the whole rendered
+`timings.cache_n`; `GET /props` reports `total_slots` and `default_generation_settings.n_ctx`
+(per slot), and `GET /v1/models` lists the model `owned_by: "llamacpp"` with `meta.n_ctx`, as
+llama-server does. Tokens: tiktoken over the whole rendered
 prompt (independent of the gateway's layout), as in `gateway.fake_upstream`.
 """
 
@@ -35,6 +37,7 @@ class FakeLlamaConfig:
     slots: int = 2
     similarity: float = 0.1
     reply: str = "Done. The next step is ready."
+    n_ctx: int = 8192  # per slot
 
 
 class LlamaSlot:
@@ -117,6 +120,25 @@ async def _sse(body: dict[str, Any], words: list[str], usage: dict[str, Any],
     yield b"data: [DONE]\n\n"
 
 
+MODEL_PATH = "models/fake.gguf"
+
+
+def _props(config: FakeLlamaConfig) -> dict[str, Any]:
+    """`/props` as llama-server answers it (the fields the gateway and a client read)."""
+    return {"default_generation_settings": {"n_ctx": config.n_ctx, "params": {"n_predict": -1}},
+            "total_slots": config.slots, "model_alias": MODEL_PATH, "model_path": MODEL_PATH,
+            "build_info": "b1-fake", "endpoint_slots": True, "endpoint_props": False,
+            "is_sleeping": False}
+
+
+def _model_card(config: FakeLlamaConfig) -> dict[str, Any]:
+    """One `/v1/models` entry as llama-server writes it."""
+    return {"id": MODEL_PATH, "aliases": [MODEL_PATH], "tags": [], "object": "model",
+            "created": int(time.time()), "owned_by": "llamacpp",
+            "meta": {"vocab_type": 2, "n_vocab": 100277, "n_ctx": config.n_ctx,
+                     "n_ctx_train": 8192}}
+
+
 def create_fake_llama_server(config: FakeLlamaConfig | None = None) -> Starlette:
     """The ASGI app; its `FakeLlamaServer` is `app.state.server`."""
     server = FakeLlamaServer(config or FakeLlamaConfig())
@@ -136,9 +158,16 @@ def create_fake_llama_server(config: FakeLlamaConfig | None = None) -> Starlette
             "choices": [{"index": 0, "finish_reason": "stop", "message": message}]})
 
     async def props(request: Request) -> Response:
-        return JSONResponse({"total_slots": len(server.slots)})
+        return JSONResponse(_props(server.config))
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [_model_card(server.config)]})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
 
     app = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"]),
-                            Route("/props", props)])
+                            Route("/props", props), Route("/v1/models", models),
+                            Route("/health", health)])
     app.state.server = server
     return app

@@ -38,6 +38,8 @@ class FakeUpstreamConfig:
     with no finish reason and no `[DONE]`. `prefill_us_per_token`: simulated prefill time
     per uncached prompt token (so cache hits also show up as lower latency); with
     `serial_prefill` one prefill runs at a time, as on one accelerator (load shows as queueing).
+    `server`: whose `/v1/models` answer it gives ("vllm", "sglang", "openai", or "bare": an
+    entry with no owner), for kind detection.
     """
 
     name: str = "fake"
@@ -52,6 +54,8 @@ class FakeUpstreamConfig:
     serial_prefill: bool = False
     bodies: list[dict[str, Any]] = field(default_factory=list)
     keep_bodies: bool = True
+    server: str = "vllm"
+    max_model_len: int = 32768
 
 
 def salt_namespace(body: dict[str, Any]) -> str:
@@ -147,6 +151,27 @@ def _whole(body: dict[str, Any], text: str, usage: dict[str, Any]) -> dict[str, 
             "model": body.get("model", "fake"), "choices": [choice], "usage": usage}
 
 
+def model_card(config: FakeUpstreamConfig) -> dict[str, Any]:
+    """One `/v1/models` entry shaped as `config.server` shapes it: vLLM adds `root`, `parent`,
+    `max_model_len` and a permission list; SGLang `root` and `max_model_len`; OpenAI only its
+    owner ("system")."""
+    card: dict[str, Any] = {"id": "fake", "object": "model", "created": int(time.time())}
+    if config.server == "vllm":
+        permission = {"id": "modelperm-fake", "object": "model_permission",
+                      "created": card["created"], "allow_create_engine": False,
+                      "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True,
+                      "allow_fine_tuning": False, "organization": "*", "group": None,
+                      "is_blocking": False}
+        card |= {"owned_by": "vllm", "root": "fake", "parent": None,
+                 "max_model_len": config.max_model_len, "permission": [permission]}
+    elif config.server == "sglang":
+        card |= {"owned_by": "sglang", "root": "fake", "max_model_len": config.max_model_len}
+    elif config.server == "openai":
+        card["owned_by"] = "system"
+    return card
+
+
 def create_fake_upstream(config: FakeUpstreamConfig | None = None) -> Starlette:
     """The ASGI app; its `FakeReplica` is `app.state.replica`."""
     replica = FakeReplica(config or FakeUpstreamConfig())
@@ -179,7 +204,7 @@ def create_fake_upstream(config: FakeUpstreamConfig | None = None) -> Starlette:
         return JSONResponse(_whole(body, "".join(words), usage))
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        return JSONResponse({"object": "list", "data": [model_card(replica.config)]})
 
     app = Starlette(routes=[
         Route("/v1/chat/completions", complete, methods=["POST"]),

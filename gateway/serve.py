@@ -35,9 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lint-mode", choices=LINT_MODES, help="default lint mode (report)")
     p.add_argument("--store-prompts", action="store_true", default=None,
                    help="store prompt text in the stats database")
-    p.add_argument("--upstream", action="append", default=[], metavar="KIND=URL",
+    p.add_argument("--upstream", action="append", default=[], metavar="[KIND=]URL",
                    help="proxy to an upstream: KIND=URL, KIND one of openai, vllm, sglang, "
-                        "llamacpp, anthropic (its cache model; repeatable)")
+                        "llamacpp, anthropic (its cache model), or URL alone to detect the "
+                        "kind from /v1/models and /props (repeatable)")
     p.add_argument("--model-name", help="model id clients send (smollm2-135m-instruct)")
     p.add_argument("--model-alias", action="append", default=[],
                    help="another model id accepted for the embedded model (repeatable)")

@@ -251,4 +251,6 @@ def cache_model_for(kind: str, url: str, slots: int = 1) -> CacheModel:
         return ShadowCache(ShadowConfig(page_size=128, min_cached_tokens=1024))
     if host.endswith("deepseek.com"):
         return ShadowCache(ShadowConfig(page_size=64, min_cached_tokens=64))
-    return ShadowCache(ShadowConfig(page_size=16))  # vLLM, SGLang, other self-hosted servers
+    if kind == "sglang":  # SGLang's radix cache is token-granular (page size 1 by default)
+        return ShadowCache(ShadowConfig(page_size=1))
+    return ShadowCache(ShadowConfig(page_size=16))  # vLLM's 16-token blocks, other servers

@@ -175,15 +175,19 @@ class OpenAIUpstream(UpstreamBackend):
         self._urls = {path: httpx.URL(self._base + path)
                       for path in ("/chat/completions", "/completions")}
 
+    async def get_json(self, url: str) -> Any:
+        """GET `url` (a probe: `/props`, `/v1/models`) with this replica's credentials; its
+        JSON, or None when it does not answer 200 with JSON within 5 s."""
+        try:
+            response = await self._client.get(url, headers=self._header_obj, timeout=5.0)
+            return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
     async def total_slots(self) -> int | None:
         """A llama.cpp server's slot count (`GET /props`), or None when it does not say."""
-        root = self._base.removesuffix("/v1")
-        try:
-            response = await self._client.get(root + "/props", headers=self._header_obj,
-                                              timeout=5.0)
-            slots = response.json().get("total_slots") if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return None
+        props = await self.get_json(self._base.removesuffix("/v1") + "/props")
+        slots = props.get("total_slots") if isinstance(props, dict) else None
         return slots if isinstance(slots, int) and slots > 0 else None
 
     def _headers(self) -> dict[str, str]:

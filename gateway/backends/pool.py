@@ -24,11 +24,12 @@ from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import UpstreamOptions, is_replica_fault
-from gateway.config import UPSTREAM_KINDS
+from gateway.config import AUTO_KIND, UPSTREAM_KINDS
 from gateway.metrics import Registry
 from gateway.shadow import CacheModel, Prompt, request_prompt
 from gateway.shadow_models import SlotShadow, cache_model_for
 from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta, Usage
+from gateway.upstream_detect import detect_kind, kind_from_host, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
 
 
@@ -92,7 +93,7 @@ class ReplicaPool:
         if not backends:
             raise ValueError("a replica pool needs at least one upstream")
         models = list(shadow) if shadow is not None else [
-            cache_model_for(kind, b.options.url) for b in backends]
+            cache_model_for(_model_kind(kind), b.options.url) for b in backends]
         if len(models) != len(backends):
             raise ValueError("need one cache model per replica")
         self.name = kind
@@ -101,8 +102,11 @@ class ReplicaPool:
         self.router = Router([Replica(n, b, m)
                               for n, b, m in zip(names, backends, models, strict=True)], router)
         self.metrics: PoolMetrics | None = None
-        self._probed = kind != "llamacpp"
-        self._detect = shadow is None and kind == "openai"  # a generic kind: learn the server
+        self._probed = kind not in ("llamacpp", AUTO_KIND)
+        self._probe_lock = anyio.Lock()
+        # a generic kind: learn the server from its responses too
+        self._detect = shadow is None and kind in ("openai", AUTO_KIND)
+        self._auto = shadow is None and kind == AUTO_KIND
         if metrics is not None:
             self.bind_metrics(metrics)
 
@@ -124,7 +128,7 @@ class ReplicaPool:
 
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         if not self._probed:
-            await self._probe_slots()
+            await self._probe()
         # tokenized and packed once for every replica, in a worker thread (prompt_lint's
         # shared memos are guarded by one lock)
         prompt = await anyio.to_thread.run_sync(_prompt_of, req)
@@ -146,9 +150,31 @@ class ReplicaPool:
                 if emitted or not is_replica_fault(err) or len(tried) >= len(self.router.replicas):
                     raise
 
+    async def _probe(self) -> None:
+        """Once, before the first request: detect each replica's kind (`--upstream URL`) and
+        read llama.cpp servers' slot counts from `/props`."""
+        async with self._probe_lock:
+            if self._probed:
+                return
+            if self._auto:
+                self._auto = False
+                await self._detect_kinds()  # reads the slot count with the kind
+            else:
+                await self._probe_slots()
+            self._probed = True
+
+    async def _detect_kinds(self) -> None:
+        for r in self.router.replicas:
+            backend = r.backend
+            if not isinstance(backend, OpenAIUpstream):
+                continue
+            found = await detect_kind(backend.options.url, backend.get_json)
+            r.shadow = cache_model_for(found.kind, backend.options.url, found.slots or 1)
+            backend.server_kind = found.kind
+            log_detection(r.name, backend.options.url, found, type(r.shadow).__name__)
+
     async def _probe_slots(self) -> None:
-        """llama.cpp servers: read each replica's slot count from `/props` (once)."""
-        self._probed = True
+        """llama.cpp servers: read each replica's slot count from `/props`."""
         for r in self.router.replicas:
             if isinstance(r.shadow, SlotShadow) and isinstance(r.backend, OpenAIUpstream):
                 slots = await r.backend.total_slots()
@@ -238,6 +264,12 @@ def final_usage(usage: Usage, prompt: Prompt, predicted: int) -> Usage:
         estimated=usage.estimated or not usage.prompt_tokens)
 
 
+def _model_kind(kind: str) -> str:
+    """The cache model a pool starts with: an undetected (`auto`) replica gets the generic
+    OpenAI-compatible one until its probe answers."""
+    return "openai" if kind == AUTO_KIND else kind
+
+
 def _prompt_of(req: ChatRequest) -> Prompt:
     with MEMO_LOCK:
         return request_prompt(req)
@@ -306,12 +338,25 @@ class ProviderPools:
 def make_upstream(kind: str, options: UpstreamOptions,
                   transport: httpx.AsyncBaseTransport | None = None) -> UpstreamBackend:
     """An upstream backend of `kind` (see `UPSTREAM_KINDS`) for one replica: Anthropic's
-    Messages API, or an OpenAI-compatible one (openai, vllm, sglang, llamacpp)."""
-    if kind not in UPSTREAM_KINDS:
+    Messages API, or an OpenAI-compatible one (openai, vllm, sglang, llamacpp, and `auto`,
+    whose server is detected at first use)."""
+    if kind not in (*UPSTREAM_KINDS, AUTO_KIND):
         raise ValueError(f"unknown upstream kind {kind!r}; known: {', '.join(UPSTREAM_KINDS)}")
     if kind == "anthropic":
         return AnthropicUpstream(options, transport=transport)
     return OpenAIUpstream(options, transport=transport)
+
+
+def _static_kind(kind: str, url: str) -> str:
+    """A bare URL of a hosted API (api.openai.com, api.anthropic.com) is known by its host;
+    any other stays `auto` (probed at first use)."""
+    if kind != AUTO_KIND:
+        return kind
+    found = kind_from_host(url)
+    if found is None:
+        return kind
+    log_detection(url, url, found, "by kind")
+    return found.kind
 
 
 def build_upstream_backend(
@@ -322,10 +367,11 @@ def build_upstream_backend(
         raise ValueError("no upstreams configured")
     by_kind: dict[str, list[UpstreamBackend]] = {}
     for spec in config.upstreams:
-        api = "anthropic" if spec.kind == "anthropic" else "openai"  # whose key it takes
-        key = config.upstream_api_keys.get(spec.kind) or config.upstream_api_keys.get(api)
+        kind = _static_kind(spec.kind, spec.url)
+        api = "anthropic" if kind == "anthropic" else "openai"  # whose key it takes
+        key = config.upstream_api_keys.get(kind) or config.upstream_api_keys.get(api)
         options = UpstreamOptions(url=spec.url, api_key=key, timeout_s=config.upstream_timeout_s)
-        by_kind.setdefault(spec.kind, []).append(make_upstream(spec.kind, options))
+        by_kind.setdefault(kind, []).append(make_upstream(kind, options))
     pools = {k: ReplicaPool(k, b, router=router, metrics=metrics) for k, b in by_kind.items()}
     if len(pools) == 1:
         return next(iter(pools.values()))

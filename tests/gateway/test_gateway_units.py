@@ -45,7 +45,8 @@ def test_config_checks_itself():
     with pytest.raises(ValueError, match="db_url"):
         GatewayConfig(db_url="stats.db")
     with pytest.raises(ValueError, match="kind=URL"):
-        UpstreamSpec.parse("http://x")
+        UpstreamSpec.parse("localhost:9001/v1")
+    assert UpstreamSpec.parse(" http://x/v1?a=b ") == UpstreamSpec("auto", "http://x/v1?a=b")
     with pytest.raises(ValueError, match="http"):
         UpstreamSpec.parse("openai=ftp://x")
 
