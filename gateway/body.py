@@ -16,6 +16,8 @@ import math
 import re
 from typing import Any
 
+import orjson
+
 from gateway.errors import invalid
 
 MAX_INT = 2**63
@@ -28,17 +30,28 @@ def _reject_constant(name: str) -> float:
 
 
 def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
-    """The body as a JSON object within `max_depth` levels, or a 400 naming the body."""
+    """The body as a JSON object within `max_depth` levels, or a 400 naming the body.
+    orjson parses (it refuses NaN/Infinity, integers past 64 bits and lone surrogates, as the
+    checks below do); what it refuses is parsed again by the standard library, whose error
+    says what is wrong."""
     try:
-        data = json.loads(raw, parse_constant=_reject_constant)
-    except RecursionError:
-        raise invalid(f"request body is nested deeper than {max_depth} levels", "body") from None
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, too-long integers
-        raise invalid(f"request body is not valid JSON: {exc}", "body") from None
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = _parse_strict(raw, max_depth)
     if not isinstance(data, dict):
         raise invalid("request body must be a JSON object", "body")
     check_shape(data, max_depth, strings=_SURROGATE_ESCAPE.search(raw) is not None)
     return data
+
+
+def _parse_strict(raw: bytes, max_depth: int) -> Any:
+    """The standard library's parse, for the error message of a body orjson refused."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise invalid(f"request body is nested deeper than {max_depth} levels", "body") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, too-long integers
+        raise invalid(f"request body is not valid JSON: {exc}", "body") from None
 
 
 def check_shape(data: Any, max_depth: int, *, strings: bool = False) -> None:
@@ -79,6 +92,8 @@ def _check_number(value: Any) -> None:
         raise invalid("request body has an integer outside the 64-bit range", "body")
     if isinstance(value, float) and not math.isfinite(value):
         raise invalid("request body has a number outside the float range", "body")
+    if isinstance(value, float) and not -MAX_INT <= value < MAX_INT:  # orjson: a huge integer
+        raise invalid("request body has a number outside the 64-bit range", "body")
 
 
 def cap_max_tokens(body: dict[str, Any], cap: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from gateway.auth import tenant_for
 from gateway.body import cap_max_tokens, parse_body
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
-from gateway.lint_stage import MODE_HEADER, LintOutcome, LintStage, request_mode
+from gateway.lint_stage import MODE_HEADER, LintStage, request_mode
 from gateway.metrics import GatewayMetrics
 from gateway.salt import UpstreamSalter
 from gateway.stats import RecordStore
@@ -43,6 +43,7 @@ from gateway.types import (
     BackendError,
     ChatRequest,
     Final,
+    PreparingBackend,
     Provider,
     TextDelta,
     Usage,
@@ -218,16 +219,30 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) ->
         body, req = _parse(gw.config, ticket, raw, ctx)
     if not _lint_fits(gw.config, body, len(raw)):
         mode = "off"
-    outcome = await anyio.to_thread.run_sync(_lint, gw, body, ticket, mode)
-    if outcome.changed:
-        req = ticket.route.parse(outcome.body, ctx)
-    assert gw.salter is not None
-    req = replace(req, lint_ids=outcome.lint_ids, family=outcome.family,
-                  upstream_salt=gw.salter.salt(req.namespace))
+    req, lint_ids = await anyio.to_thread.run_sync(_lint_and_prepare, gw, body, req, ticket,
+                                                   mode, ctx)
     ticket.req = req
-    for rule in outcome.lint_ids:
+    for rule in lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
     return req
+
+
+def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket,
+                      mode: Any, ctx: ParseContext) -> tuple[ChatRequest, tuple[str, ...]]:
+    """All of a request's CPU work in one worker-thread call (one hop off the event loop):
+    lint, the re-parse of a rewritten body, and the backend's `prepare` (tokenize and pack
+    once for the shadow caches); under prompt_lint's lock (its learners and memos are
+    process-wide and not thread-safe)."""
+    assert gw.salter is not None
+    with MEMO_LOCK:
+        outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
+        if outcome.changed:
+            req = ticket.route.parse(outcome.body, ctx)
+        req = replace(req, lint_ids=outcome.lint_ids, family=outcome.family,
+                      upstream_salt=gw.salter.salt(req.namespace))
+        if isinstance(gw.backend, PreparingBackend):
+            req = gw.backend.prepare(req)
+    return req, outcome.lint_ids
 
 
 def _parse(config: GatewayConfig, ticket: Ticket, raw: bytes, ctx: ParseContext
@@ -248,13 +263,6 @@ def _lint_fits(config: GatewayConfig, body: dict[str, Any], size: int) -> bool:
         return True
     log.info("body of %d bytes / %d messages is over the lint budget; not linted", size, count)
     return False
-
-
-def _lint(gw: Gateway, body: dict[str, Any], ticket: Ticket, mode: Any) -> LintOutcome:
-    """prompt_lint in a worker thread, never on the event loop, under prompt_lint's lock (its
-    learners and memos are process-wide and not thread-safe)."""
-    with MEMO_LOCK:
-        return gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
 
 
 async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:

@@ -188,6 +188,7 @@ class RecordStore:
         self._batch_size = batch_size
         self._interval = flush_interval_s
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
+        self._wake = threading.Event()  # set: the writer should not wait out its interval
         self.spill = SpillFile(spill_path or default_spill_path(url))
         self._closed = False
         self._next_replay = 0.0
@@ -214,6 +215,9 @@ class RecordStore:
             self._queue.put_nowait(row)
         except queue.Full:
             self._spill([row])
+            return
+        if self._queue.qsize() >= self._batch_size:
+            self._wake.set()
 
     def pending(self) -> int:
         """Rows not yet in the database: queued in memory or waiting in the spill file."""
@@ -226,6 +230,7 @@ class RecordStore:
             return True
         marker = _Flush()
         self._queue.put(marker)
+        self._wake.set()
         return marker.done.wait(timeout)
 
     def close(self) -> None:
@@ -234,6 +239,7 @@ class RecordStore:
             return
         self._closed = True
         self._queue.put(_STOP)
+        self._wake.set()
         self._thread.join()
         self.engine.dispose()
 
@@ -260,30 +266,27 @@ class RecordStore:
                 marker.done.set()
 
     def _collect(self) -> tuple[list[dict[str, Any]], list[_Flush], bool]:
-        """One batch: wait for a first item, then keep collecting for up to one flush
-        interval (a flush marker, a full batch or stop ends it early), so that at low request
-        rates records are still written in batches rather than one transaction each."""
+        """One batch: sleep until woken (a full batch, a flush, stop) or one flush interval
+        has passed, then take what is queued. Records are not waited for one by one: a
+        request never wakes the writer thread (a wake-up per record costs the request path
+        a thread switch), so at low rates records are written in batches too."""
         batch: list[dict[str, Any]] = []
         markers: list[_Flush] = []
-        try:
-            item = self._queue.get(timeout=self._interval)
-        except queue.Empty:
-            return batch, markers, False
-        deadline = time.monotonic() + self._interval
-        while True:
+        if self._queue.empty():
+            self._wake.wait(self._interval)
+        self._wake.clear()
+        while len(batch) < self._batch_size:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
             if item is _STOP:
                 return batch, markers, True
             if isinstance(item, _Flush):
                 markers.append(item)
-                return batch, markers, False
+                break
             batch.append(item)  # type: ignore[arg-type]
-            if len(batch) >= self._batch_size:
-                return batch, markers, False
-            left = deadline - time.monotonic()
-            try:
-                item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                return batch, markers, False
+        return batch, markers, False
 
     def _insert(self, rows: list[dict[str, Any]]) -> None:
         with self._sessions() as session, session.begin():

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from gateway.shadow import Prompt
 
 Provider = Literal["openai", "anthropic"]
 #: Where `Usage.cached_tokens` comes from: the engine or provider ("reported"), or the
@@ -65,6 +68,9 @@ class ChatRequest:
     constraint: OutputConstraint | None = None  # structured output (tools / response_format)
     # body fields an upstream replica's cache model adds (llama.cpp: id_slot, cache_prompt)
     upstream_fields: Mapping[str, Any] = field(default_factory=dict)
+    # the request's tokens for the upstream shadow caches, computed once off the event loop
+    # by the backend's `prepare` (in the same worker-thread call as lint); None: not yet
+    shadow_prompt: Prompt | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,4 +170,15 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release resources (engine thread, HTTP clients)."""
+        ...
+
+
+@runtime_checkable
+class PreparingBackend(Protocol):
+    """A backend with CPU work to do per request before `stream` (upstream pools: tokenize
+    and pack the prompt for the shadow caches). The gateway calls `prepare` in a worker
+    thread, under prompt_lint's lock, right after lint, and streams the request it returns."""
+
+    def prepare(self, req: ChatRequest) -> ChatRequest:
+        """`req` with its precomputed parts filled in (never changes what is served)."""
         ...

@@ -122,6 +122,10 @@ class ReplicaPool:
     def kv_pages(self) -> tuple[int, int] | None:
         return None
 
+    def prepare(self, req: ChatRequest) -> ChatRequest:
+        """`req` with its shadow-cache tokens (call under prompt_lint's lock, off the loop)."""
+        return dataclasses.replace(req, shadow_prompt=request_prompt(req))
+
     async def aclose(self) -> None:
         for r in self.router.replicas:
             await r.backend.aclose()
@@ -129,9 +133,12 @@ class ReplicaPool:
     async def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         if not self._probed:
             await self._probe()
-        # tokenized and packed once for every replica, in a worker thread (prompt_lint's
-        # shared memos are guarded by one lock)
-        prompt = await anyio.to_thread.run_sync(_prompt_of, req)
+        # tokenized and packed once for every replica, off the event loop: by `prepare` in
+        # the gateway's lint call, else here in a worker thread (prompt_lint's shared memos
+        # are guarded by one lock)
+        prompt = req.shadow_prompt
+        if prompt is None:
+            prompt = await anyio.to_thread.run_sync(_prompt_of, req)
         tried: set[str] = set()
         while True:
             route = self.router.choose(prompt, req.namespace, tried)
@@ -325,6 +332,9 @@ class ProviderPools:
 
     def stream(self, req: ChatRequest) -> AsyncGenerator[TextDelta | Final, None]:
         return self._pool(req).stream(req)
+
+    def prepare(self, req: ChatRequest) -> ChatRequest:
+        return self._pool(req).prepare(req)
 
     def bind_metrics(self, registry: Registry) -> None:
         for pool in self.pools.values():

@@ -151,3 +151,38 @@ async def test_bare_urls_of_hosted_apis_are_known_by_host() -> None:
     assert len(backend.pools["auto"].router.replicas) == 2  # two replicas of one pool
     assert backend.pools["auto"].api == "openai"
     await backend.aclose()
+
+
+async def test_the_shadow_prompt_is_prepared_with_lint_for_the_rewritten_body(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One worker-thread call per request: the pool streams the prompt `prepare` built beside
+    lint (it never tokenizes again), and that prompt is the one of the body the upstream got
+    (after rewrite), as a fresh tokenization of the upstream's body shows."""
+    import gateway.backends.pool as pool_module
+    from gateway.shadow import request_prompt
+
+    from .upstream_helpers import gateway_app
+
+    def never(req: Any) -> Any:
+        raise AssertionError("the pool tokenized the prompt a second time")
+
+    monkeypatch.setattr(pool_module, "_prompt_of", never)
+    app_up = create_fake_upstream(FakeUpstreamConfig(page_size=1))
+    pool = pool_over([app_up], kind="vllm")
+    app = gateway_app(tmp_path, pool)
+    body = {"model": "fake", "messages": [
+        {"role": "system", "content": "You are terse. Today is 2026-12-01T04:30:00Z. " * 8},
+        {"role": "user", "content": "hello"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw.test") as client:
+        response = await client.post("/v1/chat/completions", json=body,
+                                     headers={"x-prefixgate-lint-mode": "rewrite"})
+    assert response.status_code == 200, response.text
+    sent = app_up.state.replica.config.bodies[-1]
+    assert sent["messages"] != body["messages"]  # the timestamp moved out of the system prompt
+    expected = request_prompt(chat_request(sent["messages"], body=sent))
+    shadow = pool.router.replicas[0].shadow
+    page = shadow.config.page_size
+    assert shadow.match_length(expected, "default") == len(expected) // page * page
+    app.state.store.close()
+    await pool.aclose()
