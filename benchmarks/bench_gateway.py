@@ -60,6 +60,11 @@ from gateway.fake_upstream import (  # noqa: E402
 from prompt_lint.tokens import get_encoding  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "gateway.json"
+SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worker each (uvloop, "
+         "httptools): the fake upstream (no caching), prefixgate serve --upstream openai=... "
+         "(lint report; its lint/tokenize runs in one worker thread per request), LiteLLM's "
+         "proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
+         f"{os.cpu_count()} CPUs shared by all")
 MODES = ["direct", "gateway", "gateway_lint_off"]  # + "litellm" when LiteLLM is available
 IN_PROCESS_MODES = ("direct", "gateway", "gateway_lint_off")
 
@@ -183,6 +188,7 @@ def run_latency(quick: bool, litellm: str | None) -> dict[str, Any]:
         single = asyncio.run(one_client(urls, bodies))
         multi = asyncio.run(many_clients(urls, bodies, 32, 2 if quick else 4))
     return {"requests": n, "mean_prompt_tokens": round(mean_tokens), "stages": stages,
+            "setup": SETUP,
             "in_process": _summary(inproc, None), "cpu_ms_per_request": cpu,
             "c1": _summary(single, None), "c32": _summary(multi["latencies"], multi["rps"])}
 
@@ -326,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         lat = result["latency"]
         print(f"\nAdded latency, upstream mode ({lat['requests']} agent requests, "
               f"mean {lat['mean_prompt_tokens']} prompt tokens):")
+        print(SETUP)
         print(latency_table(lat))
         print(stage_table(lat["stages"]))
         cpu = lat["cpu_ms_per_request"]
