@@ -322,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--litellm", help="LiteLLM executable (its own venv) for a side row")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server for a real-upstream row")
     parser.add_argument("--skip-llama", action="store_true")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other sections already in the JSON file (with --skip-*)")
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "gateway_quick.json" if args.quick else RESULTS
@@ -369,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{res['turns']} turns:")
             print(table(["cache model", "routing", "hit rate (reported)",
                          "predictions within 5%"], llama_table(res)))
+    if args.update and args.out.exists():
+        result = {**json.loads(args.out.read_text()), **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")

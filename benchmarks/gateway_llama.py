@@ -89,9 +89,14 @@ async def _replay(kind: str, policy: str, urls: list[str], trace: list[Any],
     close = [abs((f.usage.predicted_cached_tokens or 0) - (f.usage.reported_cached_tokens or 0))
              <= 0.05 * f.usage.prompt_tokens for f in warm]
     prompt = sum(f.usage.prompt_tokens for f in finals)
+    rows = [{"session": item.session, "turn": item.turn, "replica": f.replica,
+             "prompt": f.usage.prompt_tokens, "predicted": f.usage.predicted_cached_tokens,
+             "reported": f.usage.reported_cached_tokens}
+            for f, item in zip(finals, trace, strict=True)]
     return {"model": kind if not radix else "radix", "policy": policy,
             "hit_rate": sum(f.usage.reported_cached_tokens or 0 for f in finals) / prompt,
-            "within_5pct": sum(close) / max(len(close), 1)}
+            "cached_tokens": sum(f.usage.reported_cached_tokens or 0 for f in finals),
+            "within_5pct": sum(close) / max(len(close), 1), "requests": rows}
 
 
 def run_llama(quick: bool, binary: Path) -> dict[str, Any]:

@@ -5,7 +5,11 @@ request and reuses their longest common prefix with the next one (`cache_prompt`
 names its slot with `id_slot`; otherwise the server takes the idle slot whose cached tokens share
 the largest fraction of the prompt (above `slot_prompt_similarity`), else the least recently used
 idle slot. So two sessions that share a system prompt can land on one slot and overwrite each
-other's history. Hits are reported as `usage.prompt_tokens_details.cached_tokens` and
+other's history; the server's host-memory prompt cache (`--cache-ram`, on by default) then keeps
+it: when a request would keep under half of its slot's tokens (or the slot is empty, or shares at
+most `slot_prompt_similarity` of the prompt), the slot's tokens are saved there and the saved
+prompt that fits the request better is loaded back; every idle slot is saved when a request
+starts. Hits are reported as `usage.prompt_tokens_details.cached_tokens` and
 `timings.cache_n`; `GET /props` reports `total_slots` and `default_generation_settings.n_ctx`
 (per slot), and `GET /v1/models` lists the model `owned_by: "llamacpp"` with `meta.n_ctx`, as
 llama-server does. Tokens: tiktoken over the whole rendered
@@ -38,6 +42,7 @@ class FakeLlamaConfig:
     similarity: float = 0.1
     reply: str = "Done. The next step is ready."
     n_ctx: int = 8192  # per slot
+    host_cache: bool = True  # llama-server's --cache-ram prompt cache (default on)
 
 
 class LlamaSlot:
@@ -68,6 +73,7 @@ class FakeLlamaServer:
         self.slots = [LlamaSlot(i) for i in range(config.slots)]
         self.requests = 0
         self.chosen: list[int] = []
+        self.saved: list[list[int]] = []  # the host prompt cache, oldest first
 
     def pick(self, prompt: list[int], id_slot: int) -> LlamaSlot:
         """The slot a request runs on (see the module docstring)."""
@@ -82,12 +88,43 @@ class FakeLlamaServer:
                     best, best_sim = slot, sim
         return best or min(idle, key=lambda s: s.used)
 
+    def save(self, tokens: list[int]) -> None:
+        """Keep a slot's tokens in the host cache (unless already there as a prefix of an
+        entry; entries that are prefixes of them are dropped)."""
+        if not tokens or any(entry[: len(tokens)] == tokens for entry in self.saved):
+            return
+        self.saved = [e for e in self.saved if tokens[: len(e)] != e]
+        self.saved.append(list(tokens))
+
+    def swap(self, slot: LlamaSlot, prompt: list[int]) -> None:
+        """Before running `prompt` on `slot`: save the slot and load a better saved prompt
+        when the slot would keep too little of itself."""
+        lcp = common_prefix(slot.tokens, prompt)
+        keep = lcp / len(slot.tokens) if slot.tokens else -1.0
+        sim = lcp / max(len(prompt), 1)
+        if slot.tokens and sim > self.config.similarity and keep >= 0.5:
+            return
+        self.save(slot.tokens)
+        best: list[int] | None = None
+        for entry in self.saved:
+            n = common_prefix(entry, prompt)
+            if n / len(entry) >= 0.25 and n / len(entry) > keep and n / max(len(prompt), 1) > sim:
+                best, keep, sim = entry, n / len(entry), n / max(len(prompt), 1)
+        if best is not None:
+            self.saved.remove(best)
+            slot.tokens = best
+
     async def run(self, body: dict[str, Any]) -> tuple[int, int, int, list[str]]:
         """(prompt tokens, cached tokens, slot, reply words) of one request."""
         encoding = get_encoding()
         prompt = encoding.encode_ordinary(render_prompt(body))
         slot = self.pick(prompt, int(body.get("id_slot", -1)))
         async with slot.lock:
+            if self.config.host_cache:
+                self.swap(slot, prompt)
+                for other in self.slots:
+                    if other is not slot and not other.lock.locked():
+                        self.save(other.tokens)
             cached = common_prefix(slot.tokens, prompt) if body.get("cache_prompt", True) else 0
             cached = min(cached, len(prompt) - 1)  # the last prompt token is always evaluated
             words = [w + " " for w in self.config.reply.split()]

@@ -77,7 +77,8 @@ class Bounded(Generic[K, V]):
 
 
 class Slot(NamedTuple):
-    """What one llama.cpp slot holds: its namespace, packed tokens, last use."""
+    """What one llama.cpp slot holds (or one saved prompt of its host cache): namespace,
+    packed tokens, last use."""
 
     namespace: str
     data: bytes
@@ -85,23 +86,80 @@ class Slot(NamedTuple):
 
 
 class SlotChoice(NamedTuple):
-    """The slot a prompt runs on and the prefix it reuses there."""
+    """The slot a prompt runs on, the prefix it reuses there, whether the server saves the
+    slot to its host cache first (`swaps`), and the host-cache entry it then loads into the
+    slot (-1: none)."""
 
     slot: int
     length: int
+    swaps: bool = False
+    loads: int = -1
+
+
+def _tokens(data: bytes) -> int:
+    return len(data) // TOKEN_BYTES
+
+
+class HostPromptCache:
+    """llama-server's prompt cache in host memory (`--cache-ram`, on by default): slot states
+    it saved, oldest first, bounded by `max_tokens` (the server bounds it by MiB)."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.entries: list[Slot] = []
+
+    def save(self, slot: Slot) -> None:
+        """Keep `slot`'s tokens: skipped when an entry already starts with them; entries they
+        extend are dropped; the oldest go past the bound."""
+        if self.holds(slot):
+            return
+        self.entries = [e for e in self.entries if not (
+            e.namespace == slot.namespace and slot.data.startswith(e.data))]
+        self.entries.append(slot)
+        total = sum(_tokens(e.data) for e in self.entries)
+        while len(self.entries) > 1 and total > self.max_tokens:
+            total -= _tokens(self.entries.pop(0).data)
+
+    def holds(self, slot: Slot) -> bool:
+        """True when an entry starts with all of `slot`'s tokens."""
+        return any(e.namespace == slot.namespace and e.data.startswith(slot.data)
+                   for e in self.entries)
+
+    def best(self, data: bytes, namespace: str, keep: float, sim: float) -> int:
+        """The entry the server would load for a prompt instead of a slot that keeps `keep`
+        of its tokens and covers `sim` of the prompt: better on both, keeping >= 1/4 of
+        itself; -1 when none."""
+        found, n = -1, max(_tokens(data), 1)
+        for k, entry in enumerate(self.entries):
+            if entry.namespace != namespace:
+                continue
+            lcp = common_prefix_tokens(entry.data, data)
+            keep_k, sim_k = lcp / max(_tokens(entry.data), 1), lcp / n
+            if keep_k >= 0.25 and keep_k > keep and sim_k > sim:
+                found, keep, sim = k, keep_k, sim_k
+        return found
 
 
 class SlotShadow:
-    """A llama.cpp server's slots (see the module docstring)."""
+    """A llama.cpp server's slots and its host prompt cache (see the module docstring).
+
+    Per request the server (tools/server, `get_available_slot`) takes the pinned slot; when
+    the prompt reuses under half of what the slot holds (or at most `similarity` of the prompt,
+    or the slot is empty), it saves the slot to its host cache and loads from there the saved
+    prompt that fits better, if any; it reuses the longest common prefix of the slot and the
+    prompt (all but the last token). Starting a request also saves every idle slot."""
 
     #: a request continues a slot's conversation when it reuses this share of what it holds
     CONTINUES = 0.9
 
     def __init__(self, config: ShadowConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, similarity: float = 0.1,
+                 host_cache: bool = True) -> None:
         self.config = config or ShadowConfig(page_size=1, slots=1)
         self._clock = clock
         self.slots: list[Slot | None] = [None] * self.config.slots
+        self.similarity = similarity
+        self.host = HostPromptCache(self.config.max_pages * 16) if host_cache else None
         self.misses = 0
 
     def resize(self, slots: int) -> None:
@@ -109,25 +167,37 @@ class SlotShadow:
         if slots > 0 and slots != len(self.slots):
             self.slots = (self.slots + [None] * slots)[:slots]
 
+    def served(self, i: int, data: bytes, namespace: str) -> SlotChoice:
+        """What the server reuses when the prompt runs on slot `i`."""
+        slot, n = self.slots[i], max(_tokens(data), 1)
+        same = slot is not None and slot.namespace == namespace
+        lcp = common_prefix_tokens(slot.data, data) if slot is not None and same else 0
+        keep = -1.0 if slot is None else lcp / max(_tokens(slot.data), 1)
+        sim = lcp / n
+        swaps = self.host is not None and (slot is None or sim <= self.similarity or keep < 0.5)
+        loads = self.host.best(data, namespace, keep, sim) if swaps and self.host else -1
+        if loads >= 0 and self.host is not None:
+            lcp = common_prefix_tokens(self.host.entries[loads].data, data)
+        return SlotChoice(i, min(lcp, n - 1), swaps, loads)
+
     def choose(self, prompt: Prompt, namespace: str) -> SlotChoice:
-        """The continued slot, else an empty one, else the least recently used."""
+        """The slot where the prompt reuses the most among those whose tokens survive it
+        (empty, continued by the prompt, or kept in the host cache); ties: an empty slot,
+        then the least recently used. So a session keeps its slot while others are free."""
         data = prompt.tokens.data
-        best = SlotChoice(-1, 0)
-        for i, slot in enumerate(self.slots):
-            if slot is None or slot.namespace != namespace:
-                continue
-            length = common_prefix_tokens(slot.data, data)
-            if length > best.length and length >= self.CONTINUES * len(slot.data) // TOKEN_BYTES:
-                best = SlotChoice(i, length)
-        if best.slot >= 0:
-            return best
-        empty = [i for i, s in enumerate(self.slots) if s is None]
-        if empty:
-            return SlotChoice(empty[0], 0)
-        i = min(range(len(self.slots)), key=lambda k: self._used(k))
-        old = self.slots[i]
-        same = old is not None and old.namespace == namespace
-        return SlotChoice(i, common_prefix_tokens(old.data, data) if same and old else 0)
+        choices = [self.served(i, data, namespace) for i in range(len(self.slots))]
+        kept = [c for c in choices if self._survives(c, data)] or choices
+        return max(kept, key=lambda c: (c.length, self.slots[c.slot] is None,
+                                        -self._used(c.slot)))
+
+    def _survives(self, choice: SlotChoice, data: bytes) -> bool:
+        """True when running `data` on the slot loses nothing the slot holds."""
+        slot = self.slots[choice.slot]
+        if slot is None or choice.swaps:
+            return True
+        if self.host is not None and self.host.holds(slot):
+            return True
+        return common_prefix_tokens(slot.data, data) >= self.CONTINUES * _tokens(slot.data)
 
     def _used(self, i: int) -> float:
         slot = self.slots[i]
@@ -143,17 +213,33 @@ class SlotShadow:
     def upstream_fields(self, prompt: Prompt, namespace: str) -> dict[str, Any]:
         """Pin the request to its slot and ask the server to reuse the slot's prefix; the
         slot is taken now (the server queues a request for a busy slot)."""
-        slot = self.choose(prompt, namespace).slot
-        self.slots[slot] = Slot(namespace, prompt.tokens.data, self._clock())
-        return {"id_slot": slot, "cache_prompt": True}
+        choice = self.choose(prompt, namespace)
+        self._run(choice, prompt.tokens.data, namespace)
+        return {"id_slot": choice.slot, "cache_prompt": True}
+
+    def _run(self, choice: SlotChoice, data: bytes, namespace: str) -> None:
+        """What the server does to its slots and host cache for a request on `choice`."""
+        old = self.slots[choice.slot]
+        if self.host is not None and choice.swaps:
+            loaded = self.host.entries[choice.loads] if choice.loads >= 0 else None
+            if old is not None:
+                self.host.save(old)
+            if loaded is not None and loaded in self.host.entries:
+                self.host.entries.remove(loaded)
+        self.slots[choice.slot] = Slot(namespace, data, self._clock())
+        if self.host is not None:  # the server saves the idle slots as the request starts
+            for i, slot in enumerate(self.slots):
+                if i != choice.slot and slot is not None:
+                    self.host.save(slot)
 
     def record(self, prompt: Prompt | Any, namespace: str) -> None:
         """Store the prompt in its slot (already done when `upstream_fields` pinned it)."""
         prompt = as_prompt(prompt)
-        choice = self.choose(prompt, namespace)
-        slot = self.slots[choice.slot]
-        if slot is None or slot.data != prompt.tokens.data:
-            self.slots[choice.slot] = Slot(namespace, prompt.tokens.data, self._clock())
+        data = prompt.tokens.data
+        if any(s is not None and s.data == data and s.namespace == namespace
+               for s in self.slots):
+            return
+        self._run(self.choose(prompt, namespace), data, namespace)
 
     def learn(self, prompt: Prompt | Any, namespace: str, predicted: int, reported: int) -> None:
         """A slot is rewritten by every request, so there is nothing to trim: count misses."""

@@ -186,3 +186,45 @@ async def test_upstream_kinds_choose_their_cache_models() -> None:
     # every OpenAI-compatible kind takes the openai key; an OpenAI-format request goes to one
     assert backend.pools["vllm"].router.replicas[0].backend.options.api_key == "sk-o"
     await backend.aclose()
+
+
+async def test_slot_model_follows_llama_servers_host_prompt_cache() -> None:
+    """More sessions than slots: llama-server saves overwritten slots in its host prompt cache
+    and loads them back; the slot model predicts those hits, a model without the host cache
+    (the shadow before it knew) does not."""
+    trace = agent_trace(sessions=6, turns=4, system_words=200, task_words=120, output_words=60,
+                        seed=3)
+
+    def server(host_cache: bool) -> list[Any]:
+        return [create_fake_llama_server(FakeLlamaConfig(slots=2, host_cache=host_cache))]
+
+    def warm(finals: list[Final]) -> list[Final]:
+        return [f for f, item in zip(finals, trace, strict=True) if item.turn > 0]
+
+    modelled = warm(await _replay(_pool("llamacpp", server(True)), trace))
+    blind = warm(await _replay(_pool("llamacpp", server(True), shadows=[
+        SlotShadow(ShadowConfig(page_size=1, slots=2), host_cache=False)]), trace))
+    no_cache = warm(await _replay(_pool("llamacpp", server(False), shadows=[
+        SlotShadow(ShadowConfig(page_size=1, slots=2), host_cache=False)]), trace))
+
+    def reported(finals: list[Final]) -> int:
+        return sum(f.usage.reported_cached_tokens or 0 for f in finals)
+
+    assert reported(modelled) > reported(no_cache)  # the host cache brings histories back
+    assert sum(map(_close, modelled)) >= 0.9 * len(modelled)
+    assert sum(map(_close, blind)) < sum(map(_close, modelled))
+    assert sum(map(_close, no_cache)) >= 0.9 * len(no_cache)  # each model fits its server
+
+
+def test_host_prompt_cache_saves_overwritten_slots_and_loads_them_back() -> None:
+    shadow = SlotShadow(ShadowConfig(page_size=1, slots=1))
+    system = list(range(100))
+    a = as_prompt(system + [1000] * 300)
+    b = as_prompt(system + [2000] * 300)
+    shadow.upstream_fields(a, "t")
+    assert shadow.predict(b, "t") == 100  # keeps 1/4 of a: a is saved first, nothing to load
+    shadow.upstream_fields(b, "t")
+    assert shadow.host is not None and [len(e.data) // 4 for e in shadow.host.entries] == [400]
+    a2 = as_prompt(system + [1000] * 300 + [7] * 20)
+    assert shadow.predict(a2, "t") == 400  # a comes back from the host cache
+    assert shadow.predict(a2, "other") == 0  # tenants never share
