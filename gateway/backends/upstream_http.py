@@ -61,17 +61,38 @@ class UpstreamOptions:
         return f"UpstreamOptions(url={self.url!r}, replica={self.replica!r})"
 
 
+class NoCookies(httpx.Cookies):
+    """A cookie jar that keeps nothing."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
+class UpstreamClient(httpx.AsyncClient):
+    """httpx's client without a cookie jar: one pooled client serves every tenant, so a
+    `Set-Cookie` from an upstream answer must never ride along on the next tenant's request
+    (and reading it back costs every response a cookie-jar pass)."""
+
+    @property  # type: ignore[misc]
+    def cookies(self) -> httpx.Cookies:
+        return _NO_COOKIES
+
+
+_NO_COOKIES = NoCookies()
+
+
 def make_client(
     options: UpstreamOptions, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    """A pooled client for one replica (keep-alive, bounded connections, per-phase timeouts)."""
+    """A pooled client for one replica (keep-alive, bounded connections, per-phase timeouts,
+    no cookie jar)."""
     t = options.timeout_s
     timeout = httpx.Timeout(connect=min(t, 10.0), read=t, write=t, pool=t)
     limits = httpx.Limits(
         max_connections=options.max_connections,
         max_keepalive_connections=min(options.max_connections, 64),
     )
-    return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+    return UpstreamClient(timeout=timeout, limits=limits, transport=transport)
 
 
 STALE_CONNECTION_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)

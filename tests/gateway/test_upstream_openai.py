@@ -14,6 +14,7 @@ import pytest
 from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key, read_usage
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.fake_upstream import render_prompt
+from gateway.types import Final
 from prompt_lint.tokens import get_encoding
 
 from .upstream_helpers import (
@@ -265,4 +266,26 @@ async def test_stale_keepalive_connection_is_retried_once() -> None:
     final = [x async for x in pool.stream(chat_request([{"role": "user", "content": "x"}]))][-1]
     assert final.text == "fine" and len(calls) == 2
     assert final.usage.reported_cached_tokens is None and final.usage.cached_tokens == 0
+    await pool.aclose()
+
+
+async def test_an_upstream_cookie_never_rides_on_the_next_request() -> None:
+    """One pooled client serves every tenant: a Set-Cookie from one answer must not come
+    back on another tenant's request."""
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("cookie"))
+        body = {"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+        return httpx.Response(200, json=body, headers={"set-cookie": "session=tenant-a"})
+
+    pool = pool_over_handler(handler)
+    for tenant in ("a", "b"):
+        items = [x async for x in pool.stream(chat_request(
+            [{"role": "user", "content": "hi"}], namespace=tenant))]
+        assert isinstance(items[-1], Final)
+    assert seen == [None, None]
     await pool.aclose()
