@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import anyio
+import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -56,6 +57,14 @@ log = logging.getLogger("prefixgate.gateway")
 CLIENT_CLOSED = 499
 INLINE_PARSE_BYTES = 64 << 10  # bodies above this are parsed in a worker thread
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class FastJSONResponse(JSONResponse):
+    """A JSON response encoded by orjson (compact UTF-8, as Starlette's own, several times
+    faster for a large completion)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 class Chunks(Protocol):
@@ -301,7 +310,7 @@ async def _json_response(
     body = ticket.route.render(req, final, int(time.time()))
     body[SUMMARY_FIELD] = summary(final.usage)
     headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
-    return JSONResponse(body, headers=headers)
+    return FastJSONResponse(body, headers=headers)
 
 
 async def _until_final(

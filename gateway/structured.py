@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+import orjson
+
 from gateway.errors import invalid
 from gateway.types import OutputConstraint
 
@@ -62,13 +64,24 @@ def _schema_error(schema_json: str) -> str | None:
 
 def check_schema(schema: dict[str, Any], path: str) -> None:
     """400 naming `path` when the schema is invalid or uses an unsupported keyword."""
-    error = _schema_error(json.dumps(schema, sort_keys=True))
+    error = _schema_error(_sorted_json(schema))
     if error is not None:
         raise invalid(f"'{path}' is not a supported JSON schema: {error}", path)
 
 
+def _sorted_json(schema: dict[str, Any]) -> str:
+    """The schema as canonical JSON text (keys sorted), the memo key of its check."""
+    try:
+        return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # what orjson refuses (integers past 64 bits)
+        return json.dumps(schema, sort_keys=True)
+
+
 def _styled(schema: dict[str, Any]) -> str:
-    return json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
+    try:
+        return orjson.dumps({**schema, "x-guidance": JSON_STYLE}).decode()
+    except TypeError:
+        return json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
 
 
 def _call_schema(tool: ToolSchema) -> dict[str, Any]:
