@@ -239,7 +239,8 @@ async def in_process(bodies: list[bytes], tmp: Path) -> tuple[dict[str, list[flo
                                                                dict[str, float]]:
     """Client -> gateway app -> fake upstream app over ASGI transports (no TCP, one process):
     wall-clock latencies per mode, and CPU ms per request per mode (blocks of one mode, CPU
-    time of the whole process, so it does not depend on how busy the machine is)."""
+    time of the whole process, the least of three blocks, so it depends little on how busy
+    the machine is)."""
     from gateway.app import create_app
     from gateway.config import GatewayConfig
 
@@ -263,15 +264,17 @@ async def in_process(bodies: list[bytes], tmp: Path) -> tuple[dict[str, list[flo
                 mode = IN_PROCESS_MODES[(i + k) % len(IN_PROCESS_MODES)]
                 url, headers = targets[mode]
                 out[mode].append(await _timed(client, url, headers, body))
-        cpu: dict[str, float] = {}
-        for mode in IN_PROCESS_MODES:
-            url, headers = targets[mode]
-            app.state.store.flush()
-            start = time.process_time()
-            for body in bodies:
-                await _timed(client, url, headers, body)
-            app.state.store.flush()  # the record writer's CPU counts too
-            cpu[mode] = (time.process_time() - start) * 1000.0 / len(bodies)
+        cpu: dict[str, float] = {m: float("inf") for m in IN_PROCESS_MODES}
+        for _ in range(3):  # blocks of each mode in turn; the least CPU of three (load noise)
+            for mode in IN_PROCESS_MODES:
+                url, headers = targets[mode]
+                app.state.store.flush()
+                start = time.process_time()
+                for body in bodies:
+                    await _timed(client, url, headers, body)
+                app.state.store.flush()  # the record writer's CPU counts too
+                spent = (time.process_time() - start) * 1000.0 / len(bodies)
+                cpu[mode] = min(cpu[mode], spent)
     app.state.store.close()
     await upstream.aclose()
     return out, cpu
