@@ -365,7 +365,8 @@ def _static_kind(kind: str, url: str) -> str:
     found = kind_from_host(url)
     if found is None:
         return kind
-    log_detection(url, url, found, "by kind")
+    log_detection(httpx.URL(url).host, url, found,
+                  type(cache_model_for(found.kind, url)).__name__)
     return found.kind
 
 
