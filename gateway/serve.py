@@ -8,6 +8,7 @@ to an SQLite file (./prefixgate.db unless --db says otherwise).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from typing import Any
@@ -93,8 +94,18 @@ def main(argv: list[str]) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
     app = create_app(config)
+    freeze_startup_objects()
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
     return 0
+
+
+def freeze_startup_objects() -> None:
+    """Move everything allocated so far (modules, the app, tokenizer tables) out of the
+    garbage collector's view: they live as long as the process, and each full collection
+    would otherwise walk them all again (half of its pause on the request path, measured
+    in-process). Call once, after the app is built, before serving."""
+    gc.collect()
+    gc.freeze()
 
 
 class BackgroundServer:

@@ -188,3 +188,19 @@ def test_serve_refuses_bad_config_with_status_2(capsys, monkeypatch):
     monkeypatch.setenv("PREFIXGATE_PORT", "not-a-port")
     assert main([]) == 2
     assert "PREFIXGATE_PORT" in capsys.readouterr().err
+
+
+def test_serve_freezes_startup_objects_out_of_the_collectors_view() -> None:
+    import gc
+
+    from gateway.serve import freeze_startup_objects
+
+    gc.unfreeze()
+    marker = [object()]  # allocated before serving: frozen with the rest
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > 0
+        assert not any(o is marker for o in gc.get_objects())  # no collection walks it
+    finally:
+        gc.unfreeze()
+    assert any(o is marker for o in gc.get_objects())
