@@ -21,7 +21,9 @@ anything on it that did not vary is stable, whatever it looks like
 learner is frozen: then it has seen the whole log, and a value that is the
 same in every request of the family is stable.
 
-Memory is bounded: at most `max_families` families (least recently used is
+Memory is bounded by bytes (`LearnerConfig`: `family_bytes` for the families,
+`memo_bytes` for the learner's memos, `session_bytes` for its SessionTracker)
+and by counts: at most `max_families` families (least recently used is
 dropped), `max_template_chars` characters of reference per family, and
 `max_lines` indexed lines per family. Online: every `observe` call both
 answers and learns, unless the learner is frozen (two-pass use on a log:
@@ -39,11 +41,11 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from itertools import accumulate, compress, groupby
 from operator import add, ne
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prompt_lint.detectors import Span
 from prompt_lint.incremental import shared_bounds
-from prompt_lint.memo import caching
+from prompt_lint.memo import LRU, caching, text_bytes
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
 
@@ -54,6 +56,13 @@ _WORD_RE = re.compile(r"\w(?:\S*\w)?|[^\w\s]+")
 #: Line hashes probed in the index to find candidate families (then scored exactly).
 _PROBES = 48
 _MASK_CACHE = 4096
+#: Byte estimates: a line (str header, list slot), a line hash (boxed int, set slot), a
+#: family's fixed part, and the copies of a reference text a template may hold (its lines,
+#: the last text aligned, one remembered line per changed line).
+_LINE_BYTES = 64
+_HASH_BYTES = 56
+_FAMILY_BYTES = 4096
+_TEMPLATE_COPIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +74,18 @@ class LearnerConfig:
     max_lines: int = 4096
     min_similarity: float = 0.5
     max_sessions: int = 4096
+    family_bytes: int = 12 << 20  # families: references, learned state, line index
+    memo_bytes: int = 4 << 20  # masked texts, line sets, recent family matches
+    session_bytes: int = 4 << 20  # the SessionTracker: histories, rewritten messages
+
+    @property
+    def total_bytes(self) -> int:
+        """Byte budget of one learner in all."""
+        return self.family_bytes + self.memo_bytes + self.session_bytes
 
     def __post_init__(self) -> None:
-        for name in ("max_families", "max_template_chars", "max_lines", "max_sessions"):
+        for name in ("max_families", "max_template_chars", "max_lines", "max_sessions",
+                     "family_bytes", "memo_bytes", "session_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.min_similarity <= 1.0:
@@ -116,6 +134,7 @@ class Family:
     tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
     last_tools: object | None = None  # the ToolSet of the last request (identity check)
     sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
+    bytes: int = 0  # estimated bytes held (`family_bytes`), set when founded
     session_lines: OrderedDict[str, dict[str, dict[int, int] | None]] = field(
         default_factory=OrderedDict)  # session -> template key -> last differing lines
 
@@ -170,17 +189,27 @@ class TemplateLearner:
 
     def __init__(self, max_families: int = 256, max_template_chars: int = 262_144,
                  max_lines: int = 4096, min_similarity: float = 0.5,
-                 max_sessions: int = 4096) -> None:
-        self.config = LearnerConfig(max_families, max_template_chars, max_lines,
-                                    min_similarity, max_sessions)
-        self.families: OrderedDict[str, Family] = OrderedDict()
+                 max_sessions: int = 4096, config: LearnerConfig | None = None) -> None:
+        self.config = config or LearnerConfig(max_families, max_template_chars, max_lines,
+                                              min_similarity, max_sessions)
+        cfg = self.config
+        # state, not a memo: set_caching(False) leaves it on; a dropped family leaves the index
+        self.families: LRU[str, Family] = LRU(cfg.max_families, cfg.family_bytes,
+                                              evicted=self._unindex, switchable=False)
         self._index: dict[int, set[str]] = {}
-        self._recent: dict[frozenset[int], str] = {}
-        self._masks: OrderedDict[str, tuple[list[str], frozenset[int]]] = OrderedDict()
-        self._sets: OrderedDict[tuple[tuple[str, ...], tuple[frozenset[int], ...]],
-                                frozenset[int]] = OrderedDict()
-        self.sessions = SessionTracker(max_sessions=max_sessions)
+        self._recent: LRU[frozenset[int], str] = LRU(4 * cfg.max_families, cfg.memo_bytes // 4)
+        self._masks: LRU[str, tuple[list[str], frozenset[int]]] = LRU(
+            _MASK_CACHE, cfg.memo_bytes // 2)
+        self._sets: LRU[tuple[tuple[str, ...], tuple[frozenset[int], ...]], frozenset[int]] = \
+            LRU(_MASK_CACHE, cfg.memo_bytes // 4)
+        self.sessions = SessionTracker(max_sessions=cfg.max_sessions,
+                                       max_bytes=cfg.session_bytes)
         self.frozen = False
+
+    def memos(self) -> dict[str, LRU[Any, Any]]:
+        """The byte-bounded stores by name (for accounting and tests)."""
+        return {"families": self.families, "recent": self._recent, "masks": self._masks,
+                "sets": self._sets, **self.sessions.memos()}
 
     def freeze(self) -> None:
         """Stop learning: later observe() calls answer but change no template."""
@@ -208,7 +237,7 @@ class TemplateLearner:
             if self.frozen:
                 return FamilyMatch(None, [])
             family = self._found(hashes, targets, lines, keys)
-        self.families.move_to_end(family.id)
+        self.families.get(family.id)  # now the most recently used
         if not self.frozen:
             family.requests += 1
         for target in targets:
@@ -256,44 +285,42 @@ class TemplateLearner:
         """Masked lines of a target and their hashes, cached on the masked text (tool
         texts repeat; a system prompt that differs only in detected values masks the same)."""
         text = masked_text(target.text, spans)
-        found = self._masks.get(text) if caching() else None
+        found = self._masks.get(text)
         if found is None:
             masked = text.split("\n")
             found = (masked, frozenset(hash(line) for line in masked if line.strip()))
-            self._masks[text] = found
-            if len(self._masks) > _MASK_CACHE:
-                self._masks.popitem(last=False)
+            # the text, its lines (as many characters again, a header each), the hash set
+            weight = 2 * text_bytes(text) + _LINE_BYTES * len(masked) + \
+                _HASH_BYTES * len(found[1])
+            self._masks.put(text, found, weight)
         return found
 
     def _line_set(self, tool_names: list[str], parts: list[frozenset[int]]) -> frozenset[int]:
         """The request's line hashes (tool names and masked lines, at most `max_lines`),
         cached on the per-target hash sets (the same objects while `_masks` holds them)."""
         key = (tuple(tool_names), tuple(parts))
-        found = self._sets.get(key) if caching() else None
+        found = self._sets.get(key)
         if found is not None:
-            self._sets.move_to_end(key)
             return found
         hashes: set[int] = {hash("\x00tool\x00" + name) for name in tool_names}
         for part in parts:
             hashes |= part
         if len(hashes) > self.config.max_lines:
             hashes = set(list(hashes)[: self.config.max_lines])
-        found = self._sets[key] = frozenset(hashes)
-        if len(self._sets) > _MASK_CACHE:
-            self._sets.popitem(last=False)
-        return found
+        found = frozenset(hashes)
+        weight = sum(map(text_bytes, tool_names)) + \
+            _HASH_BYTES * (len(found) + sum(map(len, parts)))
+        return self._sets.put(key, found, weight)
 
     def _match_cached(self, hashes: frozenset[int]) -> Family | None:
         """_match, memoised on the exact line set (requests of a family mostly repeat it)."""
-        key = hashes
-        fid = self._recent.get(key)
-        if fid is not None and fid in self.families:
-            return self.families[fid]
+        fid = self._recent.get(hashes)
+        found = self.families.peek(fid) if fid is not None else None
+        if found is not None:
+            return found
         family = self._match(hashes)
         if family is not None:
-            self._recent[key] = family.id
-            if len(self._recent) > 4 * self.config.max_families:
-                self._recent.pop(next(iter(self._recent)))
+            self._recent.put(hashes, family.id, _HASH_BYTES * len(hashes) + 256)
         return family
 
     def _match(self, hashes: frozenset[int]) -> Family | None:
@@ -301,15 +328,17 @@ class TemplateLearner:
         for h in sorted(hashes)[:_PROBES]:
             candidates.update(self._index.get(h, ()))
         best, best_score = None, 0.0
-        for fid in candidates:
-            lines = self.families[fid].line_hashes
+        for fid, family in zip(candidates, map(self.families.peek, candidates), strict=True):
+            if family is None:
+                continue
+            lines = family.line_hashes
             n = len(hashes & lines)
             score = n / (len(hashes) + len(lines) - n)
             if score > best_score or (score == best_score and best is not None and fid < best):
                 best, best_score = fid, score
         if best is None or best_score < self.config.min_similarity:
             return None
-        return self.families[best]
+        return self.families.peek(best)
 
     def _found(self, hashes: frozenset[int], targets: list[Segment],
                lines: dict[str, list[str]], keys: dict[str, str]) -> Family:
@@ -322,15 +351,18 @@ class TemplateLearner:
             if family.chars + len(target.text) <= self.config.max_template_chars:
                 family.templates[keys[target.path]] = _Template(target.text.split("\n"))
                 family.chars += len(target.text)
-        self.families[fid] = family
+                family.bytes += _TEMPLATE_COPIES * text_bytes(target.text) + \
+                    2 * _LINE_BYTES * (target.text.count("\n") + 1)
+        family.bytes += _FAMILY_BYTES + 2 * _HASH_BYTES * len(hashes)  # its hashes, the index
         for h in hashes:
             self._index.setdefault(h, set()).add(fid)
-        while len(self.families) > self.config.max_families:
-            self._drop(next(iter(self.families)))
+        self.families.put(fid, family, family.bytes)
+        if fid not in self.families:  # heavier than the whole budget: not kept
+            self._unindex(fid, family)
         return family
 
-    def _drop(self, fid: str) -> None:
-        family = self.families.pop(fid)
+    def _unindex(self, fid: str, family: Family) -> None:
+        """Remove a dropped family from the line index."""
         for h in family.line_hashes:
             owners = self._index.get(h)
             if owners is not None:
