@@ -222,7 +222,7 @@ class BreakpointShadow:
                 ends.append(end)
         del ends[:-256]  # the most recent positions (a namespace rarely needs more)
         self._tree.insert(prompt.tokens, None, namespace)
-        over = self._tree.stats.total_pages - self.config.max_pages * 64
+        over = self._tree.stats.total_pages - self.config.page_capacity(self.config.max_pages * 64)
         if over > 0:
             self._tree.evict(over)
 
