@@ -304,10 +304,11 @@ class PatternScanner:
         return out
 
 
-_SCANNER = PatternScanner()
+#: The process-wide scanner (its memos are budgeted by `MemoBudgets`).
+SCANNER = PatternScanner()
 
 
 def detect(text: str, slot: str | None = None) -> list[Span]:
     """Spans of dynamic-looking values in `text` (process-wide line cache); with
     `slot` (the text's path), long texts are scanned incrementally."""
-    return _SCANNER.scan(text) if slot is None else _SCANNER.scan_at(text, slot)
+    return SCANNER.scan(text) if slot is None else SCANNER.scan_at(text, slot)

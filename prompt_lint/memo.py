@@ -22,8 +22,8 @@ import json
 import marshal
 import sys
 import threading
-from collections import OrderedDict
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, Generic, TypeVar
 
@@ -158,6 +158,17 @@ class LRU(Generic[K, V]):
             if self.evicted is not None:
                 self.evicted(old, old_value)
         return value
+
+    def resize(self, max_weight: int) -> None:
+        """Change the byte budget; drops least recently used entries past a smaller one."""
+        if max_weight < 1:
+            raise ValueError(f"max_weight must be >= 1, got {max_weight}")
+        self.max_weight = max_weight
+        while self.weight > self.max_weight and self._data:
+            old, old_value = self._data.popitem(last=False)
+            self.weight -= self._weights.pop(old, 0)
+            if self.evicted is not None:
+                self.evicted(old, old_value)
 
     def reweigh(self, key: K, weight: int) -> None:
         """Set the weight of the entry at `key` (it grew in place); evicts past the budget,
