@@ -99,13 +99,13 @@ async def test_streamed_tool_use(make_fake_app):
 
 def test_sync_sdk_over_a_real_socket(make_fake_app):
     with serve(make_fake_app()) as server:
-        client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
-        out = client.messages.create(model=FAKE_MODEL, max_tokens=8,
-                                     messages=[{"role": "user", "content": "socket"}])
-        assert out.content[0].text == "echo: socket"
-        with client.messages.stream(model=FAKE_MODEL, max_tokens=8,
-                                    messages=[{"role": "user", "content": "x y"}]) as stream:
-            text = "".join(stream.text_stream)
+        with anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0) as client:
+            out = client.messages.create(model=FAKE_MODEL, max_tokens=8,
+                                         messages=[{"role": "user", "content": "socket"}])
+            assert out.content[0].text == "echo: socket"
+            with client.messages.stream(model=FAKE_MODEL, max_tokens=8,
+                                        messages=[{"role": "user", "content": "x y"}]) as stream:
+                text = "".join(stream.text_stream)
         assert text == "echo: x y"
 
 

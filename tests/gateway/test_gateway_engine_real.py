@@ -80,6 +80,8 @@ def test_openai_sync_stream_and_anthropic_agree(make_real_app, real_backend):
         assert usage.cache_read_input_tokens > 0
         with ant.messages.stream(**body) as events:
             assert "".join(events.text_stream) == text
+        oai.close()
+        ant.close()
     assert [r.status for r in stored(app)] == [200, 200, 200, 200]
 
 
@@ -257,6 +259,7 @@ def test_agent_loop_example_rewrite_beats_lint_off(make_real_app):
                                timeout=300)
         off = example.agent_run(client, "off", turns=3, max_tokens=4)
         rewrite = example.agent_run(client, "rewrite", turns=3, max_tokens=4)
+        client.close()
     # Lint off: the changing timestamp near the top caps the hit at its first page or so;
     # rewrite: every later call reuses the whole stable history.
     assert min(t.cached_tokens for t in rewrite[1:]) > max(t.cached_tokens for t in off)

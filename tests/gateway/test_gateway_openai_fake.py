@@ -133,6 +133,7 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
             model=FAKE_MODEL, messages=[{"role": "user", "content": "a b c d e"}],
             max_tokens=3, stream=True)
         pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        client.close()
         assert "".join(pieces) == "echo: a b"
         health = httpx.get(server.url + "/healthz").json()
         assert health["status"] == "ok"

@@ -91,6 +91,7 @@ async def test_openai_required_tool_calls_always_validate(make_real_app):
                 max_tokens=48, temperature=0.7 if i % 2 else 0, seed=i, extra_body=extra)
 
         replies = await asyncio.gather(*(ask(i, p) for i, p in enumerate(PROMPTS)))
+        await client.close()
     valid = 0
     for i, reply in enumerate(replies):
         assert reply.choices[0].finish_reason == "tool_calls"
@@ -113,6 +114,7 @@ async def test_openai_json_schema_documents_always_validate(make_real_app):
                 response_format=fmt, max_tokens=40, temperature=0.7 if i % 2 else 0, seed=i,
                 extra_body={"cache_salt": salt()})
             for i, p in enumerate(PROMPTS)))
+        await client.close()
     for reply in replies:
         assert reply.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
