@@ -4,16 +4,12 @@ Every memo that can hold prompt-sized data (whole texts, their token ids, their 
 `prompt_lint.memo.LRU` bounded by estimated bytes; its budget is a named field here. The
 defaults add up to `MemoBudgets().total` (124 MiB). Per-learner state (prompt families, the
 learner's memos, sessions) has its own byte budgets in `LearnerConfig`; the gateway keeps one
-learner per tenant. `apply_budgets` resizes the live memos (an operator's smaller budget).
+learner per tenant. `prompt_lint.memory.apply_budgets` resizes the live memos.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from prompt_lint.memo import LRU
 
 MIB = 1 << 20
 
@@ -46,21 +42,3 @@ class MemoBudgets:
 #: The budgets the process-wide memos are built with.
 BUDGETS = MemoBudgets()
 
-
-def process_memos() -> dict[str, LRU[Any, Any]]:
-    """The process-wide memos by budget name (the shared TokenCounter's, the pattern
-    scanner's, the JSON and tool-list memos)."""
-    from prompt_lint.detectors import SCANNER
-    from prompt_lint.memo import JSON_MEMO
-    from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
-    from prompt_lint.toolset import TOOLSET_MEMO
-
-    return {"json_texts": JSON_MEMO, "tool_sets": TOOLSET_MEMO,
-            **shared_counter(DEFAULT_ENCODING).memos(), **SCANNER.memos()}
-
-
-def apply_budgets(budgets: MemoBudgets) -> None:
-    """Resize every process-wide memo to `budgets` (smaller budgets drop the least recently
-    used entries now). Hold `prompt_lint.memo.LOCK` when other threads lint."""
-    for name, memo in process_memos().items():
-        memo.resize(getattr(budgets, name))

@@ -19,8 +19,9 @@ from gateway.app import create_app
 from gateway.body import INLINE_BYTES
 from gateway.config import GatewayConfig
 from gateway.memory import rss_bytes, tune_malloc
-from prompt_lint.budgets import BUDGETS, MemoBudgets, apply_budgets, process_memos
+from prompt_lint.budgets import BUDGETS, MemoBudgets
 from prompt_lint.memo import LOCK
+from prompt_lint.memory import apply_budgets, process_memos
 from tests.gateway.upstream_helpers import fake_replicas, gateway_app, pool_over
 
 MB = 1 << 20
