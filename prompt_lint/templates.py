@@ -34,25 +34,28 @@ thread or tenant.
 from __future__ import annotations
 
 import hashlib
-import re
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from difflib import SequenceMatcher
-from itertools import accumulate, compress, groupby
-from operator import add, ne
-from typing import Any, NamedTuple
+from itertools import compress
+from operator import ne
+from typing import Any
 
+from prompt_lint.align import line_offsets, line_pairs, region, word_opcodes, words
 from prompt_lint.detectors import Span
+from prompt_lint.family import (  # the learner's data types, re-exported here
+    _SESSIONS_PER_FAMILY,
+    Family,
+    FamilyMatch,
+    LearnedSpan,
+    LearnerConfig,
+    _Template,
+)
 from prompt_lint.incremental import shared_bounds
 from prompt_lint.memo import LRU, caching, text_bytes
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
 
-#: Alignment tokens: a word with its inner punctuation (a timestamp, a handle, a path)
-#: or a run of punctuation, so "(light rain)." aligns as "(", "light", "rain", ")."
-#: and a changing value's span stops where the value does.
-_WORD_RE = re.compile(r"\w(?:\S*\w)?|[^\w\s]+")
+__all__ = ["Family", "FamilyMatch", "LearnedSpan", "LearnerConfig", "TemplateLearner",
+           "masked_text", "template_key"]
+
 #: Line hashes probed in the index to find candidate families (then scored exactly).
 _PROBES = 48
 _MASK_CACHE = 4096
@@ -63,95 +66,6 @@ _LINE_BYTES = 64
 _HASH_BYTES = 56
 _FAMILY_BYTES = 4096
 _TEMPLATE_COPIES = 3
-
-
-@dataclass(frozen=True, slots=True)
-class LearnerConfig:
-    """Bounds and thresholds of a TemplateLearner."""
-
-    max_families: int = 256
-    max_template_chars: int = 262_144
-    max_lines: int = 4096
-    min_similarity: float = 0.5
-    max_sessions: int = 4096
-    family_bytes: int = 12 << 20  # families: references, learned state, line index
-    memo_bytes: int = 4 << 20  # masked texts, line sets, recent family matches
-    session_bytes: int = 4 << 20  # the SessionTracker: histories, rewritten messages
-
-    @property
-    def total_bytes(self) -> int:
-        """Byte budget of one learner in all."""
-        return self.family_bytes + self.memo_bytes + self.session_bytes
-
-    def __post_init__(self) -> None:
-        for name in ("max_families", "max_template_chars", "max_lines", "max_sessions",
-                     "family_bytes", "memo_bytes", "session_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.min_similarity <= 1.0:
-            raise ValueError(f"min_similarity must be in (0, 1], got {self.min_similarity}")
-
-
-#: Sessions remembered per family for within-session evidence (least recent dropped).
-_SESSIONS_PER_FAMILY = 128
-
-
-class LearnedSpan(NamedTuple):
-    """A span that varies within the family: path of the string, char offsets, and
-    `scope`: "request" (seen to change inside a session) or "session" (constant
-    inside every session seen, different across sessions)."""
-
-    path: str
-    start: int
-    end: int
-    scope: str = "request"
-
-
-@dataclass(slots=True)
-class _Template:
-    lines: list[str]
-    dynamic: dict[int, set[int]] = field(default_factory=dict)  # line -> word indexes
-    within: set[int] = field(default_factory=set)  # lines that changed inside a session
-    repeats: int = 0  # same-session request pairs compared on this template
-    last_text: str = ""
-    last_spans: list[tuple[int, int, int]] = field(default_factory=list)  # start, end, line
-    last_differ: dict[int, int] | None = None  # line -> hash of lines unlike the reference
-    #: line -> (last text seen there, its known-dynamic count, its spans): session
-    #: constants repeat a changed line request after request
-    line_memo: dict[int, tuple[str, int, list[tuple[int, int]]]] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Family:
-    """One prompt family: id, line index, per-path templates, cross-request tool state."""
-
-    id: str
-    line_hashes: frozenset[int]
-    templates: dict[str, _Template] = field(default_factory=dict)
-    chars: int = 0
-    requests: int = 0
-    tool_names: list[str] | None = None
-    tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
-    last_tools: object | None = None  # the ToolSet of the last request (identity check)
-    sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
-    bytes: int = 0  # estimated bytes held (`family_bytes`), set when founded
-    session_lines: OrderedDict[str, dict[str, dict[int, int] | None]] = field(
-        default_factory=OrderedDict)  # session -> template key -> last differing lines
-
-    @property
-    def settled(self) -> bool:
-        """Whether two sessions were seen: enough evidence to call unchanged text stable."""
-        return len(self.sessions) >= 2
-
-
-class FamilyMatch(NamedTuple):
-    """What observe() found: the family (or None), its learned spans, and the paths
-    whose unchanged text is proven stable by the family's evidence."""
-
-    family: Family | None
-    spans: list[LearnedSpan]
-    settled: frozenset[str] = frozenset()
-    partial: frozenset[str] = frozenset()  # two sessions seen, but no session's second request
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -172,10 +86,6 @@ def template_key(path: str, tool_names: list[str]) -> str:
     index, _, rest = path[6:].partition("]")
     i = int(index)
     return f"tool:{tool_names[i]}{rest}" if i < len(tool_names) else path
-
-
-def _words(line: str) -> list[tuple[int, int]]:
-    return [m.span() for m in _WORD_RE.finditer(line)]
 
 
 class TemplateLearner:
@@ -424,10 +334,10 @@ class TemplateLearner:
             pairs = [(i, i) for i in sorted(differ.keys() | template.dynamic.keys())]
             extra: list[int] = []
         else:
-            pairs, extra = _line_pairs(ref, new)
+            pairs, extra = line_pairs(ref, new)
         if not pairs and not extra:
             return [], differ
-        offsets = _line_offsets(new)
+        offsets = line_offsets(new)
         out = [(offsets[j], offsets[j] + len(new[j]), -1) for j in extra if new[j].strip()]
         for i, j in pairs:
             for s, e in self._diff_line(template, i, ref[i], new[j]):
@@ -448,12 +358,12 @@ class TemplateLearner:
     def _align_line(self, template: _Template, i: int, ref: str, new: str,
                     known: set[int]) -> list[tuple[int, int]]:
         """Word-align one changed line; learns its changed words unless frozen."""
-        rw, nw = _words(ref), _words(new)
+        rw, nw = words(ref), words(new)
         spans: list[tuple[int, int]] = []
         changed: set[int] = set()
         if ref == new:
             spans = [nw[k] for k in sorted(known) if k < len(nw)]
-        for op, i1, i2, j1, j2 in _word_opcodes(ref, new, rw, nw):
+        for op, i1, i2, j1, j2 in word_opcodes(ref, new, rw, nw):
             if op == "equal":
                 spans += [nw[j1 + k - i1] for k in range(i1, i2) if k in known]
                 continue
@@ -462,9 +372,9 @@ class TemplateLearner:
                 spans.append((nw[j1][0], nw[j2 - 1][1]))
         if not self.frozen and changed:
             template.dynamic.setdefault(i, set()).update(changed)
-        region = _region(rw, nw, ref, new, known | changed)
-        if region is not None:
-            spans = [region]
+        found = region(rw, nw, ref, new, known | changed)
+        if found is not None:
+            spans = [found]
         elif spans:
             spans = [(min(s for s, _ in spans), max(e for _, e in spans))]
         return [(s, e) for s, e in spans if e > s]
@@ -476,53 +386,3 @@ def _spans_of(template: _Template, path: str, settled: bool) -> list[LearnedSpan
     return [LearnedSpan(path, s, e, "session" if session_ok and i >= 0 and
                         i not in template.within else "request")
             for s, e, i in template.last_spans]
-
-
-def _word_opcodes(ref: str, new: str, rw: list[tuple[int, int]],
-                  nw: list[tuple[int, int]]) -> Sequence[tuple[str, int, int, int, int]]:
-    """Token alignment of two lines: position by position when they have as many
-    tokens (a changed value keeps its place), else a SequenceMatcher diff."""
-    if ref == new:
-        return []
-    a, b = [ref[s:e] for s, e in rw], [new[s:e] for s, e in nw]
-    if len(a) != len(b):
-        return SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-    out: list[tuple[str, int, int, int, int]] = []
-    for same, run in groupby(range(len(a)), key=lambda k: a[k] == b[k]):
-        ks = list(run)
-        op = "equal" if same else "replace"
-        out.append((op, ks[0], ks[-1] + 1, ks[0], ks[-1] + 1))
-    return out
-
-
-def _region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new: str,
-            dynamic: set[int]) -> tuple[int, int] | None:
-    """One span over the new line's dynamic words: the words between the stable
-    head and stable tail the reference line has around its dynamic words, so a
-    line yields one span (and one marker) whatever the value's length."""
-    if not dynamic or not nw:
-        return None
-    head, tail = min(dynamic), len(rw) - 1 - max(dynamic)
-    last = len(nw) - 1 - tail
-    if head > last:
-        return None
-    same_head = all(ref[slice(*rw[k])] == new[slice(*nw[k])] for k in range(head))
-    same_tail = all(ref[slice(*rw[len(rw) - 1 - k])] == new[slice(*nw[len(nw) - 1 - k])]
-                    for k in range(tail))
-    return (nw[head][0], nw[last][1]) if same_head and same_tail else None
-
-
-def _line_offsets(lines: list[str]) -> list[int]:
-    return list(map(add, accumulate(map(len, lines), initial=0), range(len(lines) + 1)))
-
-
-def _line_pairs(ref: list[str], new: list[str]) -> tuple[list[tuple[int, int]], list[int]]:
-    """Aligned (ref, new) line pairs, and new lines with no counterpart."""
-    pairs: list[tuple[int, int]] = []
-    extra: list[int] = []
-    for op, i1, i2, j1, j2 in SequenceMatcher(None, ref, new, autojunk=False).get_opcodes():
-        if op == "equal" or (op == "replace" and i2 - i1 == j2 - j1):
-            pairs += list(zip(range(i1, i2), range(j1, j2), strict=True))
-        else:
-            extra += range(j1, j2)
-    return pairs, extra
