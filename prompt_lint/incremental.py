@@ -99,19 +99,25 @@ def shared_bounds(old: str, new: str) -> tuple[int, int]:
 _STR_HEADER = 64  # a str object beside its characters (49..80 bytes)
 
 
+def _numbers_bytes(values: list[V]) -> int:
+    """A list of numbers: its slots and a boxed number each (O(1))."""
+    return sys.getsizeof(values) + 32 * len(values)
+
+
 class PieceMemo(Generic[V]):
     """Bounded memo: slot -> last Pieces; `cut` splits text, `value` maps a piece.
 
     Bounded by `max_bytes` (an LRU over slots; a Pieces weighs its text, its pieces, their
-    offsets and `values_bytes` of its values, counted once per slot that holds it) and by
+    offsets and `values_bytes` of its values (default: numbers), counted once per slot that
+    holds it) and by
     `max_slots` entries."""
 
     def __init__(self, cut: Callable[[str], list[str]], value: Callable[[str], V],
                  max_slots: int = 1024, max_bytes: int = 16 << 20,
-                 values_bytes: Callable[[list[V]], int] = approx_bytes) -> None:
+                 values_bytes: Callable[[list[V]], int] | None = None) -> None:
         self._cut = cut
         self._value = value
-        self._values_bytes = values_bytes
+        self._values_bytes = values_bytes or _numbers_bytes
         self.slots: LRU[object, Pieces[V]] = LRU(max_slots, max_weight=max_bytes)
 
     def get(self, text: str, slots: tuple[object, ...]) -> Pieces[V]:
