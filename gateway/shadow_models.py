@@ -1,7 +1,8 @@
 """Cache models for upstreams that do not cache as a radix tree, and the model per kind.
 
 - `SlotShadow`: a llama.cpp server keeps one KV sequence per slot and reuses the longest common
-  prefix of the slot it runs a request on. The gateway pins each conversation to a slot with
+  prefix of the slot it runs a request on (the shadow keeps at most `max_bytes / slots` of
+  each slot's tokens). The gateway pins each conversation to a slot with
   `id_slot` (and `cache_prompt: true`): a request that continues a slot's conversation goes to
   that slot; a new one takes an empty slot, else the least recently used one. Two sessions
   sharing a system prompt then never overwrite each other while a slot is free.
@@ -144,16 +145,23 @@ class SlotShadow:
         """Pin the request to its slot and ask the server to reuse the slot's prefix; the
         slot is taken now (the server queues a request for a busy slot)."""
         slot = self.choose(prompt, namespace).slot
-        self.slots[slot] = Slot(namespace, prompt.tokens.data, self._clock())
+        self.slots[slot] = Slot(namespace, self._held(prompt.tokens.data), self._clock())
         return {"id_slot": slot, "cache_prompt": True}
+
+    def _held(self, data: bytes) -> bytes:
+        """What a slot keeps of a prompt: at most its share of `max_bytes` (a prefix, whole
+        tokens), so all slots together stay within the budget."""
+        share = self.config.max_bytes // len(self.slots) // TOKEN_BYTES * TOKEN_BYTES
+        return data if len(data) <= share else data[:share]
 
     def record(self, prompt: Prompt | Any, namespace: str) -> None:
         """Store the prompt in its slot (already done when `upstream_fields` pinned it)."""
         prompt = as_prompt(prompt)
         choice = self.choose(prompt, namespace)
         slot = self.slots[choice.slot]
-        if slot is None or slot.data != prompt.tokens.data:
-            self.slots[choice.slot] = Slot(namespace, prompt.tokens.data, self._clock())
+        data = self._held(prompt.tokens.data)
+        if slot is None or slot.data != data:
+            self.slots[choice.slot] = Slot(namespace, data, self._clock())
 
     def learn(self, prompt: Prompt | Any, namespace: str, predicted: int, reported: int) -> None:
         """A slot is rewritten by every request, so there is nothing to trim: count misses."""

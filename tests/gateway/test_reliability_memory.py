@@ -19,9 +19,12 @@ from gateway.app import create_app
 from gateway.body import INLINE_BYTES
 from gateway.config import GatewayConfig
 from gateway.memory import rss_bytes, tune_malloc
+from gateway.shadow import Prompt, ShadowCache, ShadowConfig
+from gateway.shadow_models import BreakpointShadow, SlotShadow
 from prompt_lint.budgets import BUDGETS, MemoBudgets
 from prompt_lint.memo import LOCK
 from prompt_lint.memory import apply_budgets, process_memos
+from radix_cache import PackedTokens
 from tests.gateway.upstream_helpers import fake_replicas, gateway_app, pool_over
 
 MB = 1 << 20
@@ -122,3 +125,37 @@ async def test_a_large_upstream_body_is_serialised_off_the_event_loop(
             await _send(http, "x" * size)
     app.state.store.close()
     assert seen == [(100, False), (INLINE_BYTES * 2, True)]
+
+
+def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 50_000) for _ in range(length)] for _ in range(n)]
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 128])
+def test_shadow_cache_pages_fit_its_byte_budget(page_size: int) -> None:
+    config = ShadowConfig(page_size=page_size, max_bytes=256 * 1024)
+    shadow = ShadowCache(config)
+    for tokens in _prompts(40, 3000, page_size):
+        shadow.record(tokens, "t")
+        assert shadow.pages * config.page_bytes() <= config.max_bytes
+    last = tokens
+    assert shadow.match_length(last, "t") > 0  # the most recent prompt is still cached
+
+
+def test_breakpoint_and_slot_shadows_fit_their_byte_budgets() -> None:
+    budget = 64 * 1024
+    breakpoints = BreakpointShadow(ShadowConfig(page_size=1, min_cached_tokens=16,
+                                                max_bytes=budget))
+    slots = SlotShadow(ShadowConfig(page_size=1, slots=4, max_bytes=budget))
+    for tokens in _prompts(30, 6000, 9):
+        prompt = Prompt(PackedTokens(tokens), (3000, 6000))
+        breakpoints.record(prompt, "t")
+        slots.upstream_fields(prompt, "t")
+        slots.record(prompt, "t")
+        held = sum(len(s.data) for s in slots.slots if s is not None)
+        assert held <= budget
+        assert breakpoints._tree.stats.total_pages * ShadowConfig(page_size=1).page_bytes() \
+            <= budget
+    # a kept prefix still predicts: the slot holds the first budget/4 bytes of the prompt
+    assert slots.predict(prompt, "t") == budget // 4 // 4
