@@ -7,15 +7,17 @@ span several tokens (what streaming must handle); STOP is its end-of-text token.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
 
 from engine.dense_reference import greedy_generate
+from engine.llm_engine import Engine
 from engine.loader import LoadedModel, parameter_bytes
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
+from engine.scheduler import SchedulerOutput
 
 STOP = 256
 VOCAB = 260
@@ -113,3 +115,17 @@ def chain_model(text: str, seed: int = 0) -> LoadedModel:
             head[successor] = 4 * model.embed[current]
         head_weight.copy_(head)
     return loaded
+
+
+def watch_steps(eng: Engine, measure: Callable[[SchedulerOutput], object]) -> list[object]:
+    """Every later step's `measure(scheduled step)`, in order: the engine's own schedule, seen."""
+    seen: list[object] = []
+    schedule = eng.scheduler.schedule
+
+    def spy() -> SchedulerOutput:
+        out = schedule()
+        seen.append(measure(out))
+        return out
+
+    eng.scheduler.schedule = spy  # type: ignore[method-assign]
+    return seen

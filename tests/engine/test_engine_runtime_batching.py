@@ -17,7 +17,14 @@ from engine.cli import main as cli_main
 from engine.loader import LoadedModel
 from engine.plan import plan_memory, shape_from_config
 
-from .engine_runtime_support import STOP, dense_greedy, one_torch_thread, random_prompts, tiny_model
+from .engine_runtime_support import (
+    STOP,
+    dense_greedy,
+    one_torch_thread,
+    random_prompts,
+    tiny_model,
+    watch_steps,
+)
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -86,15 +93,7 @@ def test_requests_join_and_leave_at_every_step(tiny, prompts, reference) -> None
 @pytest.mark.parametrize("budget", [1, 5, 16])
 def test_chunked_prefill_gives_the_same_tokens(tiny, prompts, reference, budget) -> None:
     eng = make(tiny, max_num_batched_tokens=budget)
-    sizes: list[int] = []
-    schedule = eng.scheduler.schedule
-
-    def spy():
-        out = schedule()
-        sizes.append(out.num_tokens)
-        return out
-
-    eng.scheduler.schedule = spy  # type: ignore[method-assign]
+    sizes = watch_steps(eng, lambda out: out.num_tokens)
     assert [o.token_ids for o in eng.generate(prompts, GREEDY)] == reference
     assert max(sizes) == budget  # prompts were split into chunks of at most the budget
     assert_all_pages_accounted(eng)

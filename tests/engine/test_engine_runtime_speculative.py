@@ -33,6 +33,7 @@ from .engine_runtime_support import (
     one_torch_thread,
     random_prompts,
     tiny_model,
+    watch_steps,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -210,16 +211,12 @@ def test_drafting_and_plain_sequences_share_steps(tiny, prompts, reference) -> N
     penalised = SamplingParams(max_tokens=24, temperature=0.0, frequency_penalty=0.2,
                                presence_penalty=0.1)  # fmt: skip
     per[1] = penalised
-    steps: list[tuple[int, int]] = []
-    schedule = eng.scheduler.schedule
 
-    def spy():  # (sequences drafting, sequences not drafting) per step
-        out = schedule()
-        drafting = sum(1 for s in out.scheduled if s.draft)
-        steps.append((drafting, len(out.scheduled) - drafting))
-        return out
+    def drafting(out):  # (sequences drafting, sequences not drafting) per step
+        n = sum(1 for s in out.scheduled if s.draft)
+        return n, len(out.scheduled) - n
 
-    eng.scheduler.schedule = spy  # type: ignore[method-assign]
+    steps = watch_steps(eng, drafting)
     outs = eng.generate(prompts, per)
     assert any(d > 0 and p > 0 for d, p in steps)  # mixed steps happened
     for i, out in enumerate(outs):
@@ -234,15 +231,7 @@ def test_drafting_and_plain_sequences_share_steps(tiny, prompts, reference) -> N
 @pytest.mark.parametrize("budget", [3, 7, 20])
 def test_chunked_prefill_and_drafts_in_one_step(tiny, prompts, reference, budget) -> None:
     eng = make(tiny, max_num_batched_tokens=budget)
-    sizes: list[int] = []
-    schedule = eng.scheduler.schedule
-
-    def spy():
-        out = schedule()
-        sizes.append(out.num_tokens)
-        return out
-
-    eng.scheduler.schedule = spy  # type: ignore[method-assign]
+    sizes = watch_steps(eng, lambda out: out.num_tokens)
     outs = eng.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == reference
     assert max(sizes) <= budget  # drafts stay inside the step's token budget
