@@ -79,7 +79,13 @@ class Family:
     tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
     last_tools: object | None = None  # the ToolSet of the last request (identity check)
     sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
-    bytes: int = 0  # estimated bytes held (`family_bytes`), set when founded
+    bytes: int = 0  # estimated bytes of the templates and hashes, set when founded
+    session_bytes: dict[str, int] = field(default_factory=dict)  # session_lines' entries
+
+    @property
+    def held_bytes(self) -> int:
+        """Estimated bytes held: templates, hashes and the session evidence."""
+        return self.bytes + sum(self.session_bytes.values())
     session_lines: OrderedDict[str, dict[str, dict[int, int] | None]] = field(
         default_factory=OrderedDict)  # session -> template key -> last differing lines
 

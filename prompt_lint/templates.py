@@ -61,11 +61,13 @@ _PROBES = 48
 _MASK_CACHE = 4096
 #: Byte estimates: a line (str header, list slot), a line hash (boxed int, set slot), a
 #: family's fixed part, and the copies of a reference text a template may hold (its lines,
-#: the last text aligned, one remembered line per changed line).
+#: the last text aligned, one remembered line per changed line). A family's weight grows
+#: with its session evidence (`Family.held_bytes`).
 _LINE_BYTES = 64
 _HASH_BYTES = 56
 _FAMILY_BYTES = 4096
 _TEMPLATE_COPIES = 3
+_EVIDENCE_BYTES = 512  # one session's evidence entry: its dicts, before their lines
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -177,8 +179,12 @@ class TemplateLearner:
         before = family.session_lines.get(session)
         family.session_lines[session] = now
         family.session_lines.move_to_end(session)
+        family.session_bytes[session] = text_bytes(session) + _EVIDENCE_BYTES + \
+            _HASH_BYTES * 2 * sum(len(lines) for lines in now.values() if lines)
         if len(family.session_lines) > _SESSIONS_PER_FAMILY:
-            family.session_lines.popitem(last=False)
+            dropped, _ = family.session_lines.popitem(last=False)
+            family.session_bytes.pop(dropped, None)
+        self.families.reweigh(family.id, family.held_bytes)
         if before is None:
             return
         for key, lines in now.items():
@@ -266,7 +272,7 @@ class TemplateLearner:
         family.bytes += _FAMILY_BYTES + 2 * _HASH_BYTES * len(hashes)  # its hashes, the index
         for h in hashes:
             self._index.setdefault(h, set()).add(fid)
-        self.families.put(fid, family, family.bytes)
+        self.families.put(fid, family, family.held_bytes)
         if fid not in self.families:  # heavier than the whole budget: not kept
             self._unindex(fid, family)
         return family

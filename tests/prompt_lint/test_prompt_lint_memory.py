@@ -123,7 +123,7 @@ def test_learner_stores_hold_at_most_their_budgets() -> None:
     stores = learner.memos()
     assert len(learner.families) < 150  # families were dropped for bytes, not for count
     assert stores["families"].weight <= config.family_bytes
-    assert stores["families"].weight == sum(f.bytes for f in learner.families.values())
+    assert stores["families"].weight == sum(f.held_bytes for f in learner.families.values())
     seen: set[int] = set()
     assert sum(deep_size(f, seen) for f in learner.families.values()) <= config.family_bytes
     live = set(learner.families)
