@@ -110,9 +110,9 @@ def plan_attention(
     torch_path = chosen == "torch"
     reads = None
     if torch_path and is_decode and total > 0:
-        allow = torch_attention.padding_allowed(k_cache.device, k_cache.dtype)
+        limit = torch_attention.padded_page_limit(k_cache)
         reads = torch_attention.decode_read_plan(
-            block_table, seq_lens, page_size, num_pages, allow
+            block_table, seq_lens, page_size, num_pages, True, limit
         )
     return AttentionPlan(
         backend=chosen,

@@ -11,11 +11,17 @@ it once per step (``kernels.plan_attention``) and every layer reuses it. A seque
 are consecutive is read as a view of the cache, without a gather. On CPU in float32 a sequence
 read on its own is two small ``bmm``s: cheaper at one query token than SDPA.
 
-On CPU in float32 decode always goes sequence by sequence: a padded gather of the whole batch
-writes and re-reads every K/V byte through memory (the gathered batch outgrows the cache), and
-SDPA with a length mask is slow at a few query rows. Measured per layer (1 thread, SmolLM2 shapes):
-B=4 at ~1000 tokens 5.0 ms padded vs 2.6 ms per sequence; B=64 at ~300 tokens 67 ms vs 52 ms;
-a 4-sequence engine decode step went from ~280 ms to ~150 ms.
+On CPU in float32 a decode batch of several sequences is gathered padded to its longest
+sequence and read by one SDPA call per layer (masked by length) as long as the gathered K/V
+stays small (``PADDED_GATHER_BYTES``); past that it goes sequence by sequence, each reading a
+view of its pages when they are consecutive. Per-sequence reads cost a handful of small ops
+per sequence per layer, and each small op with two threads on a busy machine can wait a whole
+scheduler slice for the second thread; one padded call per layer does not scale with the batch.
+Measured per layer (SmolLM2 shapes, B=8, median of 15; load 4-6 on 2 cores): at 64 tokens
+0.26 ms padded vs 0.60 ms per sequence with views (1 thread), 0.29 vs 7.7 ms (2 threads);
+at 300 tokens 1.2 vs 1.8 ms (1 thread, gathered); at 1000 tokens 7.7 vs 6.9 ms (1 thread) and
+25 vs 65 ms (2 threads). The first round measured B=4 at ~1000 tokens 5.0 ms padded vs 2.6 ms
+per sequence (1 thread): long contexts stay per sequence. A single sequence reads a view.
 
 Prefill of a sequence with only a few new tokens (a speculative draft being verified: the
 last real token plus up to ~16 draft tokens over a long cached context) on CPU in float32
@@ -39,6 +45,9 @@ _local = threading.local()
 PADDING_WASTE_LIMIT = 1.5
 # CPU float32 prefill: a sequence with at most this many new tokens reads K/V once with bmm.
 FEW_NEW_TOKENS = 16
+# CPU float32 decode: a padded gather of the batch may write at most this many K+V bytes per
+# layer (8 MB: 8 sequences of ~680 tokens in SmolLM2-135M); past it, sequence by sequence.
+PADDED_GATHER_BYTES = 8 << 20
 
 
 def _workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -96,6 +105,7 @@ class DecodeReadPlan(NamedTuple):
     pages: torch.Tensor | None  # [B, n_pages] int64, padded batch only
     mask: torch.Tensor | None  # [B, 1, 1, L] bool, padded batch with unequal lengths
     empty_rows: torch.Tensor | None  # [B] bool: sequences with no tokens (padded batch)
+    padded_len: int = 0  # L: tokens read per sequence of the padded batch (its longest)
 
 
 def _seq_pages(
@@ -116,8 +126,12 @@ def decode_read_plan(
     page_size: int,
     num_pages: int,
     allow_padding: bool = True,
+    max_padded_pages: int | None = None,
 ) -> DecodeReadPlan:
-    """The step's read plan; ``allow_padding=False`` always reads sequence by sequence."""
+    """The step's read plan; ``allow_padding=False`` always reads sequence by sequence.
+
+    ``max_padded_pages``: the most pages a padded gather may copy (None: no limit); see
+    ``padded_page_limit``."""
     lengths = seq_lens.tolist()
     page_counts = [-(-n // page_size) for n in lengths]
     n_pages = max(page_counts)
@@ -125,6 +139,7 @@ def decode_read_plan(
         allow_padding
         and len(lengths) > 1
         and len(lengths) * n_pages <= PADDING_WASTE_LIMIT * sum(page_counts)
+        and (max_padded_pages is None or len(lengths) * n_pages <= max_padded_pages)
     )
     if n_pages == 0 or not padded:
         seqs = [
@@ -134,12 +149,13 @@ def decode_read_plan(
         ]
         return DecodeReadPlan(seqs, None, None, None)
     pages = block_table[:, :n_pages].clamp(0, num_pages - 1).long()  # padding may hold junk
+    longest = max(lengths)
     mask = None
-    if min(lengths) != n_pages * page_size:  # some sequence ends before the padded length
-        positions = torch.arange(n_pages * page_size, device=seq_lens.device)
+    if min(lengths) != longest:  # some sequence ends before the padded length
+        positions = torch.arange(longest, device=seq_lens.device)
         mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
     empty = seq_lens == 0 if 0 in lengths else None
-    return DecodeReadPlan([], pages, mask, empty)
+    return DecodeReadPlan([], pages, mask, empty, longest)
 
 
 def _decode_padded(
@@ -153,11 +169,12 @@ def _decode_padded(
     assert plan.pages is not None
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    k, v = gather_kv(k_cache, v_cache, plan.pages)  # [B, L, Hkv, D]
+    k, v = gather_kv(k_cache, v_cache, plan.pages)  # [B, pages * page_size, Hkv, D]
+    k, v = k[:, : plan.padded_len].transpose(1, 2), v[:, : plan.padded_len].transpose(1, 2)
     qg = q.view(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [B, Hkv, G, D]
     out = F.scaled_dot_product_attention(
-        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=plan.mask, scale=scale
-    )  # [B, Hkv, G, D]
+        qg, k, v, attn_mask=plan.mask, scale=scale
+    )  # [B, Hkv, G, D] over K/V [B, Hkv, L, D]
     out = out.reshape(batch, num_q_heads, head_dim)
     if plan.empty_rows is not None:  # a fully masked row is NaN; an empty sequence reads nothing
         out[plan.empty_rows] = 0.0
@@ -204,9 +221,13 @@ def _decode_each(
     return out
 
 
-def padding_allowed(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether decode may gather the batch padded: not on CPU float32 (see the module doc)."""
-    return device.type != "cpu" or dtype != torch.float32
+def padded_page_limit(k_cache: torch.Tensor) -> int | None:
+    """The most pages a padded decode gather may copy per call: no limit off CPU float32; on
+    CPU float32 the pages of ``PADDED_GATHER_BYTES`` of K and V (see the module doc)."""
+    if k_cache.device.type != "cpu" or k_cache.dtype != torch.float32:
+        return None
+    page_bytes = 2 * k_cache[0].numel() * k_cache.element_size()  # one page of K and of V
+    return PADDED_GATHER_BYTES // page_bytes
 
 
 def paged_decode_attention(
@@ -227,8 +248,8 @@ def paged_decode_attention(
     plan = reads
     if plan is None:
         num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-        allow = padding_allowed(q.device, q.dtype)
-        plan = decode_read_plan(block_table, seq_lens, page_size, num_pages, allow)
+        limit = padded_page_limit(k_cache)
+        plan = decode_read_plan(block_table, seq_lens, page_size, num_pages, True, limit)
     if plan.pages is not None:
         return _decode_padded(q, k_cache, v_cache, plan, scale)
     return _decode_each(q, k_cache, v_cache, plan, scale)

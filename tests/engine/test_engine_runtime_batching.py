@@ -312,3 +312,24 @@ def test_page_pool_is_sized_from_the_memory_budget_with_the_plan_formula(tiny) -
     assert budget - (tiny.weight_bytes + plan.kv_cache + plan.overhead) < 8 * per_token
     with pytest.raises(ValueError, match="no room for the KV cache"):
         Engine(EngineConfig(memory_budget_bytes=1 << 20), model=tiny)
+
+
+def test_similar_lengths_decode_padded_and_equal_dense(tiny) -> None:
+    """Eight streams of similar length are read padded, one attention call per layer (the
+    CPU float32 batch path); every stream's greedy tokens still equal the dense reference."""
+    prompts = random_prompts(8, 20, 24, seed=5)
+    eng = make(tiny, enable_prefix_caching=False)
+    reads = []
+    prepare = eng.runner.prepare
+
+    def spy(batch):  # type: ignore[no-untyped-def]
+        inputs = prepare(batch)
+        if inputs.meta.is_decode and inputs.meta.plan is not None:
+            reads.append(inputs.meta.plan.decode_reads)
+        return inputs
+
+    eng.runner.prepare = spy  # type: ignore[method-assign]
+    outs = eng.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [dense_greedy(tiny, p, 10) for p in prompts]
+    assert reads and all(r is not None and r.pages is not None for r in reads)
+    assert_all_pages_accounted(eng)

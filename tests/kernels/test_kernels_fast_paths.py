@@ -208,8 +208,8 @@ def test_decode_with_plan_equals_without(kind: str, dtype: torch.dtype) -> None:
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_table, batch.seq_lens, batch.scale)
     plan = decode_plan(batch.block_table, batch.seq_lens, batch.k_cache)
     assert plan.decode_reads is not None
-    # float16 may pad the batch; float32 on CPU always reads sequence by sequence
-    padded = kind == "padded" and dtype == torch.float16
+    # similar lengths are gathered padded in either dtype (a small batch on CPU float32 too)
+    padded = kind == "padded"
     assert (plan.decode_reads.pages is not None) == padded
     outside = decode_call(args)
     first, again = decode_call(args, plan), decode_call(args, plan)
@@ -466,3 +466,29 @@ def test_decode_page_id_beyond_cache_raises(lens: list[int], planned: bool) -> N
             decode_plan(block_table, batch.seq_lens, batch.k_cache)
         else:
             decode_call(args)
+
+
+@pytest.mark.parametrize("limit_pages", [None, 6, 5])
+def test_cpu_float32_decode_pads_only_under_the_gather_limit(
+    limit_pages: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 CPU batch of similar lengths is read padded (one call per layer) while its
+    gather fits ``PADDED_GATHER_BYTES``, sequence by sequence past it; both equal the naive
+    reference, and a padded read trims to the longest sequence (no junk past it is read)."""
+    batch = make_paged_batch([20, 31, 25], [1] * 3, 6, 2, HEAD_DIM, PAGE_SIZE, torch.float32)
+    page_bytes = 2 * batch.k_cache[0].numel() * batch.k_cache.element_size()
+    if limit_pages is not None:
+        monkeypatch.setattr(torch_attention, "PADDED_GATHER_BYTES", limit_pages * page_bytes)
+    plan = decode_plan(batch.block_table, batch.seq_lens, batch.k_cache)
+    assert plan.decode_reads is not None
+    padded = limit_pages is None or limit_pages >= 3 * 2  # 3 sequences x 2 pages
+    assert (plan.decode_reads.pages is not None) == padded
+    if padded:
+        assert plan.decode_reads.padded_len == 31
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_table, batch.seq_lens, batch.scale)
+    want = naive.paged_decode_attention(*args)
+    assert_close(decode_call(args, plan), want, ATTENTION_TOL[torch.float32])
+    for b, length in enumerate([20, 31, 25]):  # junk past each length changes nothing
+        page = int(batch.block_table[b, length // PAGE_SIZE])
+        batch.k_cache[page, length % PAGE_SIZE :] = 1e4
+    assert_close(decode_call(args, plan), want, ATTENTION_TOL[torch.float32])
