@@ -407,10 +407,12 @@ def scenario_big_body(tmp: Path, quick: bool) -> Row:
 
 
 def scenario_large_prompts(tmp: Path, quick: bool) -> Row:
-    n = 8 if quick else 60
+    n = LARGE_PROMPTS[0] or (8 if quick else 60)
     before = rss_mb()
     row = Row("large_prompts", note=f"{n} distinct ~0.9 MB system prompts (lint on); "
                                     f"RSS before {before} MB")
+    every = max(n // 6, 1)
+    trail: list[str] = []
     rng = random.Random(3)
     words = [f"w{i}" for i in range(8000)]
     base = " ".join(rng.choice(words) for _ in range(150_000))
@@ -423,10 +425,16 @@ def scenario_large_prompts(tmp: Path, quick: bool) -> Row:
                         {"role": "system", "content": f"prompt {i} {base}"},
                         {"role": "user", "content": "hi"}]}
                     await post(http, row, body)
+                    if (i + 1) % every == 0:
+                        trail.append(f"{i + 1}: {rss_mb():.0f}")
 
         run(go())
+        row.note += f"; RSS MB after prompts {', '.join(trail)}"
         return row.finish(gw.records())
 
+
+#: prompts of the large_prompts scenario (0: 60, or 8 with --quick); set by --prompts
+LARGE_PROMPTS = [0]
 
 SCENARIOS: list[Callable[[Path, bool], Row | None]] = [
     scenario_load, scenario_sqlite_outage, scenario_postgres_outage, scenario_poisoned,
@@ -454,7 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (scratch output)")
     parser.add_argument("--only", nargs="*", help="scenario names to run")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--prompts", type=int, default=0,
+                        help="prompts in the large_prompts scenario (default 60; 8 with --quick)")
     args = parser.parse_args(argv)
+    LARGE_PROMPTS[0] = args.prompts
     out = args.out or (SCRATCH if args.quick else RESULTS)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     rows: list[Row] = []

@@ -20,6 +20,7 @@ from gateway import (
     access_log,
     api_stats,
     dashboard,
+    memory,
     parse_anthropic,
     parse_openai,
     render_anthropic,
@@ -29,6 +30,7 @@ from gateway.auth import may_scrape_metrics, tenant_for
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
 from gateway.health import StoreMetrics, health_report
+from gateway.lint_stage import LintStage
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
 from gateway.pipeline import Gateway, RouteSpec, handle, prefixgate_headers
 from gateway.stats import RecordStore
@@ -147,7 +149,9 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
     store = RecordStore(config.db_url, batch_size=config.stats_batch_size,
                         flush_interval_s=config.stats_flush_interval_s,
                         max_queue=config.stats_max_queue, spill_path=config.stats_spill_path)
-    gw = Gateway(config=config, backend=backend, store=store, metrics=GatewayMetrics(registry))
+    memory.tune_malloc(config.malloc_threshold_bytes)  # freed large bodies go back to the OS
+    gw = Gateway(config=config, backend=backend, store=store, metrics=GatewayMetrics(registry),
+                 lint=LintStage(config.lint_learner_bytes))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

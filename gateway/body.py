@@ -7,6 +7,8 @@ integer or float outside what a sampling field can mean (|n| >= 2**63, non-finit
 a lone UTF-16 surrogate escape (`"\ud800"`: no encoder, database or upstream accepts it; a valid
 escaped pair such as an emoji is fine).
 `cap_max_tokens` clamps a body's token limits to the server's cap before it is parsed.
+`INLINE_BYTES` is the size past which JSON work on a body (parsing a client's, serialising an
+upstream's) runs in a worker thread, off the event loop; `text_chars` estimates it cheaply.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -21,6 +24,7 @@ import orjson
 from gateway.errors import invalid
 
 MAX_INT = 2**63
+INLINE_BYTES = 64 << 10  # bodies above this are parsed / serialised in a worker thread
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # \ud800..\udfff in JSON text
 
@@ -104,3 +108,17 @@ def cap_max_tokens(body: dict[str, Any], cap: int) -> dict[str, Any]:
     if not over:
         return body
     return {**body, **{name: cap for name in over}}
+
+
+def text_chars(messages: Sequence[Mapping[str, Any]], prompt: str | None = None) -> int:
+    """Characters of the message contents (strings and text blocks) and of `prompt`: a cheap
+    lower bound of a body's JSON size, to decide whether to serialise it off the loop."""
+    total = len(prompt or "")
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(b.get("text") or "") for b in content
+                         if isinstance(b, dict) and isinstance(b.get("text"), str))
+    return total

@@ -93,6 +93,11 @@ class GatewayConfig:
     lint_max_messages: int = 2000  # bodies with more messages are served unlinted
     lint_max_bytes: int = 1 << 20  # bodies larger than this are served unlinted
     max_json_depth: int = 64  # deeper request JSON is a 400
+    # Memory: per-tenant template learner budget; glibc mmap/trim threshold (0: glibc default).
+    # The gateway's caches: prompt_lint's memos (MemoBudgets: 124 MiB), one learner per tenant
+    # (lint_learner_bytes), one shadow per upstream replica (ShadowConfig.max_bytes: 16 MiB).
+    lint_learner_bytes: int = 20 << 20
+    malloc_threshold_bytes: int = 128 << 10
 
     def __post_init__(self) -> None:
         if self.lint_mode not in LINT_MODES:
@@ -102,7 +107,10 @@ class GatewayConfig:
         _positive(self, "upstream_timeout_s", "max_body_bytes", "default_max_tokens")
         _positive(self, "stats_flush_interval_s", "stats_batch_size", "stats_max_queue")
         _positive(self, "max_tokens_cap", "max_concurrency", "max_queue", "lint_max_messages",
-                  "lint_max_bytes", "max_json_depth")
+                  "lint_max_bytes", "max_json_depth", "lint_learner_bytes")
+        if not 0 <= self.malloc_threshold_bytes <= 1 << 30:
+            raise ValueError("malloc_threshold_bytes must be in 0..1 GiB, "
+                             f"got {self.malloc_threshold_bytes}")
         for name in ("tenant_max_concurrency", "tenant_rate_per_s", "tenant_burst"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -247,6 +255,8 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_LINT_MAX_MESSAGES": ("lint_max_messages", int),
     "PREFIXGATE_LINT_MAX_BYTES": ("lint_max_bytes", int),
     "PREFIXGATE_MAX_JSON_DEPTH": ("max_json_depth", int),
+    "PREFIXGATE_LINT_LEARNER_BYTES": ("lint_learner_bytes", int),
+    "PREFIXGATE_MALLOC_THRESHOLD_BYTES": ("malloc_threshold_bytes", int),
 }
 """The gateway's own PREFIXGATE_* variables: name -> (GatewayConfig field, parser). The engine's
 are `engine_env_vars()`."""

@@ -16,6 +16,7 @@ import prompt_lint
 from gateway.config import LINT_MODES, LintMode
 from gateway.errors import invalid
 from gateway.types import Provider
+from prompt_lint.templates import LearnerConfig
 
 log = logging.getLogger("prefixgate.lint")
 MODE_HEADER = "x-prefixgate-lint-mode"
@@ -41,15 +42,27 @@ def request_mode(header: str | None, default: LintMode) -> LintMode:
     return mode  # type: ignore[return-value]
 
 
-class LintStage:
-    """Runs prompt_lint over live traffic, one TemplateLearner per tenant."""
+def learner_config(learner_bytes: int) -> LearnerConfig:
+    """A learner's byte budgets from its total: 3/5 families, 1/5 memos, 1/5 sessions."""
+    if learner_bytes < 8:
+        raise ValueError(f"learner_bytes must be >= 8, got {learner_bytes}")
+    fifth = learner_bytes // 5
+    return LearnerConfig(family_bytes=learner_bytes - 2 * fifth, memo_bytes=fifth,
+                         session_bytes=fifth)
 
-    def __init__(self) -> None:
+
+class LintStage:
+    """Runs prompt_lint over live traffic, one TemplateLearner per tenant, each within
+    `learner_bytes` (tenants are the configured API keys' tenants, so their count is bounded)."""
+
+    def __init__(self, learner_bytes: int = 20 << 20) -> None:
         self.learners: dict[str, prompt_lint.TemplateLearner] = {}
+        self.config = learner_config(learner_bytes)
 
     def learner(self, tenant: str) -> prompt_lint.TemplateLearner:
+        """The tenant's learner (made on first use)."""
         if tenant not in self.learners:
-            self.learners[tenant] = prompt_lint.TemplateLearner()
+            self.learners[tenant] = prompt_lint.TemplateLearner(config=self.config)
         return self.learners[tenant]
 
     def run(

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gateway import render_anthropic, render_openai
 from gateway.admission import Admission, AdmissionConfig, Overloaded, Slot
 from gateway.auth import tenant_for
-from gateway.body import cap_max_tokens, parse_body
+from gateway.body import INLINE_BYTES, cap_max_tokens, parse_body
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
 from gateway.lint_stage import MODE_HEADER, LintStage, request_mode
@@ -55,7 +55,7 @@ from prompt_lint.memo import LOCK as MEMO_LOCK
 
 log = logging.getLogger("prefixgate.gateway")
 CLIENT_CLOSED = 499
-INLINE_PARSE_BYTES = 64 << 10  # bodies above this are parsed in a worker thread
+INLINE_PARSE_BYTES = INLINE_BYTES  # bodies above this are parsed in a worker thread
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 

@@ -18,9 +18,12 @@ never re-tokenized. A request's tokens are packed once (`PackedTokens`) for ever
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import numpy as np
 
 from gateway.types import ChatRequest
 from prompt_lint.providers import segments
@@ -28,6 +31,8 @@ from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
 from radix_cache import PackedTokens, RadixCache
 
 ENCODING = DEFAULT_ENCODING
+#: A shadow page beside its packed ids: its slot in a node's page-id list and the boxed id.
+PAGE_OVERHEAD_BYTES = 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +49,13 @@ class Prompt:
 
 def prompt_tokens(req: ChatRequest) -> list[int]:
     """Token ids of `req` in prompt_lint's layout (a raw /completions prompt: its text)."""
-    return list(_layout(req)[0])
+    return _layout(req)[0].tolist()
 
 
 def request_prompt(req: ChatRequest) -> Prompt:
     """`req`'s tokens, packed, with its breakpoint offsets (what every cache model takes)."""
     ids, breakpoints = _layout(req)
-    return Prompt(PackedTokens(ids), breakpoints)
+    return Prompt(PackedTokens(np.frombuffer(ids, dtype=np.int32)), breakpoints)
 
 
 def as_prompt(tokens: Sequence[int] | PackedTokens | Prompt) -> Prompt:
@@ -60,11 +65,12 @@ def as_prompt(tokens: Sequence[int] | PackedTokens | Prompt) -> Prompt:
     return Prompt(tokens if isinstance(tokens, PackedTokens) else PackedTokens(tokens))
 
 
-def _layout(req: ChatRequest) -> tuple[list[int], tuple[int, ...]]:
+def _layout(req: ChatRequest) -> tuple[array[int], tuple[int, ...]]:
+    """int32 token ids (an array: 4 bytes an id) and the breakpoint offsets."""
     counter = shared_counter(ENCODING)
     if req.prompt is not None:
-        return counter.encode(req.prompt), ()
-    out: list[int] = []
+        return array("i", counter.encode_cached(req.prompt)), ()
+    out = array("i")
     marks: dict[str, int] = {}
     messages = req.body.get("messages") or []
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
@@ -92,6 +98,8 @@ class ShadowConfig:
     shadow's capacity; least recently used pages are evicted past it (learning may lower it).
     `slots`: for llama.cpp servers, the KV slots per replica (one sequence each).
     `ttl_s`: for breakpoint caches (Anthropic), how long an unused entry lives.
+    `max_bytes`: the shadow's memory budget; it caps the pages at `page_capacity()` (a
+    shadow page holds its packed token ids and a page id: `page_bytes`).
     """
 
     page_size: int = 16
@@ -99,6 +107,16 @@ class ShadowConfig:
     max_pages: int = 1 << 16
     slots: int = 1
     ttl_s: float = 300.0
+    max_bytes: int = 16 << 20
+
+    def page_bytes(self) -> int:
+        """Estimated bytes of one shadow page: packed int32 ids, a list slot, a boxed id."""
+        return 4 * self.page_size + PAGE_OVERHEAD_BYTES
+
+    def page_capacity(self, pages: int | None = None) -> int:
+        """`pages` (default `max_pages`) capped by what fits in `max_bytes`."""
+        return max(1, min(self.max_pages if pages is None else pages,
+                          self.max_bytes // self.page_bytes()))
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -111,6 +129,8 @@ class ShadowConfig:
             raise ValueError(f"slots must be positive, got {self.slots}")
         if not self.ttl_s > 0:
             raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
+        if self.max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {self.max_bytes}")
 
 
 class CacheModel(Protocol):
@@ -146,7 +166,7 @@ class ShadowCache:
 
     def __init__(self, config: ShadowConfig | None = None) -> None:
         self.config = config or ShadowConfig()
-        self.capacity = self.config.max_pages
+        self.capacity = self.config.page_capacity()
         self.trimmed_pages = 0
         self._cache = RadixCache(self.config.page_size)
 
@@ -176,13 +196,13 @@ class ShadowCache:
         prompt = as_prompt(prompt)
         if missed(self.config, prompt, reported, predicted):  # it held more: room to grow
             grow = (reported - predicted) // self.config.page_size
-            self.capacity = min(self.config.max_pages, self.capacity + grow)
+            self.capacity = self.config.page_capacity(self.capacity + grow)
         if not missed(self.config, prompt, predicted, reported):
             return
         dropped = self._cache.truncate(prompt.tokens, max(reported, 0), namespace)
         self.trimmed_pages += len(dropped)
         own = len(prompt) // self.config.page_size
-        self.capacity = max(own, self._cache.stats.total_pages)
+        self.capacity = self.config.page_capacity(max(own, self._cache.stats.total_pages))
         self._cache.insert(prompt.tokens, None, namespace)
         self._evict()
 

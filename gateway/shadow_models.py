@@ -1,10 +1,12 @@
 """Cache models for upstreams that do not cache as a radix tree, and the model per kind.
 
-- `SlotShadow`: a llama.cpp server keeps one KV sequence per slot and reuses the longest common
-  prefix of the slot it runs a request on. The gateway pins each conversation to a slot with
-  `id_slot` (and `cache_prompt: true`): a request that continues a slot's conversation goes to
-  that slot; a new one takes an empty slot, else the least recently used one. Two sessions
-  sharing a system prompt then never overwrite each other while a slot is free.
+- `SlotShadow`: a llama.cpp server keeps one KV sequence per slot, reuses the longest common
+  prefix of the slot it runs a request on, and saves slots to a host prompt cache (the shadow
+  keeps at most `max_bytes / 2 / slots` of each slot's tokens, and half of `max_bytes` of host
+  cache). The gateway pins each conversation to a slot with `id_slot` (and
+  `cache_prompt: true`): a request that continues a slot's conversation goes to that slot; a new
+  one takes an empty slot, else the least recently used one. Two sessions sharing a system
+  prompt then never overwrite each other while a slot is free.
 - `BreakpointShadow`: Anthropic caches the prefixes that end at a `cache_control` breakpoint
   (>= 1024 tokens), each for a time to live refreshed on every hit; a request reads the longest
   cached one that is a prefix of it.
@@ -159,7 +161,10 @@ class SlotShadow:
         self._clock = clock
         self.slots: list[Slot | None] = [None] * self.config.slots
         self.similarity = similarity
-        self.host = HostPromptCache(self.config.max_pages * 16) if host_cache else None
+        # with a host cache, slots and host cache each get half of `max_bytes`
+        self._budget = self.config.max_bytes // (2 if host_cache else 1)
+        self.host = (HostPromptCache(min(self.config.max_pages * 16, self._budget // TOKEN_BYTES))
+                     if host_cache else None)
         self.misses = 0
 
     def resize(self, slots: int) -> None:
@@ -214,7 +219,7 @@ class SlotShadow:
         """Pin the request to its slot and ask the server to reuse the slot's prefix; the
         slot is taken now (the server queues a request for a busy slot)."""
         choice = self.choose(prompt, namespace)
-        self._run(choice, prompt.tokens.data, namespace)
+        self._run(choice, self._held(prompt.tokens.data), namespace)
         return {"id_slot": choice.slot, "cache_prompt": True}
 
     def _run(self, choice: SlotChoice, data: bytes, namespace: str) -> None:
@@ -232,10 +237,16 @@ class SlotShadow:
                 if i != choice.slot and slot is not None:
                     self.host.save(slot)
 
+    def _held(self, data: bytes) -> bytes:
+        """What a slot keeps of a prompt: at most its share of the slots' half of `max_bytes`
+        (a prefix, whole tokens), so slots and host cache together stay within the budget."""
+        share = self._budget // len(self.slots) // TOKEN_BYTES * TOKEN_BYTES
+        return data if len(data) <= share else data[:share]
+
     def record(self, prompt: Prompt | Any, namespace: str) -> None:
         """Store the prompt in its slot (already done when `upstream_fields` pinned it)."""
         prompt = as_prompt(prompt)
-        data = prompt.tokens.data
+        data = self._held(prompt.tokens.data)
         if any(s is not None and s.data == data and s.namespace == namespace
                for s in self.slots):
             return
@@ -308,7 +319,7 @@ class BreakpointShadow:
                 ends.append(end)
         del ends[:-256]  # the most recent positions (a namespace rarely needs more)
         self._tree.insert(prompt.tokens, None, namespace)
-        over = self._tree.stats.total_pages - self.config.max_pages * 64
+        over = self._tree.stats.total_pages - self.config.page_capacity(self.config.max_pages * 64)
         if over > 0:
             self._tree.evict(over)
 

@@ -19,14 +19,15 @@ grammar engine does not implement is a 400 naming the field (`tools[0].function.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Literal
 
 import orjson
 
 from gateway.errors import invalid
 from gateway.types import OutputConstraint
+from prompt_lint.memo import LRU, text_bytes
 
 ToolMode = Literal["none", "auto", "required"]
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
@@ -51,15 +52,30 @@ class ToolSchema:
     path: str
 
 
-@lru_cache(maxsize=512)
+#: Schema JSON -> its error ("" when valid): 512 schemas and at most 4 MiB of them (a
+#: client chooses the schema text, so an entry count alone would not bound the memory).
+SCHEMA_MEMO: LRU[str, str] = LRU(512, max_weight=4 << 20)
+_SCHEMA_LOCK = threading.Lock()  # bodies are parsed on the loop and in worker threads
+
+
 def _schema_error(schema_json: str) -> str | None:
+    with _SCHEMA_LOCK:
+        found = SCHEMA_MEMO.get(schema_json)
+    if found is None:
+        found = _check_schema_json(schema_json)
+        with _SCHEMA_LOCK:
+            SCHEMA_MEMO.put(schema_json, found, 2 * text_bytes(schema_json))
+    return found or None
+
+
+def _check_schema_json(schema_json: str) -> str:
     from engine.grammar import GrammarError, GrammarSpec, check_grammar
 
     try:
         check_grammar(GrammarSpec("json_schema", schema_json))
     except GrammarError as exc:
-        return str(exc).removeprefix("invalid json_schema: ")
-    return None
+        return str(exc).removeprefix("invalid json_schema: ") or "invalid"
+    return ""
 
 
 def check_schema(schema: dict[str, Any], path: str) -> None:

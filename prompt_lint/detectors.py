@@ -2,8 +2,8 @@
 
 Each detector is a compiled regex plus an optional validator; a match
 becomes a `Span(kind, start, end, value, label)`. Patterns never cross a
-line, so detection runs per line through a bounded cache (system prompts
-repeat almost all their lines from request to request). Stable look-alikes
+line, so detection runs per line through a cache bounded by bytes (system
+prompts repeat almost all their lines from request to request). Stable look-alikes
 (version numbers such as 1.2.3 or v2026.11, code, plain prose) are rejected
 by anchoring: dates need a valid month and day, hex needs both digits and
 letters, epochs must fall in 2017..2033, high-entropy tokens need mixed
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from itertools import compress
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from prompt_lint.budgets import BUDGETS, MemoBudgets
 from prompt_lint.incremental import PieceMemo
-from prompt_lint.memo import caching
+from prompt_lint.memo import LRU, text_bytes
 from prompt_lint.tokens import LONG_TEXT, slot_keys
 
 
@@ -236,16 +237,35 @@ def lines_with_ends(text: str) -> list[str]:
     return [p + "\n" for p in parts] + ([last] if last else [])
 
 
-class PatternScanner:
-    """Runs DETECTORS over texts line by line, with a bounded line cache; long texts
-    are scanned incrementally against the last text seen at the same slot."""
+def spans_bytes(spans: list[Span]) -> int:
+    """Estimated bytes of a list of spans (list slots, Span tuples, their values)."""
+    return 56 + sum(_SPAN_BYTES + len(s.value) for s in spans) if spans else 56
 
-    def __init__(self, max_lines: int = 65536) -> None:
-        self._cache: OrderedDict[str, list[Span]] = OrderedDict()
-        self._texts: OrderedDict[str, list[Span]] = OrderedDict()
-        self._max = max_lines
+
+def _lines_spans_bytes(values: list[list[Span]]) -> int:
+    return 56 * len(values) + _SPAN_BYTES * sum(map(len, values)) + 64
+
+
+_SPAN_BYTES = 200  # a Span: tuple of five, two boxed ints, kind/label shared, value's header
+
+
+class PatternScanner:
+    """Runs DETECTORS over texts line by line, with a line cache; long texts are scanned
+    incrementally against the last text seen at the same slot. Every cache is bounded by
+    bytes (`MemoBudgets.pattern_lines`, `pattern_texts`, `pattern_pieces`)."""
+
+    def __init__(self, max_lines: int = 65536, budgets: MemoBudgets = BUDGETS) -> None:
+        self._cache: LRU[str, list[Span]] = LRU(max_lines, max_weight=budgets.pattern_lines)
+        self._texts: LRU[str, list[Span]] = LRU(max(max_lines // 16, 1),
+                                                max_weight=budgets.pattern_texts)
         self._memo: PieceMemo[list[Span]] = PieceMemo(
-            lines_with_ends, lambda line: self.line_spans(line.rstrip("\n")))
+            lines_with_ends, lambda line: self.line_spans(line.rstrip("\n")),
+            max_bytes=budgets.pattern_pieces, values_bytes=_lines_spans_bytes)
+
+    def memos(self) -> dict[str, LRU[Any, Any]]:
+        """The byte-bounded caches by budget name (for accounting and tests)."""
+        return {"pattern_lines": self._cache, "pattern_texts": self._texts,
+                "pattern_pieces": self._memo.slots}
 
     def scan_at(self, text: str, slot: str) -> list[Span]:
         """scan(text), incrementally for long texts; `slot` names where the text lives."""
@@ -260,22 +280,18 @@ class PatternScanner:
 
     def line_spans(self, line: str) -> list[Span]:
         """Spans in one line (cached)."""
-        spans = self._cache.get(line) if caching() else None
+        spans = self._cache.get(line)
         if spans is None:
             spans = _detect_line(line)
-            self._cache[line] = spans
-            if len(self._cache) > self._max:
-                self._cache.popitem(last=False)
+            self._cache.put(line, spans, text_bytes(line) + spans_bytes(spans))
         return spans
 
     def scan(self, text: str) -> list[Span]:
         """All spans in `text`, offsets relative to `text` (whole texts cached too)."""
-        found = self._texts.get(text) if caching() else None
+        found = self._texts.get(text)
         if found is None:
             found = self._scan(text)
-            self._texts[text] = found
-            if len(self._texts) > self._max // 16:
-                self._texts.popitem(last=False)
+            self._texts.put(text, found, text_bytes(text) + spans_bytes(found))
         return found
 
     def _scan(self, text: str) -> list[Span]:
@@ -288,10 +304,11 @@ class PatternScanner:
         return out
 
 
-_SCANNER = PatternScanner()
+#: The process-wide scanner (its memos are budgeted by `MemoBudgets`).
+SCANNER = PatternScanner()
 
 
 def detect(text: str, slot: str | None = None) -> list[Span]:
     """Spans of dynamic-looking values in `text` (process-wide line cache); with
     `slot` (the text's path), long texts are scanned incrementally."""
-    return _SCANNER.scan(text) if slot is None else _SCANNER.scan_at(text, slot)
+    return SCANNER.scan(text) if slot is None else SCANNER.scan_at(text, slot)

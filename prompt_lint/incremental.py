@@ -14,13 +14,13 @@ whose boundaries and neighbouring characters are unchanged is unchanged.
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_left, bisect_right
-from collections import OrderedDict
 from collections.abc import Callable
 from itertools import accumulate
 from typing import Generic, NamedTuple, TypeVar
 
-from prompt_lint.memo import caching
+from prompt_lint.memo import LRU, approx_bytes, caching, text_bytes
 
 V = TypeVar("V")
 
@@ -96,28 +96,48 @@ def shared_bounds(old: str, new: str) -> tuple[int, int]:
     return a, b
 
 
+_STR_HEADER = 64  # a str object beside its characters (49..80 bytes)
+
+
+def _numbers_bytes(values: list[V]) -> int:
+    """A list of numbers: its slots and a boxed number each (O(1))."""
+    return sys.getsizeof(values) + 32 * len(values)
+
+
 class PieceMemo(Generic[V]):
-    """Bounded memo: slot -> last Pieces; `cut` splits text, `value` maps a piece."""
+    """Bounded memo: slot -> last Pieces; `cut` splits text, `value` maps a piece.
+
+    Bounded by `max_bytes` (an LRU over slots; a Pieces weighs its text, its pieces, their
+    offsets and `values_bytes` of its values (default: numbers), counted once per slot that
+    holds it) and by
+    `max_slots` entries."""
 
     def __init__(self, cut: Callable[[str], list[str]], value: Callable[[str], V],
-                 max_slots: int = 1024) -> None:
+                 max_slots: int = 1024, max_bytes: int = 16 << 20,
+                 values_bytes: Callable[[list[V]], int] | None = None) -> None:
         self._cut = cut
         self._value = value
-        self._slots: OrderedDict[object, Pieces[V]] = OrderedDict()
-        self._max = max_slots
+        self._values_bytes = values_bytes or _numbers_bytes
+        self.slots: LRU[object, Pieces[V]] = LRU(max_slots, max_weight=max_bytes)
 
     def get(self, text: str, slots: tuple[object, ...]) -> Pieces[V]:
         """`text` in pieces, reusing whatever the first remembered slot shares with it."""
         if not caching():
             return self._fresh(text)
-        before = next((p for p in map(self._slots.get, slots) if p is not None), None)
+        before = next((p for p in map(self.slots.get, slots) if p is not None), None)
         result = self._fresh(text) if before is None else self._reuse(before, text)
+        weight = self.pieces_bytes(result)
         for slot in slots:
-            self._slots[slot] = result
-            self._slots.move_to_end(slot)
-        while len(self._slots) > self._max:
-            self._slots.popitem(last=False)
+            self.slots.put(slot, result, approx_bytes(slot) + weight)
         return result
+
+    def pieces_bytes(self, found: Pieces[V]) -> int:
+        """Estimated bytes a Pieces holds, in O(1) but for the values: the text, its pieces
+        (they partition the text, so their characters are at most the text's bytes, plus a
+        str header each), the offset lists and `values_bytes` of the values."""
+        n = len(found.pieces)
+        return (2 * text_bytes(found.text) + _STR_HEADER * n + sys.getsizeof(found.pieces) +
+                sys.getsizeof(found.starts) + 32 * (n + 1) + self._values_bytes(found.values))
 
     def _fresh(self, text: str) -> Pieces[V]:
         pieces = self._cut(text)

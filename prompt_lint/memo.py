@@ -8,9 +8,10 @@ faster than `json.dumps`. Equal marshal bytes load back to equal values with
 equal key order and types, so a hit is always exact (a value marshal cannot
 write, or two equal values with different internal sharing, is only a miss).
 
-Every memo is an `LRU` bounded both by entries and by bytes (least recently
-used entry dropped first; an entry's bytes are its key's and value's estimated
-size, `approx_bytes`), so memory stays bounded whatever the input sizes;
+Every memo is an `LRU` bounded by bytes (and by entries; least recently used
+entry dropped first; an entry's bytes are its key's and value's estimated size:
+`text_bytes`, `ids_bytes`, `approx_bytes`), with its budget named in
+`prompt_lint.budgets`, so memory stays bounded whatever the input sizes;
 `set_caching(False)` turns all of them off (tests compare the cached path with
 the uncached one).
 """
@@ -21,9 +22,12 @@ import json
 import marshal
 import sys
 import threading
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, Generic, TypeVar
+
+from prompt_lint.budgets import BUDGETS
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -37,18 +41,36 @@ DEFAULT_MAX_BYTES = 64 << 20
 _INT_BYTES = 32  # a boxed int beyond the small-int cache, plus its pointer
 
 
-def approx_bytes(value: object) -> int:
-    """Estimated memory held by `value`: exact for str/bytes, containers one level deep
-    (their str/bytes/int items counted), other objects shallow."""
+def approx_bytes(value: object, depth: int = 4) -> int:
+    """Estimated memory held by `value`: exact for str/bytes, 32 bytes a number, tuples
+    (NamedTuples too), lists, sets and dicts with their items down to `depth` levels, other
+    objects shallow (shared objects are counted at every place they appear)."""
+    if isinstance(value, str | bytes):
+        return sys.getsizeof(value)
+    if isinstance(value, int | float):
+        return _INT_BYTES
     size = sys.getsizeof(value)
-    if isinstance(value, tuple | list):
-        for item in value:
-            size += sys.getsizeof(item) if isinstance(item, str | bytes) else _INT_BYTES
+    if depth <= 0:
+        return size
+    if isinstance(value, tuple | list | set | frozenset):
+        size += sum(approx_bytes(item, depth - 1) for item in value)
     elif isinstance(value, dict):
-        for k, v in value.items():
-            size += sys.getsizeof(k) + (sys.getsizeof(v) if isinstance(v, str | bytes)
-                                        else _INT_BYTES)
+        size += sum(approx_bytes(k, depth - 1) + approx_bytes(v, depth - 1)
+                    for k, v in value.items())
     return size
+
+
+def text_bytes(text: str | bytes) -> int:
+    """Bytes a str or bytes object holds (exact, O(1))."""
+    return sys.getsizeof(text)
+
+
+def ids_bytes(ids: Sized) -> int:
+    """Estimated bytes of a sequence of token ids: the object itself when it knows its size
+    (an `array`), else 8 bytes a slot plus a 32-byte boxed int per id (a tuple or list)."""
+    if isinstance(ids, array):
+        return sys.getsizeof(ids)
+    return sys.getsizeof(ids) + _INT_BYTES * len(ids)
 
 
 def set_caching(enabled: bool) -> None:
@@ -62,14 +84,21 @@ def caching() -> bool:
 
 
 class LRU(Generic[K, V]):
-    """A dict with a size cap: `get` refreshes an entry, `put` drops the oldest entries
-    past `cap` entries or past `max_weight` bytes in all (an entry weighs what the caller
-    says, else `approx_bytes` of its key and value). An entry heavier than the whole budget
-    is not stored."""
+    """A dict with a byte budget: `get` refreshes an entry, `put` drops the least recently
+    used entries past `max_weight` bytes in all (and past `cap` entries). An entry weighs
+    what the caller says (its key's and value's estimated bytes: `text_bytes`, `ids_bytes`),
+    else `approx_bytes` of its key and value; `weight` is the sum over the entries held. An
+    entry heavier than the whole budget is not stored. `evicted(key, value)` is called for
+    every entry dropped to make room (the owner unlinks indexes of its own).
 
-    __slots__ = ("_data", "_weights", "cap", "max_weight", "weight")
+    A memo (the default) is off while `set_caching(False)`: nothing found, nothing stored. A
+    store of state (`switchable=False`: families, sessions) keeps working."""
 
-    def __init__(self, cap: int, max_weight: int = DEFAULT_MAX_BYTES) -> None:
+    __slots__ = ("_data", "_weights", "cap", "evicted", "max_weight", "switchable", "weight")
+
+    def __init__(self, cap: int, max_weight: int = DEFAULT_MAX_BYTES, *,
+                 evicted: Callable[[K, V], None] | None = None,
+                 switchable: bool = True) -> None:
         if cap < 1:
             raise ValueError(f"cap must be >= 1, got {cap}")
         if max_weight < 1:
@@ -77,24 +106,43 @@ class LRU(Generic[K, V]):
         self.cap = cap
         self.max_weight = max_weight
         self.weight = 0
+        self.evicted = evicted
+        self.switchable = switchable
         self._data: OrderedDict[K, V] = OrderedDict()
         self._weights: dict[K, int] = {}
 
     def __len__(self) -> int:
         return len(self._data)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(list(self._data))
+
+    def values(self) -> list[V]:
+        """The values, least recently used first (a copy)."""
+        return list(self._data.values())
+
+    def _on(self) -> bool:
+        return _ENABLED[0] or not self.switchable
+
     def get(self, key: K) -> V | None:
         """The value at `key` (now most recently used), or None; always None when off."""
-        if not _ENABLED[0]:
+        if not self._on():
             return None
         value = self._data.get(key)
         if value is not None:
             self._data.move_to_end(key)
         return value
 
+    def peek(self, key: K) -> V | None:
+        """The value at `key` without refreshing it (None when absent or off)."""
+        return self._data.get(key) if self._on() else None
+
     def put(self, key: K, value: V, weight: int | None = None) -> V:
         """Store `value` at `key` (nothing when caching is off); returns `value`."""
-        if not _ENABLED[0]:
+        if not self._on():
             return value
         if weight is None:
             weight = approx_bytes(key) + approx_bytes(value)
@@ -105,9 +153,52 @@ class LRU(Generic[K, V]):
         self._data[key] = value
         self._data.move_to_end(key)
         while len(self._data) > self.cap or self.weight > self.max_weight:
-            old, _ = self._data.popitem(last=False)
+            old, old_value = self._data.popitem(last=False)
             self.weight -= self._weights.pop(old, 0)
+            if self.evicted is not None:
+                self.evicted(old, old_value)
         return value
+
+    def resize(self, max_weight: int) -> None:
+        """Change the byte budget; drops least recently used entries past a smaller one."""
+        if max_weight < 1:
+            raise ValueError(f"max_weight must be >= 1, got {max_weight}")
+        self.max_weight = max_weight
+        while self.weight > self.max_weight and self._data:
+            old, old_value = self._data.popitem(last=False)
+            self.weight -= self._weights.pop(old, 0)
+            if self.evicted is not None:
+                self.evicted(old, old_value)
+
+    def reweigh(self, key: K, weight: int) -> None:
+        """Set the weight of the entry at `key` (it grew in place); evicts past the budget,
+        the entry itself last."""
+        value = self._data.get(key)
+        if value is None:
+            return
+        if weight > self.max_weight:
+            self.pop(key)
+            if self.evicted is not None:
+                self.evicted(key, value)
+            return
+        self.put(key, value, weight)
+
+    def pop(self, key: K) -> V | None:
+        """Remove and return the entry at `key` (None when absent); no `evicted` call."""
+        self.weight -= self._weights.pop(key, 0)
+        return self._data.pop(key, None)
+
+    def oldest(self) -> K | None:
+        """The least recently used key, or None when empty."""
+        return next(iter(self._data), None)
+
+    def items(self) -> list[tuple[K, V]]:
+        """The entries, least recently used first (a copy)."""
+        return list(self._data.items())
+
+    def weights(self) -> dict[K, int]:
+        """Each entry's accounted bytes (a copy)."""
+        return dict(self._weights)
 
     def clear(self) -> None:
         """Drop every entry."""
@@ -132,14 +223,14 @@ def memo_by_value(memo: LRU[bytes, V], value: Any, compute: Callable[[Any], V]) 
     found = memo.get(key)
     if found is None:
         computed = compute(value)
-        found = memo.put(key, computed, len(key) + approx_bytes(computed))
+        found = memo.put(key, computed, text_bytes(key) + approx_bytes(computed))
     return found
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 #: Compact JSON texts of tools, messages and content blocks: at most 16384 values and
-#: 32 MB of keys and texts together.
-JSON_MEMO: LRU[bytes, str] = LRU(16384, max_weight=32 << 20)
+#: `BUDGETS.json_texts` bytes of keys and texts together.
+JSON_MEMO: LRU[bytes, str] = LRU(16384, max_weight=BUDGETS.json_texts)
 
 
 def encode_compact(value: Any) -> str:

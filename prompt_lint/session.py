@@ -8,17 +8,23 @@ that when they come back as history it emits the same bytes again.
 
 Session keys: the caller's explicit `session` string when given (the
 gateway's conversation id), otherwise the prompt family plus the first
-non-system message, which is what a conversation's turns share. Bounded:
-at most `max_sessions` sessions and `max_rewrites` remembered messages,
-least recently used dropped first.
+non-system message, which is what a conversation's turns share. Bounded by
+bytes (`max_bytes`, half for histories, half for remembered messages) and by
+entries (`max_sessions` sessions, `max_rewrites` messages), least recently used
+dropped first.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+
+from prompt_lint.memo import LRU, approx_bytes, text_bytes
+
+#: Estimated bytes of one history entry: a 24-character fingerprint str, its list slot and
+#: its message index (a list slot and a boxed int).
+HISTORY_ENTRY_BYTES = 73 + 8 + 40
 
 
 def fingerprint(*parts: str) -> str:
@@ -39,28 +45,34 @@ class SessionState:
 
 
 class SessionTracker:
-    """Bounded map from session key to the last request's history."""
+    """Bounded map from session key to the last request's history (and rewritten messages)."""
 
-    def __init__(self, max_sessions: int = 4096, max_rewrites: int = 65536) -> None:
+    def __init__(self, max_sessions: int = 4096, max_rewrites: int = 65536,
+                 max_bytes: int = 8 << 20) -> None:
         if max_sessions < 1 or max_rewrites < 1:
             raise ValueError("max_sessions and max_rewrites must be >= 1")
-        self._states: OrderedDict[str, SessionState] = OrderedDict()
-        self._rewrites: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._max = max_sessions
-        self._max_rewrites = max_rewrites
+        if max_bytes < 2:
+            raise ValueError(f"max_bytes must be >= 2, got {max_bytes}")
+        # state, not memos: set_caching(False) must not turn them off
+        self._states: LRU[str, SessionState] = LRU(max_sessions, max_bytes // 2,
+                                                   switchable=False)
+        self._rewrites: LRU[str, dict[str, Any]] = LRU(max_rewrites, max_bytes // 2,
+                                                       switchable=False)
 
     def __len__(self) -> int:
         return len(self._states)
+
+    def memos(self) -> dict[str, LRU[Any, Any]]:
+        """The byte-bounded stores by name (for accounting and tests)."""
+        return {"session_histories": self._states, "session_rewrites": self._rewrites}
 
     def compare_and_record(self, key: str, history: list[str],
                            indexes: list[int]) -> int | None:
         """Record this request's history; return the message index where it
         stops being an append-only extension of the previous one, or None."""
         before = self._states.get(key)
-        self._states[key] = SessionState(history, indexes)
-        self._states.move_to_end(key)
-        if len(self._states) > self._max:
-            self._states.popitem(last=False)
+        weight = text_bytes(key) + 2 * 56 + HISTORY_ENTRY_BYTES * len(history)
+        self._states.put(key, SessionState(history, indexes), weight)
         if before is None:
             return None
         for k, old in enumerate(before.history):
@@ -72,14 +84,8 @@ class SessionTracker:
 
     def remembered(self, key: str) -> dict[str, Any] | None:
         """A message rewrite_request emitted under `key` before, if any."""
-        message = self._rewrites.get(key)
-        if message is not None:
-            self._rewrites.move_to_end(key)
-        return message
+        return self._rewrites.get(key)
 
     def remember(self, key: str, message: dict[str, Any]) -> None:
         """Keep the rewritten `message` so its history copies stay byte-identical."""
-        self._rewrites[key] = message
-        self._rewrites.move_to_end(key)
-        if len(self._rewrites) > self._max_rewrites:
-            self._rewrites.popitem(last=False)
+        self._rewrites.put(key, message, text_bytes(key) + approx_bytes(message))

@@ -21,7 +21,9 @@ anything on it that did not vary is stable, whatever it looks like
 learner is frozen: then it has seen the whole log, and a value that is the
 same in every request of the family is stable.
 
-Memory is bounded: at most `max_families` families (least recently used is
+Memory is bounded by bytes (`LearnerConfig`: `family_bytes` for the families,
+`memo_bytes` for the learner's memos, `session_bytes` for its SessionTracker)
+and by counts: at most `max_families` families (least recently used is
 dropped), `max_template_chars` characters of reference per family, and
 `max_lines` indexed lines per family. Online: every `observe` call both
 answers and learns, unless the learner is frozen (two-pass use on a log:
@@ -32,107 +34,40 @@ thread or tenant.
 from __future__ import annotations
 
 import hashlib
-import re
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from difflib import SequenceMatcher
-from itertools import accumulate, compress, groupby
-from operator import add, ne
-from typing import NamedTuple
+from itertools import compress
+from operator import ne
+from typing import Any
 
+from prompt_lint.align import line_offsets, line_pairs, region, word_opcodes, words
 from prompt_lint.detectors import Span
+from prompt_lint.family import (  # the learner's data types, re-exported here
+    _SESSIONS_PER_FAMILY,
+    Family,
+    FamilyMatch,
+    LearnedSpan,
+    LearnerConfig,
+    _Template,
+)
 from prompt_lint.incremental import shared_bounds
-from prompt_lint.memo import caching
+from prompt_lint.memo import LRU, caching, text_bytes
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
 
-#: Alignment tokens: a word with its inner punctuation (a timestamp, a handle, a path)
-#: or a run of punctuation, so "(light rain)." aligns as "(", "light", "rain", ")."
-#: and a changing value's span stops where the value does.
-_WORD_RE = re.compile(r"\w(?:\S*\w)?|[^\w\s]+")
+__all__ = ["Family", "FamilyMatch", "LearnedSpan", "LearnerConfig", "TemplateLearner",
+           "masked_text", "template_key"]
+
 #: Line hashes probed in the index to find candidate families (then scored exactly).
 _PROBES = 48
 _MASK_CACHE = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class LearnerConfig:
-    """Bounds and thresholds of a TemplateLearner."""
-
-    max_families: int = 256
-    max_template_chars: int = 262_144
-    max_lines: int = 4096
-    min_similarity: float = 0.5
-    max_sessions: int = 4096
-
-    def __post_init__(self) -> None:
-        for name in ("max_families", "max_template_chars", "max_lines", "max_sessions"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.min_similarity <= 1.0:
-            raise ValueError(f"min_similarity must be in (0, 1], got {self.min_similarity}")
-
-
-#: Sessions remembered per family for within-session evidence (least recent dropped).
-_SESSIONS_PER_FAMILY = 128
-
-
-class LearnedSpan(NamedTuple):
-    """A span that varies within the family: path of the string, char offsets, and
-    `scope`: "request" (seen to change inside a session) or "session" (constant
-    inside every session seen, different across sessions)."""
-
-    path: str
-    start: int
-    end: int
-    scope: str = "request"
-
-
-@dataclass(slots=True)
-class _Template:
-    lines: list[str]
-    dynamic: dict[int, set[int]] = field(default_factory=dict)  # line -> word indexes
-    within: set[int] = field(default_factory=set)  # lines that changed inside a session
-    repeats: int = 0  # same-session request pairs compared on this template
-    last_text: str = ""
-    last_spans: list[tuple[int, int, int]] = field(default_factory=list)  # start, end, line
-    last_differ: dict[int, int] | None = None  # line -> hash of lines unlike the reference
-    #: line -> (last text seen there, its known-dynamic count, its spans): session
-    #: constants repeat a changed line request after request
-    line_memo: dict[int, tuple[str, int, list[tuple[int, int]]]] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Family:
-    """One prompt family: id, line index, per-path templates, cross-request tool state."""
-
-    id: str
-    line_hashes: frozenset[int]
-    templates: dict[str, _Template] = field(default_factory=dict)
-    chars: int = 0
-    requests: int = 0
-    tool_names: list[str] | None = None
-    tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
-    last_tools: object | None = None  # the ToolSet of the last request (identity check)
-    sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
-    session_lines: OrderedDict[str, dict[str, dict[int, int] | None]] = field(
-        default_factory=OrderedDict)  # session -> template key -> last differing lines
-
-    @property
-    def settled(self) -> bool:
-        """Whether two sessions were seen: enough evidence to call unchanged text stable."""
-        return len(self.sessions) >= 2
-
-
-class FamilyMatch(NamedTuple):
-    """What observe() found: the family (or None), its learned spans, and the paths
-    whose unchanged text is proven stable by the family's evidence."""
-
-    family: Family | None
-    spans: list[LearnedSpan]
-    settled: frozenset[str] = frozenset()
-    partial: frozenset[str] = frozenset()  # two sessions seen, but no session's second request
+#: Byte estimates: a line (str header, list slot), a line hash (boxed int, set slot), a
+#: family's fixed part, and the copies of a reference text a template may hold (its lines,
+#: the last text aligned, one remembered line per changed line). A family's weight grows
+#: with its session evidence (`Family.held_bytes`).
+_LINE_BYTES = 64
+_HASH_BYTES = 56
+_FAMILY_BYTES = 4096
+_TEMPLATE_COPIES = 3
+_EVIDENCE_BYTES = 512  # one session's evidence entry: its dicts, before their lines
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -155,10 +90,6 @@ def template_key(path: str, tool_names: list[str]) -> str:
     return f"tool:{tool_names[i]}{rest}" if i < len(tool_names) else path
 
 
-def _words(line: str) -> list[tuple[int, int]]:
-    return [m.span() for m in _WORD_RE.finditer(line)]
-
-
 class TemplateLearner:
     """Online prompt-family learner with bounded memory; also holds session state.
 
@@ -170,17 +101,27 @@ class TemplateLearner:
 
     def __init__(self, max_families: int = 256, max_template_chars: int = 262_144,
                  max_lines: int = 4096, min_similarity: float = 0.5,
-                 max_sessions: int = 4096) -> None:
-        self.config = LearnerConfig(max_families, max_template_chars, max_lines,
-                                    min_similarity, max_sessions)
-        self.families: OrderedDict[str, Family] = OrderedDict()
+                 max_sessions: int = 4096, config: LearnerConfig | None = None) -> None:
+        self.config = config or LearnerConfig(max_families, max_template_chars, max_lines,
+                                              min_similarity, max_sessions)
+        cfg = self.config
+        # state, not a memo: set_caching(False) leaves it on; a dropped family leaves the index
+        self.families: LRU[str, Family] = LRU(cfg.max_families, cfg.family_bytes,
+                                              evicted=self._unindex, switchable=False)
         self._index: dict[int, set[str]] = {}
-        self._recent: dict[frozenset[int], str] = {}
-        self._masks: OrderedDict[str, tuple[list[str], frozenset[int]]] = OrderedDict()
-        self._sets: OrderedDict[tuple[tuple[str, ...], tuple[frozenset[int], ...]],
-                                frozenset[int]] = OrderedDict()
-        self.sessions = SessionTracker(max_sessions=max_sessions)
+        self._recent: LRU[frozenset[int], str] = LRU(4 * cfg.max_families, cfg.memo_bytes // 4)
+        self._masks: LRU[str, tuple[list[str], frozenset[int]]] = LRU(
+            _MASK_CACHE, cfg.memo_bytes // 2)
+        self._sets: LRU[tuple[tuple[str, ...], tuple[frozenset[int], ...]], frozenset[int]] = \
+            LRU(_MASK_CACHE, cfg.memo_bytes // 4)
+        self.sessions = SessionTracker(max_sessions=cfg.max_sessions,
+                                       max_bytes=cfg.session_bytes)
         self.frozen = False
+
+    def memos(self) -> dict[str, LRU[Any, Any]]:
+        """The byte-bounded stores by name (for accounting and tests)."""
+        return {"families": self.families, "recent": self._recent, "masks": self._masks,
+                "sets": self._sets, **self.sessions.memos()}
 
     def freeze(self) -> None:
         """Stop learning: later observe() calls answer but change no template."""
@@ -208,7 +149,7 @@ class TemplateLearner:
             if self.frozen:
                 return FamilyMatch(None, [])
             family = self._found(hashes, targets, lines, keys)
-        self.families.move_to_end(family.id)
+        self.families.get(family.id)  # now the most recently used
         if not self.frozen:
             family.requests += 1
         for target in targets:
@@ -238,8 +179,12 @@ class TemplateLearner:
         before = family.session_lines.get(session)
         family.session_lines[session] = now
         family.session_lines.move_to_end(session)
+        family.session_bytes[session] = text_bytes(session) + _EVIDENCE_BYTES + \
+            _HASH_BYTES * 2 * sum(len(lines) for lines in now.values() if lines)
         if len(family.session_lines) > _SESSIONS_PER_FAMILY:
-            family.session_lines.popitem(last=False)
+            dropped, _ = family.session_lines.popitem(last=False)
+            family.session_bytes.pop(dropped, None)
+        self.families.reweigh(family.id, family.held_bytes)
         if before is None:
             return
         for key, lines in now.items():
@@ -256,44 +201,42 @@ class TemplateLearner:
         """Masked lines of a target and their hashes, cached on the masked text (tool
         texts repeat; a system prompt that differs only in detected values masks the same)."""
         text = masked_text(target.text, spans)
-        found = self._masks.get(text) if caching() else None
+        found = self._masks.get(text)
         if found is None:
             masked = text.split("\n")
             found = (masked, frozenset(hash(line) for line in masked if line.strip()))
-            self._masks[text] = found
-            if len(self._masks) > _MASK_CACHE:
-                self._masks.popitem(last=False)
+            # the text, its lines (as many characters again, a header each), the hash set
+            weight = 2 * text_bytes(text) + _LINE_BYTES * len(masked) + \
+                _HASH_BYTES * len(found[1])
+            self._masks.put(text, found, weight)
         return found
 
     def _line_set(self, tool_names: list[str], parts: list[frozenset[int]]) -> frozenset[int]:
         """The request's line hashes (tool names and masked lines, at most `max_lines`),
         cached on the per-target hash sets (the same objects while `_masks` holds them)."""
         key = (tuple(tool_names), tuple(parts))
-        found = self._sets.get(key) if caching() else None
+        found = self._sets.get(key)
         if found is not None:
-            self._sets.move_to_end(key)
             return found
         hashes: set[int] = {hash("\x00tool\x00" + name) for name in tool_names}
         for part in parts:
             hashes |= part
         if len(hashes) > self.config.max_lines:
             hashes = set(list(hashes)[: self.config.max_lines])
-        found = self._sets[key] = frozenset(hashes)
-        if len(self._sets) > _MASK_CACHE:
-            self._sets.popitem(last=False)
-        return found
+        found = frozenset(hashes)
+        weight = sum(map(text_bytes, tool_names)) + \
+            _HASH_BYTES * (len(found) + sum(map(len, parts)))
+        return self._sets.put(key, found, weight)
 
     def _match_cached(self, hashes: frozenset[int]) -> Family | None:
         """_match, memoised on the exact line set (requests of a family mostly repeat it)."""
-        key = hashes
-        fid = self._recent.get(key)
-        if fid is not None and fid in self.families:
-            return self.families[fid]
+        fid = self._recent.get(hashes)
+        found = self.families.peek(fid) if fid is not None else None
+        if found is not None:
+            return found
         family = self._match(hashes)
         if family is not None:
-            self._recent[key] = family.id
-            if len(self._recent) > 4 * self.config.max_families:
-                self._recent.pop(next(iter(self._recent)))
+            self._recent.put(hashes, family.id, _HASH_BYTES * len(hashes) + 256)
         return family
 
     def _match(self, hashes: frozenset[int]) -> Family | None:
@@ -301,15 +244,17 @@ class TemplateLearner:
         for h in sorted(hashes)[:_PROBES]:
             candidates.update(self._index.get(h, ()))
         best, best_score = None, 0.0
-        for fid in candidates:
-            lines = self.families[fid].line_hashes
+        for fid, family in zip(candidates, map(self.families.peek, candidates), strict=True):
+            if family is None:
+                continue
+            lines = family.line_hashes
             n = len(hashes & lines)
             score = n / (len(hashes) + len(lines) - n)
             if score > best_score or (score == best_score and best is not None and fid < best):
                 best, best_score = fid, score
         if best is None or best_score < self.config.min_similarity:
             return None
-        return self.families[best]
+        return self.families.peek(best)
 
     def _found(self, hashes: frozenset[int], targets: list[Segment],
                lines: dict[str, list[str]], keys: dict[str, str]) -> Family:
@@ -322,15 +267,18 @@ class TemplateLearner:
             if family.chars + len(target.text) <= self.config.max_template_chars:
                 family.templates[keys[target.path]] = _Template(target.text.split("\n"))
                 family.chars += len(target.text)
-        self.families[fid] = family
+                family.bytes += _TEMPLATE_COPIES * text_bytes(target.text) + \
+                    2 * _LINE_BYTES * (target.text.count("\n") + 1)
+        family.bytes += _FAMILY_BYTES + 2 * _HASH_BYTES * len(hashes)  # its hashes, the index
         for h in hashes:
             self._index.setdefault(h, set()).add(fid)
-        while len(self.families) > self.config.max_families:
-            self._drop(next(iter(self.families)))
+        self.families.put(fid, family, family.held_bytes)
+        if fid not in self.families:  # heavier than the whole budget: not kept
+            self._unindex(fid, family)
         return family
 
-    def _drop(self, fid: str) -> None:
-        family = self.families.pop(fid)
+    def _unindex(self, fid: str, family: Family) -> None:
+        """Remove a dropped family from the line index."""
         for h in family.line_hashes:
             owners = self._index.get(h)
             if owners is not None:
@@ -392,10 +340,10 @@ class TemplateLearner:
             pairs = [(i, i) for i in sorted(differ.keys() | template.dynamic.keys())]
             extra: list[int] = []
         else:
-            pairs, extra = _line_pairs(ref, new)
+            pairs, extra = line_pairs(ref, new)
         if not pairs and not extra:
             return [], differ
-        offsets = _line_offsets(new)
+        offsets = line_offsets(new)
         out = [(offsets[j], offsets[j] + len(new[j]), -1) for j in extra if new[j].strip()]
         for i, j in pairs:
             for s, e in self._diff_line(template, i, ref[i], new[j]):
@@ -416,12 +364,12 @@ class TemplateLearner:
     def _align_line(self, template: _Template, i: int, ref: str, new: str,
                     known: set[int]) -> list[tuple[int, int]]:
         """Word-align one changed line; learns its changed words unless frozen."""
-        rw, nw = _words(ref), _words(new)
+        rw, nw = words(ref), words(new)
         spans: list[tuple[int, int]] = []
         changed: set[int] = set()
         if ref == new:
             spans = [nw[k] for k in sorted(known) if k < len(nw)]
-        for op, i1, i2, j1, j2 in _word_opcodes(ref, new, rw, nw):
+        for op, i1, i2, j1, j2 in word_opcodes(ref, new, rw, nw):
             if op == "equal":
                 spans += [nw[j1 + k - i1] for k in range(i1, i2) if k in known]
                 continue
@@ -430,9 +378,9 @@ class TemplateLearner:
                 spans.append((nw[j1][0], nw[j2 - 1][1]))
         if not self.frozen and changed:
             template.dynamic.setdefault(i, set()).update(changed)
-        region = _region(rw, nw, ref, new, known | changed)
-        if region is not None:
-            spans = [region]
+        found = region(rw, nw, ref, new, known | changed)
+        if found is not None:
+            spans = [found]
         elif spans:
             spans = [(min(s for s, _ in spans), max(e for _, e in spans))]
         return [(s, e) for s, e in spans if e > s]
@@ -444,53 +392,3 @@ def _spans_of(template: _Template, path: str, settled: bool) -> list[LearnedSpan
     return [LearnedSpan(path, s, e, "session" if session_ok and i >= 0 and
                         i not in template.within else "request")
             for s, e, i in template.last_spans]
-
-
-def _word_opcodes(ref: str, new: str, rw: list[tuple[int, int]],
-                  nw: list[tuple[int, int]]) -> Sequence[tuple[str, int, int, int, int]]:
-    """Token alignment of two lines: position by position when they have as many
-    tokens (a changed value keeps its place), else a SequenceMatcher diff."""
-    if ref == new:
-        return []
-    a, b = [ref[s:e] for s, e in rw], [new[s:e] for s, e in nw]
-    if len(a) != len(b):
-        return SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-    out: list[tuple[str, int, int, int, int]] = []
-    for same, run in groupby(range(len(a)), key=lambda k: a[k] == b[k]):
-        ks = list(run)
-        op = "equal" if same else "replace"
-        out.append((op, ks[0], ks[-1] + 1, ks[0], ks[-1] + 1))
-    return out
-
-
-def _region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new: str,
-            dynamic: set[int]) -> tuple[int, int] | None:
-    """One span over the new line's dynamic words: the words between the stable
-    head and stable tail the reference line has around its dynamic words, so a
-    line yields one span (and one marker) whatever the value's length."""
-    if not dynamic or not nw:
-        return None
-    head, tail = min(dynamic), len(rw) - 1 - max(dynamic)
-    last = len(nw) - 1 - tail
-    if head > last:
-        return None
-    same_head = all(ref[slice(*rw[k])] == new[slice(*nw[k])] for k in range(head))
-    same_tail = all(ref[slice(*rw[len(rw) - 1 - k])] == new[slice(*nw[len(nw) - 1 - k])]
-                    for k in range(tail))
-    return (nw[head][0], nw[last][1]) if same_head and same_tail else None
-
-
-def _line_offsets(lines: list[str]) -> list[int]:
-    return list(map(add, accumulate(map(len, lines), initial=0), range(len(lines) + 1)))
-
-
-def _line_pairs(ref: list[str], new: list[str]) -> tuple[list[tuple[int, int]], list[int]]:
-    """Aligned (ref, new) line pairs, and new lines with no counterpart."""
-    pairs: list[tuple[int, int]] = []
-    extra: list[int] = []
-    for op, i1, i2, j1, j2 in SequenceMatcher(None, ref, new, autojunk=False).get_opcodes():
-        if op == "equal" or (op == "replace" and i2 - i1 == j2 - j1):
-            pairs += list(zip(range(i1, i2), range(j1, j2), strict=True))
-        else:
-            extra += range(j1, j2)
-    return pairs, extra

@@ -4,19 +4,22 @@ Texts are cut into chunks at a newline followed by a non-space character.
 cl100k-style pre-tokenizers never join pieces across such a point, so the
 tokens of the chunks, concatenated, are the tokens of the whole text; and
 because prompts in a log repeat most of their lines, a bounded chunk cache
-turns tokenization of a 4k-token request into a few dictionary lookups.
+turns tokenization of a 4k-token request into a few dictionary lookups. Every
+cache here is bounded by bytes (`prompt_lint.budgets.MemoBudgets`).
 """
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 from functools import lru_cache
 from itertools import accumulate
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from prompt_lint.budgets import BUDGETS, MemoBudgets
 from prompt_lint.incremental import PieceMemo, Pieces
-from prompt_lint.memo import LRU
+from prompt_lint.memo import LRU, ids_bytes, text_bytes
 
 if TYPE_CHECKING:
     from prompt_lint.providers import Segment
@@ -71,44 +74,52 @@ def chunks(text: str) -> list[str]:
 
 
 class TokenCounter:
-    """Encodes texts through bounded LRU caches (chunk -> token ids, text -> count, text ->
-    ids), each capped at `max_chunks` entries and `max_weight` characters of keys (default
-    `max_chunks * 256`)."""
+    """Encodes texts through LRU caches bounded by bytes (`MemoBudgets.token_chunks`: chunk ->
+    token ids, `token_texts`: text -> ids, `token_counts`: text -> count, `token_pieces`:
+    long texts per slot) and by `max_chunks` entries. Token ids are held as int32 arrays
+    (4 bytes an id, `ids_bytes`); a key weighs its characters (`text_bytes`)."""
 
     def __init__(self, encoding: str = DEFAULT_ENCODING, max_chunks: int = 65536,
-                 max_weight: int | None = None) -> None:
+                 budgets: MemoBudgets = BUDGETS) -> None:
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, got {max_chunks}")
         self.encoding_name = encoding
+        self.budgets = budgets
         self._encoding = get_encoding(encoding)
-        # bounded by entries and by the characters of their keys (values are about as big)
-        budget = max_weight or max_chunks * 256
-        self._cache: LRU[str, tuple[int, ...]] = LRU(max_chunks, max_weight=budget)
-        self._counts: LRU[str, int] = LRU(max_chunks, max_weight=budget)
+        self._cache: LRU[str, array[int]] = LRU(max_chunks, max_weight=budgets.token_chunks)
+        self._counts: LRU[str, int] = LRU(max_chunks, max_weight=budgets.token_counts)
         # whole texts -> ids: a resent message is one lookup, not one per chunk
-        self._ids: LRU[str, tuple[int, ...]] = LRU(max_chunks // 4 or 1, max_weight=budget)
-        self._memo: PieceMemo[int] = PieceMemo(chunks, lambda c: len(self.chunk_tokens(c)))
+        self._ids: LRU[str, array[int]] = LRU(max_chunks // 4 or 1,
+                                              max_weight=budgets.token_texts)
+        self._memo: PieceMemo[int] = PieceMemo(chunks, lambda c: len(self.chunk_tokens(c)),
+                                               max_bytes=budgets.token_pieces)
 
-    def chunk_tokens(self, chunk: str) -> tuple[int, ...]:
-        """Token ids of one chunk (cached)."""
+    def memos(self) -> dict[str, LRU[Any, Any]]:
+        """The byte-bounded caches by budget name (for accounting and tests)."""
+        return {"token_chunks": self._cache, "token_texts": self._ids,
+                "token_counts": self._counts, "token_pieces": self._memo.slots}
+
+    def chunk_tokens(self, chunk: str) -> array[int]:
+        """Token ids of one chunk (cached; an int32 array shared with the cache: read only)."""
         tokens = self._cache.get(chunk)
         if tokens is None:
-            tokens = self._cache.put(chunk, tuple(self._encoding.encode_ordinary(chunk)),
-                                     len(chunk) + 1)
+            tokens = array("i", self._encoding.encode_ordinary(chunk))
+            self._cache.put(chunk, tokens, text_bytes(chunk) + ids_bytes(tokens))
         return tokens
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
-        return list(self.encode_cached(text))
+        return self.encode_cached(text).tolist()
 
-    def encode_cached(self, text: str) -> tuple[int, ...]:
-        """Token ids of `text` as a shared tuple (whole texts are cached: history repeats)."""
+    def encode_cached(self, text: str) -> array[int]:
+        """Token ids of `text` as a shared int32 array (whole texts are cached: history
+        repeats); read only."""
         ids = self._ids.get(text)
         if ids is None:
-            out: list[int] = []
+            ids = array("i")
             for chunk in chunks(text):
-                out.extend(self.chunk_tokens(chunk))
-            ids = self._ids.put(text, tuple(out), len(text) + 1)
+                ids.extend(self.chunk_tokens(chunk))
+            self._ids.put(text, ids, text_bytes(text) + ids_bytes(ids))
         return ids
 
     def pieces(self, text: str, slot: str) -> Pieces[int]:
@@ -153,7 +164,7 @@ class TokenCounter:
         n = self._counts.get(text)
         if n is None:
             n = self._counts.put(text, sum(len(self.chunk_tokens(c)) for c in chunks(text)),
-                                 len(text) + 1)
+                                 text_bytes(text) + 32)
         return n
 
     def count_prefix(self, text: str, end: int) -> int:

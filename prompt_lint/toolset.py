@@ -3,7 +3,7 @@
 Requests of one agent repeat their tool list verbatim. `tool_set(tools)`
 keys the list by its marshal bytes (see `prompt_lint.memo`) and returns the
 tools' layout segments (compact JSON), names, description scan targets and
-schema key-order flags from a bounded LRU (1024 lists, 16 MB of keys), so an
+schema key-order flags from a bounded LRU (1024 lists, `BUDGETS.tool_sets` bytes), so an
 unchanged tool list is serialised once, not once per request.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from prompt_lint.budgets import BUDGETS
 from prompt_lint.memo import LRU, encode_compact, memo_by_value
 from prompt_lint.segment import Segment, tool_description_path, tool_name
 
@@ -29,7 +30,7 @@ class ToolSet(NamedTuple):
         return next((i for i, n in enumerate(self.names) if n is None), None)
 
 
-TOOLSET_MEMO: LRU[bytes, ToolSet] = LRU(1024, max_weight=16 << 20)
+TOOLSET_MEMO: LRU[bytes, ToolSet] = LRU(1024, max_weight=BUDGETS.tool_sets)
 
 
 def keys_sorted(value: Any) -> bool:

@@ -14,9 +14,11 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, NamedTuple
 
+import anyio
 import httpx
 
 from gateway.backends.upstream_http import Item, UpstreamOptions, exchange, make_client
+from gateway.body import INLINE_BYTES, text_chars
 from gateway.types import ChatRequest, Final
 
 
@@ -105,8 +107,12 @@ class UpstreamBackend(ABC):
         """The Final of a whole (non-streamed) JSON answer."""
 
     async def stream(self, req: ChatRequest) -> AsyncGenerator[Item, None]:
-        """Text deltas, then exactly one Final. Raises BackendError on failure."""
-        request = self._request(req)
+        """Text deltas, then exactly one Final. Raises BackendError on failure. A large
+        body is serialised in a worker thread (the event loop only routes)."""
+        if text_chars(req.messages, req.prompt) > INLINE_BYTES:
+            request = await anyio.to_thread.run_sync(self._request, req)
+        else:
+            request = self._request(req)
         clock = StreamClock()
         items = exchange(
             self._client, request, self.replica, stream=req.stream,

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.fake_upstream import FakeReplica, FakeUpstreamConfig
 from gateway.salt import SALT_PREFIX, UpstreamSalter
+from prompt_lint.budgets import MemoBudgets
 from prompt_lint.memo import LRU, approx_bytes
 from prompt_lint.tokens import TokenCounter
 
@@ -159,8 +160,9 @@ def test_lru_matches_a_naive_model_and_stays_within_its_byte_budget() -> None:
 def test_token_counter_memory_is_bounded_under_large_distinct_prompts() -> None:
     """The shadow caches and prompt_lint tokenize through a TokenCounter: its three caches
     stay within their weight budget, and the memory they hold with it."""
-    budget = 1 << 20  # characters of keys per cache
-    counter = TokenCounter(max_weight=budget)
+    budget = 1 << 20  # bytes per cache
+    counter = TokenCounter(budgets=MemoBudgets(**{
+        name: budget for name in ("token_chunks", "token_texts", "token_counts", "token_pieces")}))
     rng = random.Random(1)
     base = " ".join(f"w{rng.randrange(5000)}" for _ in range(42_000))  # ~256 kB
     tracemalloc.start()

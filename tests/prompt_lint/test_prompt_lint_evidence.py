@@ -12,7 +12,7 @@ from typing import Any
 
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
 from prompt_lint.evidence import FIX_CONFIDENCE
-from prompt_lint.templates import _SESSIONS_PER_FAMILY
+from prompt_lint.family import _SESSIONS_PER_FAMILY
 from tests.support.lint_family import LOG, body
 
 
