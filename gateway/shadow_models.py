@@ -25,29 +25,16 @@ import xxhash
 
 from gateway.config import UPSTREAM_KINDS
 from gateway.shadow import CacheModel, Prompt, ShadowCache, ShadowConfig, as_prompt
+from prompt_lint.incremental import common_prefix
 from radix_cache import RadixCache
 
 TOKEN_BYTES = 4
 
 
 def common_prefix_tokens(a: bytes, b: bytes) -> int:
-    """Tokens two packed sequences share at their start (slice compares, doubling steps)."""
-    n = min(len(a), len(b))
-    lo, step = 0, 4096
-    while lo < n:
-        hi = min(lo + step, n)
-        if a[lo:hi] != b[lo:hi]:
-            break
-        lo, step = hi, step * 2
-    else:
-        return n // TOKEN_BYTES
-    while hi - lo > TOKEN_BYTES:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-        mid = lo + (hi - lo) // 2 // TOKEN_BYTES * TOKEN_BYTES or lo + TOKEN_BYTES
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo // TOKEN_BYTES
+    """Tokens two packed sequences share at their start (the first differing byte lies in the
+    first differing token)."""
+    return common_prefix(a, b) // TOKEN_BYTES
 
 
 K = TypeVar("K")

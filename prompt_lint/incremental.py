@@ -18,7 +18,7 @@ import sys
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from itertools import accumulate
-from typing import Generic, NamedTuple, TypeVar
+from typing import AnyStr, Generic, NamedTuple, TypeVar
 
 from prompt_lint.memo import LRU, approx_bytes, caching, text_bytes
 
@@ -37,9 +37,10 @@ class Pieces(NamedTuple, Generic[V]):
 _BLOCK = 64
 
 
-def common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix: galloping (compare prefixes of doubling
-    length, C-speed slice equality), then binary search between the last two lengths."""
+def common_prefix(a: AnyStr, b: AnyStr) -> int:
+    """Length of the longest common prefix of two strings (or two byte strings): galloping
+    (compare prefixes of doubling length, C-speed slice equality), then binary search
+    between the last two lengths."""
     n = min(len(a), len(b))
     lo, step = 0, _BLOCK
     while lo < n:

@@ -50,15 +50,10 @@ def assert_error_format(response: httpx.Response, provider: str, status: int) ->
     return str(body["error"]["message"])
 
 
-@dataclass
-class GatedBackend:
-    """Holds every request before its first token until `gate` is set (a busy engine)."""
+class FakeEmbedded:
+    """What the test backends share: one model, no KV pages to report, nothing to close."""
 
     name: str = "embedded"
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
-    started: list[str] = field(default_factory=list)
-    aborted: list[str] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
 
     def models(self) -> list[str]:
         return [FAKE_MODEL]
@@ -68,6 +63,16 @@ class GatedBackend:
 
     async def aclose(self) -> None:
         return None
+
+
+@dataclass
+class GatedBackend(FakeEmbedded):
+    """Holds every request before its first token until `gate` is set (a busy engine)."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    started: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
 
     async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
         self.started.append(req.tenant)
@@ -294,20 +299,8 @@ async def test_lint_runs_off_the_event_loop(make_fake_app) -> None:
         assert (await pending).status_code == 200
 
 
-@dataclass
-class QuickBackend:
+class QuickBackend(FakeEmbedded):
     """Answers at once, whatever the prompt size."""
-
-    name: str = "embedded"
-
-    def models(self) -> list[str]:
-        return [FAKE_MODEL]
-
-    def kv_pages(self) -> tuple[int, int] | None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
 
     async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
         yield Final("ok", (), "stop", Usage(len(req.messages), 1, 0))
