@@ -149,7 +149,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
     store = RecordStore(config.db_url, batch_size=config.stats_batch_size,
                         flush_interval_s=config.stats_flush_interval_s,
                         max_queue=config.stats_max_queue, spill_path=config.stats_spill_path)
-    memory.tune_malloc(config.malloc_threshold_bytes)  # freed large bodies go back to the OS
+    # freed large bodies go back to the OS (not beside the embedded engine: see malloc_threshold)
+    memory.tune_malloc(config.malloc_threshold(embedded=backend.name == "embedded"))
     gw = Gateway(config=config, backend=backend, store=store, metrics=GatewayMetrics(registry),
                  lint=LintStage(config.lint_learner_bytes))
 

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from engine import AsyncEngine, Engine, EngineConfig, RequestError, SamplingParams, StreamDelta
+from engine.llm_engine import RateMeter
 from engine.loader import LoadedModel
 
 from .engine_runtime_support import (
@@ -192,3 +193,24 @@ async def test_first_delta_admits_with_cached_tokens_before_any_token(aeng) -> N
     final = deltas[-1].output
     assert final is not None and final.cached_tokens > 0
     assert head.cached_tokens == final.cached_tokens  # what a response head says is the usage
+
+
+def test_prefill_rate_weighs_samples_by_their_size() -> None:
+    """Small prefill steps (mostly fixed per-step cost) barely move a rate learned from full
+    chunks; the meter equals a naive recomputation over the whole sample history."""
+    samples = [(512, 1.0), (298, 0.7), (10, 0.1), (10, 0.1), (10, 0.1), (512, 1.2)]
+    meter = RateMeter(half_life=4096)
+    for amount, seconds in samples:
+        meter.update(amount, seconds)
+    amounts = seconds = 0.0
+    for i, (a, s) in enumerate(samples):  # each sample decays by the amount that came after it
+        decay = 0.5 ** (sum(later for later, _ in samples[i + 1 :]) / 4096)
+        amounts, seconds = amounts + a * decay, seconds + s * decay
+    assert meter.value == pytest.approx(amounts / seconds)
+
+    swamped = RateMeter()
+    swamped.update(512, 1.0)  # 512 tok/s on a full chunk
+    for _ in range(3):
+        swamped.update(10, 0.1)  # 100 tok/s on tiny steps
+    assert swamped.value is not None and swamped.value > 400  # a per-sample average: 240
+    assert RateMeter().value is None

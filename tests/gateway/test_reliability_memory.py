@@ -6,6 +6,7 @@ the whole gateway (lint on, the shadow cache, the fake upstream) must not grow t
 from __future__ import annotations
 
 import gc
+import platform
 import random
 import threading
 from collections.abc import Iterator
@@ -101,8 +102,35 @@ async def test_rss_stops_growing_once_caches_are_full(tmp_path: Path,
 
 def test_tune_malloc_applies_on_glibc_and_ignores_zero() -> None:
     assert tune_malloc(0) is False
-    applied = tune_malloc(128 << 10)
-    assert applied is bool(applied)  # False only on a C library without mallopt
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert tune_malloc(128 << 10) is glibc  # a no-op on a C library without mallopt
+
+
+class _EmbeddedLike:
+    """Only what create_app reads of a backend before serving: an in-process engine's name."""
+
+    name = "embedded"
+
+    def models(self) -> list[str]:
+        return ["m"]
+
+
+@pytest.mark.parametrize(("configured", "embedded", "expected"), [
+    (None, False, 128 << 10),  # in front of upstreams: freed large bodies leave RSS
+    (None, True, 0),  # beside the engine: glibc's adaptive threshold keeps tensors in the heap
+    (1 << 20, True, 1 << 20),  # an explicit setting always wins
+    (0, False, 0),
+])
+def test_malloc_threshold_follows_the_backend(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, configured: int | None,
+        embedded: bool, expected: int) -> None:
+    applied: list[int] = []
+    monkeypatch.setattr("gateway.memory.tune_malloc", lambda value: applied.append(value))
+    config = GatewayConfig(db_url=f"sqlite:///{tmp_path / 'gw.db'}",
+                           malloc_threshold_bytes=configured)
+    backend: Any = _EmbeddedLike() if embedded else pool_over(fake_replicas(1))
+    create_app(config, backend=backend)
+    assert applied == [expected]
 
 
 async def test_a_large_upstream_body_is_serialised_off_the_event_loop(
