@@ -19,6 +19,8 @@ Measured and rejected: bf16 weights (no AVX512-BF16: ~2x slower than fp32), fbge
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -30,19 +32,20 @@ INT4_GROUP_SIZE = 32
 _ACT_DTYPE = torch.bfloat16  # what torch's int8/int4 CPU kernels have a fast path for
 
 
-class Linear(nn.Module):
+class Linear(nn.Module, ABC):
     """A bias-free projection x [T, in] -> [T, out]: the interface every weight layout keeps."""
 
+    @abstractmethod
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
-        raise NotImplementedError
+        """y = x @ W.T."""
 
+    @abstractmethod
     def dequantized(self) -> Tensor:
         """W [out, in] as float32."""
-        raise NotImplementedError
 
+    @abstractmethod
     def weight_bytes(self) -> int:
         """Bytes of the weight as held (what a decode step streams)."""
-        raise NotImplementedError
 
 
 class DenseLinear(Linear):
@@ -66,20 +69,9 @@ class DenseLinear(Linear):
 
 
 class PackedLinear(Linear):
-    """A projection whose weight lives in a packed/quantised form (CPU only).
-
-    `weight_bytes()` is the packed size (what a decode step streams); `dequantized()` is the
-    float32 weight the module computes with, up to activation rounding.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:  # [T, in] float32 -> [T, out] float32
-        raise NotImplementedError
-
-    def dequantized(self) -> Tensor:
-        raise NotImplementedError
-
-    def weight_bytes(self) -> int:
-        raise NotImplementedError
+    """A projection whose weight lives in a packed/quantised form (CPU only): float32 in and
+    out; `weight_bytes()` is the packed size (what a decode step streams); `dequantized()` is
+    the float32 weight the module computes with, up to activation rounding."""
 
 
 class Fp16DynamicLinear(PackedLinear):
