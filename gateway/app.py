@@ -32,9 +32,11 @@ from gateway.errors import GatewayError, error_body
 from gateway.health import StoreMetrics, health_report
 from gateway.lint_stage import LintStage
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
-from gateway.pipeline import Gateway, RouteSpec, handle, prefixgate_headers
+from gateway.pipeline import handle
+from gateway.request_state import Gateway, RouteSpec
 from gateway.stats import RecordStore
 from gateway.types import Backend, ChatRequest, Usage
+from gateway.usage_report import prefixgate_headers
 
 log = logging.getLogger("prefixgate.gateway")
 

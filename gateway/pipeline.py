@@ -13,50 +13,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
 
 import anyio
 import orjson
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from gateway import render_anthropic, render_openai
-from gateway.admission import Admission, AdmissionConfig, Overloaded, Slot
+from gateway.admission import Overloaded
 from gateway.auth import tenant_for
 from gateway.body import INLINE_BYTES, cap_max_tokens, parse_body
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
-from gateway.lint_stage import MODE_HEADER, LintStage, request_mode
-from gateway.metrics import GatewayMetrics
-from gateway.salt import UpstreamSalter
-from gateway.stats import RecordStore
+from gateway.lint_stage import MODE_HEADER, request_mode
+from gateway.request_record import record
+from gateway.request_state import CLIENT_CLOSED, Gateway, RouteSpec, Ticket
+from gateway.sse_response import close_stream, internal_error, streaming_response
 from gateway.types import (
     ApiError,
-    Backend,
     BackendError,
     ChatRequest,
     Final,
     PreparingBackend,
-    Provider,
     TextDelta,
-    Usage,
 )
-from gateway.usage_report import SUMMARY_FIELD, summary, usage_headers
+from gateway.usage_report import SUMMARY_FIELD, prefixgate_headers, summary
 from gateway.validate import ParseContext
 from prompt_lint.memo import LOCK as MEMO_LOCK
 
 log = logging.getLogger("prefixgate.gateway")
-CLIENT_CLOSED = 499
 INLINE_PARSE_BYTES = INLINE_BYTES  # bodies above this are parsed in a worker thread
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 class FastJSONResponse(JSONResponse):
@@ -65,79 +55,6 @@ class FastJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
-
-
-class Chunks(Protocol):
-    """A streaming renderer for one response."""
-
-    def delta(self, item: TextDelta) -> bytes: ...
-    def final(self, final: Final) -> bytes: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RouteSpec:
-    """How one route parses bodies and renders results."""
-
-    name: str  # "chat.completions" | "completions" | "messages"
-    provider: Provider
-    parse: Callable[[dict[str, Any], ParseContext], ChatRequest]
-    render: Callable[[ChatRequest, Final, int], dict[str, Any]]
-    stream_start: Callable[[ChatRequest, Usage | None], tuple[Chunks, bytes]]
-
-
-@dataclass
-class Gateway:
-    """The state every route shares (also on app.state)."""
-
-    config: GatewayConfig
-    backend: Backend
-    store: RecordStore
-    metrics: GatewayMetrics
-    lint: LintStage = field(default_factory=LintStage)
-    admission: Admission | None = None  # None: built from config
-    salter: UpstreamSalter | None = None  # None: built from config
-
-    def __post_init__(self) -> None:
-        c = self.config
-        if self.admission is None:
-            self.admission = Admission(AdmissionConfig(
-                max_concurrency=c.max_concurrency, max_queue=c.max_queue,
-                tenant_max_concurrency=c.tenant_max_concurrency,
-                tenant_rate_per_s=c.tenant_rate_per_s, tenant_burst=c.tenant_burst))
-        if self.salter is None:
-            self.salter = UpstreamSalter(c.salt_secret)
-
-
-_ID_PREFIX = uuid.uuid4().hex[:12]
-_ID_COUNTER = itertools.count()
-
-
-def new_request_id() -> str:
-    """A 24-hex-digit id unique across processes: a random per-process prefix and a counter
-    (cheaper than a uuid4 per request, which costs a system call)."""
-    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFF:012x}"
-
-
-@dataclass
-class Ticket:
-    """What is known so far about one request, for its record and headers."""
-
-    route: RouteSpec
-    request_id: str = field(default_factory=lambda: new_request_id())
-    started: float = field(default_factory=time.perf_counter)
-    tenant: str = ""
-    req: ChatRequest | None = None
-    body: dict[str, Any] | None = None
-    recorded: bool = False
-    slot: Slot | None = None
-
-
-def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...], request_id: str) -> dict[
-    str, str
-]:
-    """The x-prefixgate-* headers of a response (see `gateway.usage_report`)."""
-    return {"x-request-id": request_id, **usage_headers(usage),
-            "x-prefixgate-lint": ",".join(lint_ids)}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -171,16 +88,16 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
     except ApiError as err:
         return _error_response(gw, ticket, err)
     except ClientDisconnect:
-        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
+        record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:  # noqa: BLE001 - a bug must not take the gateway down
-        return _error_response(gw, ticket, _internal(exc))
+        return _error_response(gw, ticket, internal_error(exc))
     if started is None:
-        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected before the answer")
+        record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected before the answer")
         return Response(status_code=CLIENT_CLOSED)
     req, stream, first = started
     if req.stream:
-        return _streaming_response(gw, ticket, req, first, stream)
+        return streaming_response(gw, ticket, req, first, stream)
     return await _json_response(gw, request, ticket, req, first, stream)
 
 
@@ -214,7 +131,7 @@ async def _start(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> S
         first = await _first(stream)
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await _close(stream)
+            await close_stream(stream)
         raise
     return req, stream, first
 
@@ -283,7 +200,7 @@ async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
 
 def _error_response(gw: Gateway, ticket: Ticket, err: ApiError,
                     extra: dict[str, str] | None = None) -> Response:
-    _record(gw, ticket, err.status, None, error=err.message)
+    record(gw, ticket, err.status, None, error=err.message)
     lint_ids = ticket.req.lint_ids if ticket.req else ()
     headers = {**prefixgate_headers(None, lint_ids, ticket.request_id), **(extra or {})}
     body = error_body(err, ticket.route.provider)
@@ -299,14 +216,14 @@ async def _json_response(
     except ApiError as err:
         return _error_response(gw, ticket, err)
     except Exception as exc:  # noqa: BLE001
-        return _error_response(gw, ticket, _internal(exc))
+        return _error_response(gw, ticket, internal_error(exc))
     except BaseException:  # cancelled (server shutdown): still one record
-        _record(gw, ticket, CLIENT_CLOSED, None, error="cancelled")
+        record(gw, ticket, CLIENT_CLOSED, None, error="cancelled")
         raise
     if final is None:
-        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
+        record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
         return Response(status_code=CLIENT_CLOSED)
-    _record(gw, ticket, 200, final)
+    record(gw, ticket, 200, final)
     body = ticket.route.render(req, final, int(time.time()))
     body[SUMMARY_FIELD] = summary(final.usage)
     headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
@@ -319,7 +236,7 @@ async def _until_final(
     """Drain the stream to its Final; None when the client disconnected first (the backend
     stream is then cancelled, which aborts the engine request)."""
     if isinstance(first, Final):  # a non-streaming upstream: the answer is already here
-        await _close(stream)
+        await close_stream(stream)
         return first
 
     async def drain() -> Final:
@@ -344,7 +261,7 @@ async def _until_final(
         watcher.cancel()
         if not task.done():
             task.cancel()
-        await _close(stream)
+        await close_stream(stream)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -354,158 +271,3 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def _close(stream: AsyncIterator[TextDelta | Final]) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        try:
-            await aclose()
-        except Exception:  # noqa: BLE001 - closing must not mask the real outcome
-            log.exception("closing a backend stream failed")
-
-
-def _streaming_response(
-    gw: Gateway, ticket: Ticket, req: ChatRequest,
-    first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
-) -> Response:
-    early = first.usage if isinstance(first, Final) else first.usage
-    chunks, head = ticket.route.stream_start(req, early)
-    headers = {**prefixgate_headers(early, req.lint_ids, ticket.request_id), **SSE_HEADERS}
-    body = _sse_body(gw, ticket, chunks, head, first, stream)
-
-    async def cleanup() -> None:  # runs even when the body was never iterated
-        _record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
-        await _close(stream)
-
-    return _GatewayStream(body, cleanup, media_type="text/event-stream", headers=headers)
-
-
-class _GatewayStream(StreamingResponse):
-    """A StreamingResponse that always runs `cleanup`, shielded from cancellation."""
-
-    def __init__(
-        self, body: AsyncIterator[bytes], cleanup: Callable[[], Any], **kwargs: Any
-    ) -> None:
-        super().__init__(body, **kwargs)
-        self._cleanup = cleanup
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._cleanup()
-
-
-async def _sse_body(
-    gw: Gateway, ticket: Ticket, chunks: Chunks, head: bytes,
-    first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
-) -> AsyncIterator[bytes]:
-    status, final = CLIENT_CLOSED, None
-    error: str | None = "client disconnected"
-    try:
-        if head:
-            yield head
-        item = first
-        while True:
-            if isinstance(item, Final):
-                final, status, error = item, 200, None
-                yield chunks.final(item)
-                return
-            piece = chunks.delta(item)
-            if piece:
-                yield piece
-            item = await anext(stream)
-    except StopAsyncIteration:
-        status, error = 502, "backend ended without a result"
-        yield _stream_error(ticket, BackendError(502, error))
-    except ApiError as err:
-        status, error = err.status, err.message
-        yield _stream_error(ticket, err)
-    except Exception as exc:  # noqa: BLE001
-        internal = _internal(exc)
-        status, error = internal.status, internal.message
-        yield _stream_error(ticket, internal)
-    finally:
-        _record(gw, ticket, status, final, error=error)
-        with anyio.CancelScope(shield=True):
-            await _close(stream)
-
-
-def _internal(exc: BaseException) -> BackendError:
-    log.exception("request failed inside the gateway", exc_info=exc)
-    return BackendError(500, f"internal gateway error: {type(exc).__name__}")
-
-
-def _stream_error(ticket: Ticket, err: ApiError) -> bytes:
-    body = error_body(err, ticket.route.provider)
-    if ticket.route.provider == "anthropic":
-        return render_anthropic.error_event(body)
-    return render_openai.error_event(body)
-
-
-def _record(
-    gw: Gateway, ticket: Ticket, status: int, final: Final | None, *, error: str | None = None
-) -> None:
-    """Store the one record of this request and update the metrics."""
-    if ticket.recorded:
-        return
-    ticket.recorded = True
-    if ticket.slot is not None:
-        ticket.slot.release()
-    gw.metrics.in_flight.dec()
-    latency = time.perf_counter() - ticket.started
-    usage = final.usage if final else None
-    backend = gw.backend.name
-    gw.metrics.requests.inc(route=ticket.route.name, status=str(status), backend=backend)
-    gw.metrics.latency.observe(latency, route=ticket.route.name)
-    if usage is not None:
-        gw.metrics.observe_usage(usage, backend)
-    gw.store.add(_make_record(gw, ticket, status, final, error, latency))
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000.0
-
-
-def _make_record(
-    gw: Gateway, ticket: Ticket, status: int, final: Final | None, error: str | None,
-    latency: float,
-) -> dict[str, Any]:
-    """The record's column values: a plain dict, so no ORM object is built on the request
-    path (the store's writer thread inserts the rows in batches)."""
-    req, usage = ticket.req, (final.usage if final else None)
-    body = ticket.body or {}
-    return dict(
-        ts=datetime.now(UTC),
-        request_id=ticket.request_id,
-        tenant=ticket.tenant or "-",
-        model=req.model if req else str(body.get("model", ""))[:256],
-        backend=gw.backend.name,
-        replica=final.replica if final else None,
-        provider=ticket.route.provider,
-        route=ticket.route.name,
-        status=status,
-        error=error,
-        prompt_tokens=usage.prompt_tokens if usage else 0,
-        cached_tokens=usage.cached_tokens if usage else 0,
-        predicted_cached_tokens=usage.predicted_cached_tokens if usage else None,
-        reported_cached_tokens=usage.reported_cached_tokens if usage else None,
-        completion_tokens=usage.completion_tokens if usage else 0,
-        ttft_ms=_ms(usage.ttft) if usage else None,
-        tpot_ms=_ms(usage.tpot) if usage else None,
-        latency_ms=latency * 1000.0,
-        prefill_saved_ms=usage.prefill_saved_ms if usage else 0.0,
-        usage_estimated=usage.estimated if usage else False,
-        lint_ids=",".join(req.lint_ids) if req else "",
-        family=req.family if req else None,
-        stream=bool(req.stream) if req else bool(body.get("stream", False)),
-        prompt_text=_prompt_text(gw, req),
-    )
-
-
-def _prompt_text(gw: Gateway, req: ChatRequest | None) -> str | None:
-    if not gw.config.store_prompts or req is None:
-        return None
-    if req.prompt is not None:
-        return req.prompt
-    return json.dumps({"messages": req.messages, "tools": req.tools}, ensure_ascii=False)

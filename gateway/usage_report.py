@@ -58,3 +58,10 @@ def summary(usage: Usage) -> dict[str, Any]:
         "usage": "estimated" if usage.estimated else "reported",
         "prefill_saved_ms": round(usage.prefill_saved_ms, 1),
     }
+
+
+def prefixgate_headers(usage: Usage | None, lint_ids: tuple[str, ...],
+                       request_id: str) -> dict[str, str]:
+    """The x-prefixgate-* headers of a response: `usage_headers`, the lint ids, the request id."""
+    return {"x-request-id": request_id, **usage_headers(usage),
+            "x-prefixgate-lint": ",".join(lint_ids)}

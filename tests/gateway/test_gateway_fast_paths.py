@@ -18,7 +18,7 @@ from gateway.backends.anthropic_format import place_cache_breakpoints
 from gateway.errors import GatewayError
 from gateway.metrics import Registry
 from gateway.parse_openai import parse_chat
-from gateway.pipeline import new_request_id
+from gateway.request_state import new_request_id
 from gateway.stats import RecordStore, RequestRecord
 from gateway.validate import ParseContext
 

@@ -1,0 +1,79 @@
+"""The one record of a request: its stats row (queued for the store's writer) and its metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.request_state import Gateway, Ticket
+from gateway.types import ChatRequest, Final
+
+
+def record(
+    gw: Gateway, ticket: Ticket, status: int, final: Final | None, *, error: str | None = None
+) -> None:
+    """Store the one record of this request and update the metrics."""
+    if ticket.recorded:
+        return
+    ticket.recorded = True
+    if ticket.slot is not None:
+        ticket.slot.release()
+    gw.metrics.in_flight.dec()
+    latency = time.perf_counter() - ticket.started
+    usage = final.usage if final else None
+    backend = gw.backend.name
+    gw.metrics.requests.inc(route=ticket.route.name, status=str(status), backend=backend)
+    gw.metrics.latency.observe(latency, route=ticket.route.name)
+    if usage is not None:
+        gw.metrics.observe_usage(usage, backend)
+    gw.store.add(_make_record(gw, ticket, status, final, error, latency))
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def _make_record(
+    gw: Gateway, ticket: Ticket, status: int, final: Final | None, error: str | None,
+    latency: float,
+) -> dict[str, Any]:
+    """The record's column values: a plain dict, so no ORM object is built on the request
+    path (the store's writer thread inserts the rows in batches)."""
+    req, usage = ticket.req, (final.usage if final else None)
+    body = ticket.body or {}
+    return dict(
+        ts=datetime.now(UTC),
+        request_id=ticket.request_id,
+        tenant=ticket.tenant or "-",
+        model=req.model if req else str(body.get("model", ""))[:256],
+        backend=gw.backend.name,
+        replica=final.replica if final else None,
+        provider=ticket.route.provider,
+        route=ticket.route.name,
+        status=status,
+        error=error,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        cached_tokens=usage.cached_tokens if usage else 0,
+        predicted_cached_tokens=usage.predicted_cached_tokens if usage else None,
+        reported_cached_tokens=usage.reported_cached_tokens if usage else None,
+        completion_tokens=usage.completion_tokens if usage else 0,
+        ttft_ms=_ms(usage.ttft) if usage else None,
+        tpot_ms=_ms(usage.tpot) if usage else None,
+        latency_ms=latency * 1000.0,
+        prefill_saved_ms=usage.prefill_saved_ms if usage else 0.0,
+        usage_estimated=usage.estimated if usage else False,
+        lint_ids=",".join(req.lint_ids) if req else "",
+        family=req.family if req else None,
+        stream=bool(req.stream) if req else bool(body.get("stream", False)),
+        prompt_text=_prompt_text(gw, req),
+    )
+
+
+def _prompt_text(gw: Gateway, req: ChatRequest | None) -> str | None:
+    if not gw.config.store_prompts or req is None:
+        return None
+    if req.prompt is not None:
+        return req.prompt
+    return json.dumps({"messages": req.messages, "tools": req.tools}, ensure_ascii=False)

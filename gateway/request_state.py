@@ -1,0 +1,90 @@
+"""What every step of one request shares: the gateway's state, the route, the request's ticket.
+
+`Ticket` collects what is known about one request as it goes (tenant, parsed request, admission
+slot) for its one record and its headers; `Gateway` is the state every route shares.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.admission import Admission, AdmissionConfig, Slot
+from gateway.config import GatewayConfig
+from gateway.lint_stage import LintStage
+from gateway.metrics import GatewayMetrics
+from gateway.salt import UpstreamSalter
+from gateway.stats import RecordStore
+from gateway.types import Backend, ChatRequest, Final, Provider, TextDelta, Usage
+from gateway.validate import ParseContext
+
+CLIENT_CLOSED = 499  # the status recorded for a client that went away
+
+
+class Chunks(Protocol):
+    """A streaming renderer for one response."""
+
+    def delta(self, item: TextDelta) -> bytes: ...
+    def final(self, final: Final) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """How one route parses bodies and renders results."""
+
+    name: str  # "chat.completions" | "completions" | "messages"
+    provider: Provider
+    parse: Callable[[dict[str, Any], ParseContext], ChatRequest]
+    render: Callable[[ChatRequest, Final, int], dict[str, Any]]
+    stream_start: Callable[[ChatRequest, Usage | None], tuple[Chunks, bytes]]
+
+
+@dataclass
+class Gateway:
+    """The state every route shares (also on app.state)."""
+
+    config: GatewayConfig
+    backend: Backend
+    store: RecordStore
+    metrics: GatewayMetrics
+    lint: LintStage = field(default_factory=LintStage)
+    admission: Admission | None = None  # None: built from config
+    salter: UpstreamSalter | None = None  # None: built from config
+
+    def __post_init__(self) -> None:
+        c = self.config
+        if self.admission is None:
+            self.admission = Admission(AdmissionConfig(
+                max_concurrency=c.max_concurrency, max_queue=c.max_queue,
+                tenant_max_concurrency=c.tenant_max_concurrency,
+                tenant_rate_per_s=c.tenant_rate_per_s, tenant_burst=c.tenant_burst))
+        if self.salter is None:
+            self.salter = UpstreamSalter(c.salt_secret)
+
+
+_ID_PREFIX = uuid.uuid4().hex[:12]
+_ID_COUNTER = itertools.count()
+
+
+def new_request_id() -> str:
+    """A 24-hex-digit id unique across processes: a random per-process prefix and a counter
+    (cheaper than a uuid4 per request, which costs a system call)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFF:012x}"
+
+
+@dataclass
+class Ticket:
+    """What is known so far about one request, for its record and headers."""
+
+    route: RouteSpec
+    request_id: str = field(default_factory=lambda: new_request_id())
+    started: float = field(default_factory=time.perf_counter)
+    tenant: str = ""
+    req: ChatRequest | None = None
+    body: dict[str, Any] | None = None
+    recorded: bool = False
+    slot: Slot | None = None
