@@ -18,9 +18,10 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import EngineUnavailable, RequestError
-from engine.llm_engine import Engine, Prompt
+from engine.llm_engine import Engine
 from engine.loader import LoadedModel
 from engine.outputs import EngineStats, RequestOutput, StreamDelta
+from engine.requests import Prompt
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence as EngineSequence
 from engine.tokenizer import Tokenizer

@@ -16,13 +16,14 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import DEFAULT_MEMORY_BUDGET, EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import InvalidRequest, RequestTooLong
+from engine.errors import InvalidRequest
 from engine.grammar import GrammarCompiler
 from engine.loader import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestOutput, StreamDelta
 from engine.plan import pages_for_budget, shape_from_config
+from engine.rate_meter import RateMeter
+from engine.requests import Prompt, RequestLimits, SequenceFactory
 from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
@@ -30,35 +31,6 @@ from engine.sequence import Sequence, SequenceStatus
 from engine.speculative import Verdict, verify_draft
 
 log = logging.getLogger(__name__)
-
-Prompt = str | Seq[int]
-
-
-class RateMeter:
-    """Throughput over recent work (e.g. prefill tokens/s): amounts and seconds summed with an
-    exponential decay per unit of amount (half-life `half_life` units), so each sample weighs
-    by its size. A 10-token prefill step, mostly fixed per-step cost, then barely moves a rate
-    learned from 512-token chunks; a per-sample average let a run of such steps quadruple
-    the reported prefill time saved."""
-
-    def __init__(self, half_life: float = 4096.0) -> None:
-        if half_life <= 0:
-            raise ValueError(f"half_life must be positive, got {half_life}")
-        self.half_life = half_life
-        self.amount = 0.0
-        self.seconds = 0.0
-
-    def update(self, amount: float, seconds: float) -> None:
-        if seconds <= 0 or amount <= 0:
-            return
-        keep = 0.5 ** (amount / self.half_life)
-        self.amount = self.amount * keep + amount
-        self.seconds = self.seconds * keep + seconds
-
-    @property
-    def value(self) -> float | None:
-        """Amount per second, None before the first sample."""
-        return self.amount / self.seconds if self.seconds > 0 else None
 
 
 class Engine:
@@ -93,9 +65,11 @@ class Engine:
         )
         self.sampler = Sampler()
         self.grammar = GrammarCompiler(self.tokenizer, sorted(self.tokenizer.special_token_ids))
-        self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
+        self.requests = SequenceFactory(RequestLimits(
+            vocab_size=self.loaded.config.vocab_size, max_seq_len=self.max_seq_len,
+            max_model_len=self.max_model_len, pool_tokens=self.num_pages * config.page_size,
+            device=config.device, seed=config.seed), self.tokenizer, self.grammar)
         self._seqs: dict[str, Sequence] = {}
-        self._ids = itertools.count()
         self.prefill_rate = RateMeter()
         self.prefill_tokens_computed = 0
         self.spec_draft_tokens = 0
@@ -109,7 +83,7 @@ class Engine:
 
     def _pages_from_budget(self) -> int:
         c = self.config
-        weights = _weight_bytes(self.loaded)
+        weights = self.loaded.weight_bytes  # quantised projections at their packed size
         dtype_bytes = self.loaded.model.embed.element_size()
         return pages_for_budget(
             c.memory_budget_bytes or DEFAULT_MEMORY_BUDGET, shape_from_config(self.loaded.config),
@@ -144,49 +118,7 @@ class Engine:
     ) -> Sequence:
         """Validate a request and build its `Sequence` without queueing it (no engine state
         changes, so another thread may call it)."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        if not isinstance(namespace, str):
-            raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
-        ids = self._prompt_ids(prompt)
-        limit = self.max_seq_len - 1
-        if len(ids) > limit:
-            pool = self.num_pages * self.config.page_size
-            raise RequestTooLong(
-                prompt_tokens=len(ids), limit=limit,
-                detail=f"max_model_len={self.max_model_len}, KV pool={pool} tokens",
-            )
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        stops = frozenset(params.stop_token_ids)
-        if not params.ignore_eos:
-            stops |= self.tokenizer.stop_token_ids
-        generator = self._generator
-        if params.seed is not None:
-            generator = torch.Generator(device=self.config.device).manual_seed(params.seed)
-        detok = IncrementalDetokenizer(
-            self.tokenizer.token_bytes, params.stop, params.include_stop_str_in_output
-        )
-        spec = params.constraint
-        grammar = self.grammar.new_state(spec) if spec is not None else None
-        return Sequence(rid, ids, params, namespace, generator, self.max_seq_len, stops, detok,
-                        grammar=grammar)
-
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequest("prompt must not be empty", field="prompt")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = [int(t) for t in prompt]
-            bad = [t for t in ids if not 0 <= t < self.loaded.config.vocab_size]
-            if bad:
-                raise InvalidRequest(f"prompt token ids outside the vocabulary: {bad[:5]}",
-                                     field="prompt")
-        if not ids:
-            raise InvalidRequest("prompt must not be empty (it encodes to no tokens)",
-                                 field="prompt")
-        return ids
+        return self.requests.build(prompt, params, namespace, request_id)
 
     def enqueue(self, seq: Sequence) -> None:
         """Queue a sequence built by `make_sequence`."""
@@ -461,11 +393,3 @@ class Engine:
         self.block_manager.check(self.scheduler.running)
         for seq in self.scheduler.waiting:
             assert not seq.pages, f"waiting request {seq.request_id} holds pages"
-
-
-def _weight_bytes(loaded: LoadedModel) -> int:
-    """Bytes of the weights as held (quantised projections count their packed size)."""
-    model = loaded.model
-    if getattr(model, "quantization", "none") == "none":
-        return loaded.weight_bytes
-    return model.streamed_weight_bytes() + model.embed.numel() * model.embed.element_size()

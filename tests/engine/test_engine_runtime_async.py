@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from engine import AsyncEngine, Engine, EngineConfig, RequestError, SamplingParams, StreamDelta
-from engine.llm_engine import RateMeter
 from engine.loader import LoadedModel
+from engine.rate_meter import RateMeter
 
 from .engine_runtime_support import (
     STOP,
