@@ -181,21 +181,30 @@ def _decode_padded(
     return out
 
 
+def _sequence_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqPages
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's cached K and V as [Hkv, L, D]: a view of the cache when its pages are
+    consecutive (no copy), else gathered."""
+    page_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    count = seq.pages.shape[0]
+    if seq.first_page >= 0:
+        span = slice(seq.first_page, seq.first_page + count)
+        k = k_cache[span].view(count * page_size, num_kv_heads, head_dim)
+        v = v_cache[span].view(count * page_size, num_kv_heads, head_dim)
+    else:
+        k, v = gather_kv(k_cache, v_cache, seq.pages)  # [count * page, Hkv, D]
+    return k[: seq.length].transpose(0, 1), v[: seq.length].transpose(0, 1)
+
+
 def _attend_one(
     q_row: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqPages, scale: float
 ) -> torch.Tensor:
     """q_row [Hq, D] over one sequence's cached tokens -> [Hkv, G, D]."""
     num_q_heads, head_dim = q_row.shape
-    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    n = seq.pages.shape[0]
-    if seq.first_page >= 0:  # consecutive pages: a view of the cache, no copy
-        span = slice(seq.first_page, seq.first_page + n)
-        k = k_cache[span].view(n * page_size, num_kv_heads, head_dim)
-        v = v_cache[span].view(n * page_size, num_kv_heads, head_dim)
-    else:
-        k, v = gather_kv(k_cache, v_cache, seq.pages)  # [n * page, Hkv, D]
+    num_kv_heads = k_cache.shape[2]
+    k, v = _sequence_kv(k_cache, v_cache, seq)  # [Hkv, L, D]
     qg = q_row.view(num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [Hkv, G, D]
-    k, v = k[: seq.length].transpose(0, 1), v[: seq.length].transpose(0, 1)  # [Hkv, L, D]
     if q_row.dtype == torch.float32 and not q_row.is_cuda:
         # A few query rows per KV head: two small bmm's beat SDPA's per-call setup on CPU.
         scores = torch.bmm(qg, k.transpose(1, 2)).mul_(scale)  # [Hkv, G, L]
@@ -267,15 +276,9 @@ def _attend_few(
     """q_new [n, Hq, D], the last n of seq.length tokens, over its cached K/V (causal)
     -> [n, Hq, D]. GQA folds into the query axis: [Hkv, n * G, D] rows per KV head."""
     n, num_q_heads, head_dim = q_new.shape
-    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group, length, count = num_q_heads // num_kv_heads, seq.length, seq.pages.shape[0]
-    if seq.first_page >= 0:  # consecutive pages: a view of the cache, no copy
-        span = slice(seq.first_page, seq.first_page + count)
-        k = k_cache[span].view(count * page_size, num_kv_heads, head_dim)
-        v = v_cache[span].view(count * page_size, num_kv_heads, head_dim)
-    else:
-        k, v = gather_kv(k_cache, v_cache, seq.pages)  # [count * page, Hkv, D]
-    k, v = k[:length].transpose(0, 1), v[:length].transpose(0, 1)  # [Hkv, L, D]
+    num_kv_heads = k_cache.shape[2]
+    group, length = num_q_heads // num_kv_heads, seq.length
+    k, v = _sequence_kv(k_cache, v_cache, seq)  # [Hkv, L, D]
     qg = q_new.view(n, num_kv_heads, group, head_dim).permute(1, 0, 2, 3)  # [Hkv, n, G, D]
     scores = torch.bmm(qg.reshape(num_kv_heads, n * group, head_dim), k.transpose(1, 2))
     scores = scores.mul_(scale).view(num_kv_heads, n, group, length)  # [Hkv, n, G, L]
