@@ -37,7 +37,11 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class _Series:
-    """One named metric with fixed label names; checks the labels of every update."""
+    """One named metric with fixed label names; checks the labels of every update.
+
+    The child series of each label-value tuple is looked up once in prometheus_client and kept
+    (its `labels()` call costs more than the update itself on the request path); the children
+    are the same objects prometheus_client holds, so this adds no series of its own."""
 
     kind = ""
 
@@ -47,16 +51,25 @@ class _Series:
         self.name = name
         self.help = help
         self.label_names = label_names
+        self._name_set = frozenset(label_names)
+        self._children: dict[tuple[Any, ...], Any] = {}
 
     def _labels(self, labels: dict[str, str]) -> dict[str, str]:
-        if set(labels) != set(self.label_names):
+        if labels.keys() != self._name_set:
             raise ValueError(f"metric {self.name} takes labels {self.label_names}, "
                              f"got {tuple(labels)}")
         return {k: str(v) for k, v in labels.items()}
 
     def _child(self, metric: Any, labels: dict[str, str]) -> Any:
-        checked = self._labels(labels)
-        return metric.labels(**checked) if self.label_names else metric
+        if labels.keys() != self._name_set:
+            self._labels(labels)  # raises, naming the expected labels
+        if not self.label_names:
+            return metric
+        key = tuple(labels[n] for n in self.label_names)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(**self._labels(labels))
+        return child
 
 
 class Counter(_Series):

@@ -17,7 +17,14 @@ from typing import Any, NamedTuple
 import anyio
 import httpx
 
-from gateway.backends.upstream_http import Item, UpstreamOptions, exchange, make_client
+from gateway.backends.upstream_http import (
+    Item,
+    UpstreamOptions,
+    client_timeout,
+    exchange,
+    make_client,
+    make_transport,
+)
 from gateway.body import INLINE_BYTES, text_chars
 from gateway.types import ChatRequest, Final
 
@@ -68,10 +75,14 @@ class UpstreamBackend(ABC):
         self.options = options
         self.replica = options.replica
         self._models = list(models)
-        self._client = make_client(options, transport)
+        self._transport = transport or make_transport(options)
+        self._client = make_client(options, self._transport)  # probes; closes the transport
         self._base = options.url.rstrip("/")
-        # parsed once: building a request from strings re-parses the headers each time
-        self._header_obj = httpx.Headers(self._headers())
+        # built once: the client's default headers (accept, accept-encoding, user-agent) with
+        # the backend's own, and the timeouts every request carries to the transport
+        self._header_obj = httpx.Headers(self._client.headers)
+        self._header_obj.update(self._headers())
+        self._extensions = {"timeout": client_timeout(options).as_dict()}
 
     def models(self) -> list[str]:
         """The model ids configured for this replica (empty: any model is passed on)."""
@@ -90,7 +101,9 @@ class UpstreamBackend(ABC):
         return {"content-type": "application/json"}
 
     def _post(self, url: httpx.URL, content: bytes) -> httpx.Request:
-        return self._client.build_request("POST", url, content=content, headers=self._header_obj)
+        """A complete POST request (headers and timeouts), sent straight to the transport."""
+        return httpx.Request("POST", url, content=content, headers=self._header_obj,
+                             extensions=dict(self._extensions))
 
     @abstractmethod
     def _request(self, req: ChatRequest) -> httpx.Request:
@@ -115,7 +128,7 @@ class UpstreamBackend(ABC):
             request = self._request(req)
         clock = StreamClock()
         items = exchange(
-            self._client, request, self.replica, stream=req.stream,
+            self._transport, request, self.replica, stream=req.stream,
             read_stream=lambda response: self._read_stream(response, clock),
             read_whole=lambda payload: self._read_whole(payload, clock))
         async with aclosing(items):

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import httpx
 import orjson
 
+from gateway.backends.aiohttp_transport import AiohttpTransport
 from gateway.types import BackendError, Final, TextDelta
 
 REPLICA_FAULT_KINDS = frozenset(
@@ -81,31 +82,47 @@ class UpstreamClient(httpx.AsyncClient):
 _NO_COOKIES = NoCookies()
 
 
+def client_timeout(options: UpstreamOptions) -> httpx.Timeout:
+    """Per-phase timeouts of one replica: connect (at most 10 s), read, write, pool wait."""
+    t = options.timeout_s
+    return httpx.Timeout(connect=min(t, 10.0), read=t, write=t, pool=t)
+
+
+def client_limits(options: UpstreamOptions) -> httpx.Limits:
+    """Connections of one replica: at most `max_connections`, up to 64 kept alive."""
+    return httpx.Limits(max_connections=options.max_connections,
+                        max_keepalive_connections=min(options.max_connections, 64))
+
+
+def make_transport(options: UpstreamOptions) -> httpx.AsyncBaseTransport:
+    """The network transport of one replica: httpx's interface over aiohttp's client."""
+    return AiohttpTransport(client_limits(options))
+
+
 def make_client(
     options: UpstreamOptions, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
     """A pooled client for one replica (keep-alive, bounded connections, per-phase timeouts,
-    no cookie jar)."""
-    t = options.timeout_s
-    timeout = httpx.Timeout(connect=min(t, 10.0), read=t, write=t, pool=t)
-    limits = httpx.Limits(
-        max_connections=options.max_connections,
-        max_keepalive_connections=min(options.max_connections, 64),
-    )
-    return UpstreamClient(timeout=timeout, limits=limits, transport=transport)
+    no cookie jar) over `transport`: by default `make_transport`'s; tests and in-process
+    benchmarks pass httpx's Mock/ASGI transports."""
+    return UpstreamClient(timeout=client_timeout(options), limits=client_limits(options),
+                          transport=transport or make_transport(options))
 
 
 STALE_CONNECTION_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
-async def send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """Send with streaming; retry once when a pooled keep-alive connection turns out closed
-    before any response byte arrived (the server dropped it while idle: nothing was processed).
-    """
+async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request) -> httpx.Response:
+    """Send `request` straight to the client's transport (the request is built complete:
+    headers, timeouts; no cookies, auth or redirects to apply), its body streamed; retry once
+    when a pooled keep-alive connection turns out closed before any response byte arrived (the
+    server dropped it while idle: nothing was processed)."""
     try:
-        return await client.send(request, stream=True)
+        response = await transport.handle_async_request(request)
     except STALE_CONNECTION_ERRORS:
-        return await client.send(request, stream=True)
+        response = await transport.handle_async_request(request)
+    response.request = request
+    return response
 
 
 def dumps_body(body: dict[str, Any]) -> bytes:
@@ -218,7 +235,7 @@ Item = TextDelta | Final
 
 
 async def exchange(
-    client: httpx.AsyncClient,
+    transport: httpx.AsyncBaseTransport,
     request: httpx.Request,
     replica: str,
     *,
@@ -233,7 +250,7 @@ async def exchange(
     """
     started = False
     try:
-        response = await send(client, request)
+        response = await send(transport, request)
         try:
             if response.status_code >= 400:
                 raise status_error(response.status_code, await response.aread(), replica)

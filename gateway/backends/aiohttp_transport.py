@@ -1,0 +1,148 @@
+"""An httpx transport over aiohttp's client: the upstream backends' network path.
+
+The backends speak httpx (`httpx.Request` in, `httpx.Response` out; tests drive them through
+`httpx.MockTransport` and `httpx.ASGITransport`), but httpx's own network stack (httpcore and
+the pure-Python h11 parser) costs about twice the CPU of aiohttp's client per proxied request
+(measured in `benchmarks/profile_gateway.py --server`). `AiohttpTransport` keeps the httpx
+interface and sends through one pooled `aiohttp.ClientSession`:
+
+- connection limits and keep-alive from the backend's `httpx.Limits`; per-phase timeouts from the
+  request's `timeout` extension (pool + connect, per-read);
+- no cookie jar (`DummyCookieJar`): one pool serves every tenant, so a `Set-Cookie` from one
+  answer never rides on another tenant's request; no redirects followed;
+- a proxy from the environment (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`, as httpx reads them)
+  is looked up once per origin, not on every request;
+- bodies stream through undecoded (httpx decodes `content-encoding` as it would for its own
+  transport); the certificate store is certifi's, as httpx's;
+- aiohttp's failures are raised as the httpx exceptions the backends already map
+  (`gateway.backends.upstream_http.transport_error`).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+import aiohttp
+import certifi
+import httpx
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
+
+class _Proxy(NamedTuple):
+    """The proxy (and its credentials) one origin is reached through; None: direct."""
+
+    url: URL | None
+    auth: aiohttp.BasicAuth | None
+
+
+_SKIP_REQUEST_HEADERS = frozenset({b"host", b"content-length", b"transfer-encoding"})
+
+
+@contextmanager
+def _mapped_errors(request: httpx.Request, *, reading: bool) -> Iterator[None]:
+    """Raise aiohttp's (and asyncio's timeout) errors as the matching httpx exceptions."""
+    try:
+        yield
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise httpx.ConnectTimeout(str(exc) or "connect timeout", request=request) from exc
+    except (aiohttp.ServerTimeoutError, TimeoutError) as exc:
+        raise httpx.ReadTimeout(str(exc) or "read timeout", request=request) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise httpx.ConnectError(str(exc), request=request) from exc
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+            aiohttp.ClientResponseError) as exc:
+        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+    except aiohttp.ClientOSError as exc:
+        error = httpx.ReadError if reading else httpx.WriteError
+        raise error(str(exc), request=request) from exc
+    except aiohttp.ClientError as exc:
+        raise httpx.TransportError(str(exc), request=request) from exc
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    """An aiohttp response body as httpx's async byte stream (chunks as they arrive)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _mapped_errors(self._request, reading=True):
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+    async def aclose(self) -> None:
+        """Back to the pool when the body was read to its end, else the connection is
+        closed (its unread rest would corrupt the next answer on it)."""
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
+
+
+def _timeout(request: httpx.Request) -> aiohttp.ClientTimeout:
+    """aiohttp's timeouts from httpx's `timeout` extension (None: no limit)."""
+    t: dict[str, float | None] = request.extensions.get("timeout") or {}
+    pool, connect = t.get("pool"), t.get("connect")
+    waits = [v for v in (pool, connect) if v is not None]
+    return aiohttp.ClientTimeout(total=None, connect=sum(waits) if waits else None,
+                                 sock_connect=connect, sock_read=t.get("read"))
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """httpx's transport interface over one pooled aiohttp session (built at first use, on
+    the running event loop; `aclose` closes it)."""
+
+    def __init__(self, limits: httpx.Limits | None = None) -> None:
+        self._limits = limits or httpx.Limits()
+        self._session: aiohttp.ClientSession | None = None
+        self._proxies: dict[tuple[str, str, int | None], _Proxy] = {}
+
+    def _proxy(self, url: httpx.URL) -> _Proxy:
+        """The environment's proxy for `url`'s origin (read once per origin)."""
+        origin = (url.scheme, url.host, url.port)
+        found = self._proxies.get(origin)
+        if found is None:
+            try:
+                proxy, auth = get_env_proxy_for_url(URL(str(url)))
+                found = _Proxy(proxy, auth)
+            except LookupError:
+                found = _Proxy(None, None)
+            self._proxies[origin] = found
+        return found
+
+    def _open(self) -> aiohttp.ClientSession:
+        limits = self._limits
+        connector = aiohttp.TCPConnector(
+            limit=limits.max_connections or 0, limit_per_host=0,
+            keepalive_timeout=limits.keepalive_expiry or 5.0,
+            ssl=ssl.create_default_context(cafile=certifi.where()))
+        self._session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding",
+                                               "Content-Type"))
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send `request`; the answer's body streams from the connection."""
+        session = self._session or self._open()
+        body = request.content if hasattr(request, "_content") else await request.aread()
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
+                   if k.lower() not in _SKIP_REQUEST_HEADERS]
+        proxy = self._proxy(request.url)
+        with _mapped_errors(request, reading=False):
+            response = await session.request(
+                request.method, str(request.url), data=body or None, headers=headers,
+                timeout=_timeout(request), allow_redirects=False, proxy=proxy.url,
+                proxy_auth=proxy.auth)
+        return httpx.Response(response.status, headers=list(response.raw_headers),
+                              stream=_ResponseStream(response, request),
+                              extensions={"http_version": b"HTTP/1.1"}, request=request)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
