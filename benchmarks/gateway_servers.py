@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -50,14 +51,14 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0,
 @contextlib.contextmanager
 def process(cmd: list[str], ready: str, env: dict[str, str] | None = None,
             headers: dict[str, str] | None = None, log: Path | None = None,
-            timeout: float = 120.0) -> Iterator[None]:
-    """Run `cmd` until the block ends; `ready` is polled first."""
+            timeout: float = 120.0) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `cmd` until the block ends; `ready` is polled first. Yields the process."""
     out = open(log, "wb") if log else None  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env or dict(os.environ), stdout=out,
                             stderr=subprocess.STDOUT if out else None)
     try:
         wait_ready(ready, proc, timeout, headers)
-        yield
+        yield proc
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -82,15 +83,35 @@ def fake_upstream() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
+class Server(NamedTuple):
+    """A server process started for a benchmark: its base URL and process id."""
+
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def gateway(upstream: str, db: Path) -> Iterator[str]:
-    """`prefixgate serve --upstream openai=...` (lint in report mode); its base URL."""
+def gateway_server(upstream: str, db: Path) -> Iterator[Server]:
+    """`prefixgate serve --upstream openai=...` (lint in report mode)."""
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
            "--upstream", f"openai={upstream}/v1", "--db", f"sqlite:///{db}",
            "--lint-mode", "report", "--log-level", "warning"]
-    with process(cmd, f"http://127.0.0.1:{port}/healthz", _env()):
-        yield f"http://127.0.0.1:{port}"
+    with process(cmd, f"http://127.0.0.1:{port}/healthz", _env()) as proc:
+        yield Server(f"http://127.0.0.1:{port}", proc.pid)
+
+
+@contextlib.contextmanager
+def gateway(upstream: str, db: Path) -> Iterator[str]:
+    """`gateway_server`'s base URL."""
+    with gateway_server(upstream, db) as server:
+        yield server.url
+
+
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system) a live process has used so far, in ms (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
 def litellm_path(given: str | None) -> Path | None:
