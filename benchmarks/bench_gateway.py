@@ -44,8 +44,9 @@ from benchmarks.gateway_llama import find_binary, llama_table, run_llama  # noqa
 from benchmarks.gateway_routing import routing_table, run_routing  # noqa: E402
 from benchmarks.gateway_servers import (  # noqa: E402
     LITELLM_KEY,
+    cpu_ms,
     fake_upstream,
-    gateway,
+    gateway_server,
     litellm_path,
     litellm_proxy,
 )
@@ -62,7 +63,8 @@ from prompt_lint.tokens import get_encoding  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "gateway.json"
 SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worker each (uvloop, "
          "httptools): the fake upstream (no caching), prefixgate serve --upstream openai=... "
-         "(lint report; its lint/tokenize runs in one worker thread per request), LiteLLM's "
+         "(lint report; its lint/tokenize runs in one worker thread per request; its upstream "
+         "client: httpx's interface over aiohttp), LiteLLM's "
          "proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
          f"{os.cpu_count()} CPUs shared by all")
 MODES = ["direct", "gateway", "gateway_lint_off"]  # + "litellm" when LiteLLM is available
@@ -136,19 +138,26 @@ async def _burst(client: httpx.AsyncClient, url: str, headers: dict[str, str],
 
 
 async def many_clients(urls: dict[str, str], bodies: list[bytes], concurrency: int,
-                       rounds: int) -> dict[str, Any]:
-    """Bursts of `concurrency` clients per mode, alternating modes for `rounds` rounds."""
+                       rounds: int, gateway_pid: int | None = None) -> dict[str, Any]:
+    """Bursts of `concurrency` clients per mode, alternating modes for `rounds` rounds; with
+    `gateway_pid`, also the gateway process's CPU ms per request in its modes (from /proc:
+    user + system time over a burst, so it holds all the gateway's threads)."""
     lat: dict[str, list[float]] = {m: [] for m in MODES}
     rps: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES if m.startswith("gateway")}
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
     for _ in tqdm(range(rounds), desc=f"{concurrency} clients", leave=False):
         for mode in MODES:
             url, headers = _target(mode, urls)
+            before = cpu_ms(gateway_pid) if gateway_pid else 0.0
             async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
                 values, rate = await _burst(client, url, headers, bodies, concurrency)
+            if gateway_pid and mode in cpu:
+                cpu[mode].append((cpu_ms(gateway_pid) - before) / len(bodies))
             lat[mode] += values
             rps[mode].append(rate)
-    return {"latencies": lat, "rps": {m: statistics.median(v) for m, v in rps.items()}}
+    return {"latencies": lat, "rps": {m: statistics.median(v) for m, v in rps.items()},
+            "gateway_cpu_ms": {m: statistics.median(v) for m, v in cpu.items() if v}}
 
 
 def _summary(lat: dict[str, list[float]], rps: dict[str, float] | None) -> dict[str, Any]:
@@ -181,16 +190,18 @@ def run_latency(quick: bool, litellm: str | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         inproc, cpu = asyncio.run(in_process(bodies, Path(tmp)))
         up = stack.enter_context(fake_upstream())
-        urls = {"direct": up, "gateway": stack.enter_context(gateway(up, Path(tmp) / "b.db"))}
+        gw = stack.enter_context(gateway_server(up, Path(tmp) / "b.db"))
+        urls = {"direct": up, "gateway": gw.url}
         if executable is not None:
             urls["litellm"] = stack.enter_context(litellm_proxy(executable, up, Path(tmp)))
         asyncio.run(one_client(urls, bodies[: min(10, n)]))  # warm-up: caches, connections
         single = asyncio.run(one_client(urls, bodies))
-        multi = asyncio.run(many_clients(urls, bodies, 32, 2 if quick else 4))
+        multi = asyncio.run(many_clients(urls, bodies, 32, 2 if quick else 4, gw.pid))
     return {"requests": n, "mean_prompt_tokens": round(mean_tokens), "stages": stages,
             "setup": SETUP,
             "in_process": _summary(inproc, None), "cpu_ms_per_request": cpu,
-            "c1": _summary(single, None), "c32": _summary(multi["latencies"], multi["rps"])}
+            "c1": _summary(single, None), "c32": _summary(multi["latencies"], multi["rps"]),
+            "gateway_server_cpu_ms_per_request": multi["gateway_cpu_ms"]}
 
 
 def _stage_ms(fn: Any, items: list[Any]) -> dict[str, float]:
@@ -342,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         print(stage_table(lat["stages"]))
         cpu = lat["cpu_ms_per_request"]
         added = {m: cpu[m] - cpu["direct"] for m in IN_PROCESS_MODES[1:]}
+        server_cpu = lat["gateway_server_cpu_ms_per_request"]
+        print("CPU ms per request of the gateway server process at 32 clients (all its "
+              "threads): " + ", ".join(f"{m} {v:.2f}" for m, v in server_cpu.items()))
         print("CPU ms per request, in-process (client + gateway + fake upstream): "
               + ", ".join(f"{m} {v:.2f}" for m, v in cpu.items())
               + f"; gateway adds {added['gateway']:.2f} "
