@@ -59,27 +59,46 @@ def _parse_strict(raw: bytes, max_depth: int) -> Any:
 
 
 def check_shape(data: Any, max_depth: int, *, strings: bool = False) -> None:
-    """Walk `data` without recursion: depth bound and number range (and with `strings`, no
-    lone surrogate in any key or string), else a 400."""
-    kinds = (dict, list, int, float, str) if strings else (dict, list, int, float)
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            children: Any = value.values()
-            if strings:
-                stack.extend((key, depth) for key in value)
-        elif isinstance(value, list):
-            children = value
-        elif isinstance(value, str):
-            _check_text(value)
-            continue
-        else:
-            _check_number(value)
-            continue
+    """Walk `data` one nesting level at a time, without recursion: depth bound and number
+    range (and with `strings`, no lone surrogate in any key or string), else a 400. Values
+    are told apart by exact type (what a JSON parser makes), several times faster than an
+    isinstance walk on a large body."""
+    level: list[Any] = []
+    _check_children((data,), level, strings)  # `data` is level 1 (when a container)
+    depth = 1
+    while level:
         if depth > max_depth:
             raise invalid(f"request body is nested deeper than {max_depth} levels", "body")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, kinds))
+        deeper: list[Any] = []
+        for value in level:
+            if type(value) is dict:
+                if strings:
+                    _check_texts(value)
+                _check_children(value.values(), deeper, strings)
+            else:
+                _check_children(value, deeper, strings)
+        level = deeper
+        depth += 1
+
+
+def _check_children(children: Any, deeper: list[Any], strings: bool) -> None:
+    """Check the scalars among `children`; collect the containers into `deeper`."""
+    for child in children:
+        kind = type(child)
+        if kind is dict or kind is list:
+            deeper.append(child)
+        elif kind is int:
+            if not -MAX_INT <= child < MAX_INT:
+                raise invalid("request body has an integer outside the 64-bit range", "body")
+        elif kind is float:
+            _check_number(child)
+        elif strings and kind is str:
+            _check_text(child)
+
+
+def _check_texts(values: Any) -> None:
+    for value in values:
+        _check_text(value)
 
 
 def _check_text(value: str) -> None:

@@ -24,11 +24,13 @@ import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
+
 import aiohttp
 import certifi
 import httpx
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
+
 
 class _Proxy(NamedTuple):
     """The proxy (and its credentials) one origin is reached through; None: direct."""
