@@ -94,6 +94,10 @@ class GatewayConfig:
     lint_max_messages: int = 2000  # bodies with more messages are served unlinted
     lint_max_bytes: int = 1 << 20  # bodies larger than this are served unlinted
     max_json_depth: int = 64  # deeper request JSON is a 400
+    # Bodies up to this size are linted and tokenized on the event loop when prompt_lint's lock
+    # is free (that work is shorter than a worker-thread hop: measured with bench_gateway's
+    # 4k-token requests), larger ones in a worker thread; 0: always in a worker thread.
+    inline_prepare_bytes: int = 64 << 10
     # Memory: per-tenant template learner budget; glibc mmap/trim threshold (0: glibc default;
     # None: 128 KiB in front of upstreams, glibc's default beside the embedded engine).
     # The gateway's caches: prompt_lint's memos (MemoBudgets: 124 MiB), one learner per tenant
@@ -110,6 +114,9 @@ class GatewayConfig:
         _positive(self, "stats_flush_interval_s", "stats_batch_size", "stats_max_queue")
         _positive(self, "max_tokens_cap", "max_concurrency", "max_queue", "lint_max_messages",
                   "lint_max_bytes", "max_json_depth", "lint_learner_bytes")
+        if not 0 <= self.inline_prepare_bytes <= self.max_body_bytes:
+            raise ValueError("inline_prepare_bytes must be in 0..max_body_bytes, "
+                             f"got {self.inline_prepare_bytes}")
         threshold = self.malloc_threshold_bytes
         if threshold is not None and not 0 <= threshold <= 1 << 30:
             raise ValueError("malloc_threshold_bytes must be in 0..1 GiB, "
@@ -268,6 +275,7 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_LINT_MAX_MESSAGES": ("lint_max_messages", int),
     "PREFIXGATE_LINT_MAX_BYTES": ("lint_max_bytes", int),
     "PREFIXGATE_MAX_JSON_DEPTH": ("max_json_depth", int),
+    "PREFIXGATE_INLINE_PREPARE_BYTES": ("inline_prepare_bytes", int),
     "PREFIXGATE_LINT_LEARNER_BYTES": ("lint_learner_bytes", int),
     "PREFIXGATE_MALLOC_THRESHOLD_BYTES": ("malloc_threshold_bytes", int),
 }

@@ -5,8 +5,12 @@ x-prefixgate-* headers. An ApiError before the first delta becomes an error resp
 client's format; after it (streaming) an SSE error event. Once the body is read, a disconnect is
 watched for at every stage (admission queue, lint, prefill, decode): a client that goes away
 cancels the backend stream, which aborts the engine request (status 499 in the record).
-Admission (gateway.admission) runs before any work; CPU work (lint) runs in a worker thread so
-the event loop only routes.
+Admission (gateway.admission) runs before any work. A request's CPU work (lint, then the
+backend's `prepare`: tokenizing for the shadow caches) is one call, made in a worker thread so
+the event loop only routes, except for a body of at most `GatewayConfig.inline_prepare_bytes`
+(64 KiB) while prompt_lint's lock is free: that work is shorter than the thread hop itself
+(bench_gateway, 4k-token requests) and runs on the loop. A lock held by a worker thread never
+blocks the loop: the request then takes the worker thread too.
 """
 
 from __future__ import annotations
@@ -145,19 +149,32 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) ->
         body, req = _parse(gw.config, ticket, raw, ctx)
     if not _lint_fits(gw.config, body, len(raw)):
         mode = "off"
-    req, lint_ids = await anyio.to_thread.run_sync(_lint_and_prepare, gw, body, req, ticket,
-                                                   mode, ctx)
+    req, lint_ids = await _cpu_work(gw, len(raw), body, req, ticket, mode, ctx)
     ticket.req = req
     for rule in lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
     return req
 
 
+async def _cpu_work(gw: Gateway, size: int, body: dict[str, Any], req: ChatRequest,
+                    ticket: Ticket, mode: Any, ctx: ParseContext
+                    ) -> tuple[ChatRequest, tuple[str, ...]]:
+    """`_lint_and_prepare` on the loop for a body of at most `inline_prepare_bytes` while
+    prompt_lint's lock is free (the work is shorter than a thread hop), else in a worker
+    thread (a lock held elsewhere must never block the loop)."""
+    if size <= gw.config.inline_prepare_bytes and MEMO_LOCK.acquire(blocking=False):
+        try:
+            return _lint_and_prepare(gw, body, req, ticket, mode, ctx)
+        finally:
+            MEMO_LOCK.release()
+    return await anyio.to_thread.run_sync(_lint_and_prepare, gw, body, req, ticket, mode, ctx)
+
+
 def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket,
                       mode: Any, ctx: ParseContext) -> tuple[ChatRequest, tuple[str, ...]]:
-    """All of a request's CPU work in one worker-thread call (one hop off the event loop):
-    lint, the re-parse of a rewritten body, and the backend's `prepare` (tokenize and pack
-    once for the shadow caches); under prompt_lint's lock (its learners and memos are
+    """All of a request's CPU work in one call (one hop off the event loop, or inline for a
+    small body): lint, the re-parse of a rewritten body, and the backend's `prepare` (tokenize
+    and pack once for the shadow caches); under prompt_lint's lock (its learners and memos are
     process-wide and not thread-safe)."""
     assert gw.salter is not None
     with MEMO_LOCK:

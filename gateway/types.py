@@ -176,8 +176,9 @@ class Backend(Protocol):
 @runtime_checkable
 class PreparingBackend(Protocol):
     """A backend with CPU work to do per request before `stream` (upstream pools: tokenize
-    and pack the prompt for the shadow caches). The gateway calls `prepare` in a worker
-    thread, under prompt_lint's lock, right after lint, and streams the request it returns."""
+    and pack the prompt for the shadow caches). The gateway calls `prepare` under prompt_lint's
+    lock right after lint (in a worker thread, or on the event loop for a small body: see
+    gateway.pipeline), and streams the request it returns."""
 
     def prepare(self, req: ChatRequest) -> ChatRequest:
         """`req` with its precomputed parts filled in (never changes what is served)."""

@@ -277,7 +277,9 @@ async def test_client_gone_while_queued_leaves_the_queue(make_fake_app) -> None:
 
 
 async def test_lint_runs_off_the_event_loop(make_fake_app) -> None:
-    app = make_fake_app(lint_mode="report")
+    """Past `inline_prepare_bytes` (here 0: every body) lint runs in a worker thread; the
+    small bodies that run inline are tests/gateway/test_inline_prepare.py's."""
+    app = make_fake_app(lint_mode="report", inline_prepare_bytes=0)
     gw = app.state.gateway
     release = threading.Event()
     entered = threading.Event()
