@@ -114,9 +114,8 @@ class GatewayConfig:
         _positive(self, "stats_flush_interval_s", "stats_batch_size", "stats_max_queue")
         _positive(self, "max_tokens_cap", "max_concurrency", "max_queue", "lint_max_messages",
                   "lint_max_bytes", "max_json_depth", "lint_learner_bytes")
-        if not 0 <= self.inline_prepare_bytes <= self.max_body_bytes:
-            raise ValueError("inline_prepare_bytes must be in 0..max_body_bytes, "
-                             f"got {self.inline_prepare_bytes}")
+        if self.inline_prepare_bytes < 0:
+            raise ValueError(f"inline_prepare_bytes must be >= 0, got {self.inline_prepare_bytes}")
         threshold = self.malloc_threshold_bytes
         if threshold is not None and not 0 <= threshold <= 1 << 30:
             raise ValueError("malloc_threshold_bytes must be in 0..1 GiB, "
