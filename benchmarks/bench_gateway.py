@@ -63,9 +63,9 @@ from prompt_lint.tokens import get_encoding  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "gateway.json"
 SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worker each (uvloop, "
          "httptools): the fake upstream (no caching), prefixgate serve --upstream openai=... "
-         "(lint report; its lint/tokenize runs in one worker thread per request; its upstream "
-         "client: httpx's interface over aiohttp), LiteLLM's "
-         "proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
+         "(lint report; a body up to 64 KiB is linted and tokenized on the event loop, a larger "
+         "one in one worker-thread call; its upstream client: httpx's interface over aiohttp), "
+         "LiteLLM's proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
          f"{os.cpu_count()} CPUs shared by all")
 MODES = ["direct", "gateway", "gateway_lint_off"]  # + "litellm" when LiteLLM is available
 IN_PROCESS_MODES = ("direct", "gateway", "gateway_lint_off")

@@ -6,8 +6,10 @@ the pure-Python h11 parser) costs about twice the CPU of aiohttp's client per pr
 (measured in `benchmarks/profile_gateway.py --server`). `AiohttpTransport` keeps the httpx
 interface and sends through one pooled `aiohttp.ClientSession`:
 
-- connection limits and keep-alive from the backend's `httpx.Limits`; per-phase timeouts from the
-  request's `timeout` extension (pool + connect, per-read);
+- connection limits and keep-alive from the backend's `httpx.Limits` (`max_connections` caps
+  every connection; aiohttp has no separate cap on idle ones, so `max_keepalive_connections` is
+  not applied); per-phase timeouts from the request's `timeout` extension (pool wait + connect,
+  connect, per read; aiohttp has no write timeout);
 - no cookie jar (`DummyCookieJar`): one pool serves every tenant, so a `Set-Cookie` from one
   answer never rides on another tenant's request; no redirects followed;
 - a proxy from the environment (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`, as httpx reads them)
