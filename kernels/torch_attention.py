@@ -186,15 +186,19 @@ def _sequence_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's cached K and V as [Hkv, L, D]: a view of the cache when its pages are
     consecutive (no copy), else gathered."""
-    page_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    count = seq.pages.shape[0]
-    if seq.first_page >= 0:
-        span = slice(seq.first_page, seq.first_page + count)
-        k = k_cache[span].view(count * page_size, num_kv_heads, head_dim)
-        v = v_cache[span].view(count * page_size, num_kv_heads, head_dim)
-    else:
-        k, v = gather_kv(k_cache, v_cache, seq.pages)  # [count * page, Hkv, D]
+    if seq.first_page >= 0:  # one strided view per cache (the caches are contiguous)
+        return _token_view(k_cache, seq), _token_view(v_cache, seq)
+    k, v = gather_kv(k_cache, v_cache, seq.pages)  # [count * page, Hkv, D]
     return k[: seq.length].transpose(0, 1), v[: seq.length].transpose(0, 1)
+
+
+def _token_view(cache: torch.Tensor, seq: SeqPages) -> torch.Tensor:
+    """[Hkv, L, D] view of the first L tokens from page ``seq.first_page`` of a contiguous
+    cache [P, page, Hkv, D] (consecutive pages hold consecutive tokens)."""
+    num_kv_heads, head_dim = cache.shape[2], cache.shape[3]
+    token = num_kv_heads * head_dim  # elements per token
+    start = cache.storage_offset() + seq.first_page * cache.shape[1] * token
+    return cache.as_strided((num_kv_heads, seq.length, head_dim), (head_dim, token, 1), start)
 
 
 def _attend_one(
