@@ -106,6 +106,7 @@ class TorchStepOps(StepOps):
     cos2: torch.Tensor | None
     sin2: torch.Tensor | None
     in_place: bool  # float32 activations: rotate in place, fused RMSNorm
+    serial_decode: bool  # decode attention on one intra-op thread (``torch_attention``)
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
@@ -147,13 +148,27 @@ class TorchStepOps(StepOps):
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         plan, scale = self.attention, self.geometry.scale
-        if plan.is_decode:
-            return torch_attention.paged_decode_attention(
-                q, k_cache, v_cache, plan.block_table, plan.seq_lens, scale, plan.decode_reads
+        if not plan.is_decode:
+            return torch_attention.paged_prefill_attention(
+                q, k_cache, v_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens, scale
             )
-        return torch_attention.paged_prefill_attention(
-            q, k_cache, v_cache, plan.block_table, plan.cu_seqlens_q, plan.seq_lens, scale
-        )
+        if not self.serial_decode:
+            return self._decode(q, k_cache, v_cache)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._decode(q, k_cache, v_cache)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        plan = self.attention
+        return torch_attention.paged_decode_attention(
+            q, k_cache, v_cache, plan.block_table, plan.seq_lens, self.geometry.scale,
+            plan.decode_reads,
+        )  # fmt: skip
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return torch_ops.silu_and_mul(x)
@@ -288,11 +303,15 @@ def plan_step(
     check_same_device(k_cache=k_caches[0], positions=rotary.positions)
     if attention.backend == "triton":
         return TritonStepOps(attention, rotary, geometry)
-    return _torch_step_ops(attention, rotary, geometry, dtype)
+    return _torch_step_ops(attention, rotary, geometry, dtype, k_caches)
 
 
 def _torch_step_ops(
-    attention: AttentionPlan, rotary: RotaryPlan, geometry: LayerGeometry, dtype: torch.dtype
+    attention: AttentionPlan,
+    rotary: RotaryPlan,
+    geometry: LayerGeometry,
+    dtype: torch.dtype,
+    k_caches: Sequence[torch.Tensor],
 ) -> TorchStepOps:
     in_place = dtype == torch.float32
     cos2 = sin2 = None
@@ -300,7 +319,9 @@ def _torch_step_ops(
         assert rotary.angles is not None
         cos, sin = rotary.angles.cos, rotary.angles.sin  # [T, 1, D/2]
         cos2, sin2 = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
-    return TorchStepOps(attention, rotary, geometry, cos2, sin2, in_place)
+    reads, first = attention.decode_reads, k_caches[0]
+    serial = reads is not None and torch_attention.serial_decode(reads, first)
+    return TorchStepOps(attention, rotary, geometry, cos2, sin2, in_place, serial)
 
 
 __all__ = ["QKV", "LayerGeometry", "NormedResidual", "StepOps", "plan_step"]

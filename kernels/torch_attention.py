@@ -48,6 +48,9 @@ FEW_NEW_TOKENS = 16
 # CPU float32 decode: a padded gather of the batch may write at most this many K+V bytes per
 # layer (8 MB: 8 sequences of ~680 tokens in SmolLM2-135M); past it, sequence by sequence.
 PADDED_GATHER_BYTES = 8 << 20
+# CPU decode that reads at most this many K+V bytes per layer runs on one thread (see
+# ``serial_decode``): 16 MB is ~11k tokens of SmolLM2-135M in float32.
+SERIAL_DECODE_BYTES = 16 << 20
 
 
 def _workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -232,6 +235,27 @@ def _decode_each(
         o = _attend_one(q[seq.row], k_cache, v_cache, seq, scale)
         out[seq.row] = o.reshape(num_q_heads, head_dim)
     return out
+
+
+def serial_decode(reads: DecodeReadPlan, k_cache: torch.Tensor) -> bool:
+    """Whether a CPU decode step's attention should run on one intra-op thread.
+
+    Decode attention is a few small ``bmm``/softmax calls (or one SDPA) per layer. On two
+    threads each call opens a parallel region whose barrier waits for the second thread; on a
+    shared machine that thread is often descheduled, and the call waits a scheduler slice.
+    Measured (SmolLM2 shapes, one sequence, bmm + softmax + bmm, load ~4 on 2 cores): at 300
+    tokens 121 us median on 1 thread vs 12 ms on 2; at 4000 tokens 3.6 ms vs 11 ms; at 8000
+    3.0 ms (min) vs 23 ms; 8 sequences of 300 tokens (padded SDPA) 1.1 ms vs 23 ms. The best
+    runs (min) of 2 threads were never better than 1 thread by more than ~20%.
+    """
+    if k_cache.device.type != "cpu":
+        return False
+    if reads.pages is not None:
+        tokens = reads.pages.shape[0] * reads.padded_len
+    else:
+        tokens = sum(seq.length for seq in reads.seqs)
+    token_bytes = 2 * k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size()  # K and V
+    return tokens * token_bytes <= SERIAL_DECODE_BYTES
 
 
 def padded_page_limit(k_cache: torch.Tensor) -> int | None:

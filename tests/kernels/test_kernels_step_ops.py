@@ -224,3 +224,22 @@ def test_plan_step_rejects_bad_metadata_values() -> None:
             bad_table, b.seq_lens, b.cu_seqlens_q, step.slots, step.k_caches[0],
             is_decode=True, backend="torch",
         )  # fmt: skip
+
+
+def test_serial_decode_restores_the_thread_count() -> None:
+    """A short CPU decode attends on one thread and hands the caller's thread count back, also
+    when the attention raises."""
+    step = make_step("decode-batch", torch.float32)
+    ops = step_ops(step, "interleaved", "torch", torch.float32)
+    assert isinstance(ops, kernels.step_ops.TorchStepOps) and ops.serial_decode
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q = randn(3, NUM_HEADS, HEAD_DIM)
+        ops.attend(q, step.k_caches[0], step.v_caches[0])
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError):
+            ops.attend(q[:, :, :5], step.k_caches[0], step.v_caches[0])  # wrong head_dim
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
