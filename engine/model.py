@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,19 +26,6 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 HEAD_QUANTIZATION: dict[str, Quantization] = {"fp16": "fp16", "int8": "int8", "int4": "int8"}
 
 
-class StepContext(NamedTuple):
-    """What every layer of one step shares: the kernel backend and the step's checked plans."""
-
-    backend: kernels.Backend
-    meta: AttentionMetadata  # carries its `kernels.AttentionPlan` (meta.plan is not None)
-    rotary: kernels.RotaryPlan  # positions + cos/sin table, checked once
-
-    @property
-    def attention(self) -> kernels.AttentionPlan:
-        assert self.meta.plan is not None, "StepContext needs planned metadata"
-        return self.meta.plan
-
-
 def _vector(size: int, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(size, dtype=dtype), requires_grad=False)
 
@@ -54,7 +40,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         c = config
         self.config = c
-        self.scale = c.head_dim**-0.5
+        self.q_size = c.q_size
         self.attn_norm = _vector(c.hidden_size, dtype)
         self.qkv: Linear = DenseLinear(c.q_size + 2 * c.kv_size, c.hidden_size, dtype)
         self.o: Linear = DenseLinear(c.hidden_size, c.q_size, dtype)
@@ -66,51 +52,16 @@ class DecoderLayer(nn.Module):
         self,
         hidden: Tensor,  # [T, hidden]: this block's input (output of the previous block)
         residual: Tensor | None,  # [T, hidden] running residual stream, None for the first block
-        step: StepContext,
+        ops: kernels.StepOps,  # the step's checked plans and layer ops
         k_cache: Tensor,  # [P, page, Hkv, D]
         v_cache: Tensor,  # [P, page, Hkv, D]
     ) -> tuple[Tensor, Tensor]:
-        eps, be = self.config.rms_eps, step.backend
-        if residual is None:
-            residual = hidden
-            x = kernels.rms_norm(hidden, self.attn_norm, eps, backend=be)
-        else:
-            x, residual = kernels.rms_norm(hidden, self.attn_norm, eps, residual, backend=be)
-        attn = self._attention(x, step, k_cache, v_cache)
-        x, residual = kernels.rms_norm(attn, self.ffn_norm, eps, residual, backend=be)
-        return self.down(kernels.silu_and_mul(self.gate_up(x), backend=be)), residual
-
-    def _attention(
-        self,
-        x: Tensor,  # [T, hidden]
-        step: StepContext,
-        k_cache: Tensor,
-        v_cache: Tensor,
-    ) -> Tensor:
-        c = self.config
-        t = x.shape[0]
-        qkv = self.qkv(x)  # [T, q_size + 2 kv_size]; slices, not split: less Python per layer
-        kv_start, v_start = c.q_size, c.q_size + c.kv_size
-        q = qkv[:, :kv_start].view(t, c.num_heads, c.head_dim)  # [T, Hq, D]
-        k = qkv[:, kv_start:v_start].view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
-        v = qkv[:, v_start:].view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
-        rot, meta, plan, be = step.rotary, step.meta, step.attention, step.backend
-        q, k = kernels.rotary(
-            q, k, rot.positions, rot.cos_sin_cache, c.rope_layout, backend=be, plan=rot
-        )
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=be, plan=plan)
-        if meta.is_decode:
-            out = kernels.paged_decode_attention(
-                q, k_cache, v_cache, meta.block_table, meta.seq_lens, self.scale,
-                backend=be, plan=plan,
-            )  # fmt: skip
-        else:
-            out = kernels.paged_prefill_attention(
-                q, k_cache, v_cache, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
-                self.scale, backend=be, plan=plan,
-            )  # fmt: skip
-        projected: Tensor = self.o(out.reshape(t, c.q_size))  # [T, hidden]
-        return projected
+        x, residual = ops.add_rms_norm(hidden, residual, self.attn_norm)
+        q, k, v = ops.split_rotate(self.qkv(x))  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
+        ops.store_kv(k, v, k_cache, v_cache)
+        attn = ops.attend(q, k_cache, v_cache).reshape(x.shape[0], self.q_size)  # [T, Hq * D]
+        x, residual = ops.add_rms_norm(self.o(attn), residual, self.ffn_norm)
+        return self.down(ops.silu_and_mul(self.gate_up(x))), residual
 
 
 class LlamaModel(nn.Module):
@@ -135,6 +86,11 @@ class LlamaModel(nn.Module):
             torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), requires_grad=False
         )
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_layers))
+        self._blocks = tuple(self.blocks())  # typed, and iterated without ModuleList's overhead
+        c = config
+        self.geometry = kernels.LayerGeometry(
+            c.num_heads, c.num_kv_heads, c.head_dim, c.rms_eps, c.head_dim**-0.5
+        )
         self.norm = _vector(config.hidden_size, dtype)
         self.lm_head: Linear = DenseLinear(config.vocab_size, config.hidden_size, dtype)
         if config.tie_embeddings:
@@ -161,26 +117,30 @@ class LlamaModel(nn.Module):
                 f"got {len(k_caches)} and {len(v_caches)}"
             )
         hidden = F.embedding(input_ids, self.embed)  # [T, hidden]
-        step = self._step_context(positions, meta, k_caches[0], kernel_backend)
+        ops = self.plan_step(positions, meta, k_caches, v_caches, kernel_backend)
         residual: Tensor | None = None
-        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
-            hidden, residual = layer(hidden, residual, step, k_cache, v_cache)
-        normed, _ = kernels.rms_norm(
-            hidden, self.norm, self.config.rms_eps, residual, backend=step.backend
-        )
-        return normed
+        for layer, k_cache, v_cache in zip(self._blocks, k_caches, v_caches, strict=True):
+            hidden, residual = layer(hidden, residual, ops, k_cache, v_cache)
+        return ops.add_rms_norm(hidden, residual, self.norm).normed
 
-    def _step_context(
-        self, positions: Tensor, meta: AttentionMetadata, k_cache: Tensor, backend: str | None
-    ) -> StepContext:
-        """Every layer sees the same metadata: check it and derive the index plans (page reads,
-        slots, rotary angles) once per step, explicitly, not once per layer."""
-        chosen = kernels.resolve_backend(None if backend == "auto" else backend, k_cache)
+    def plan_step(
+        self,
+        positions: Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        k_caches: list[Tensor],
+        v_caches: list[Tensor],
+        backend: str | None = None,
+    ) -> kernels.StepOps:
+        """Every layer sees the same metadata: check it, the caches and the layer geometry, and
+        derive the index plans (page reads, slots, rotary angles) once per step, explicitly;
+        the layers then run their ops without checks."""
+        chosen = kernels.resolve_backend(None if backend == "auto" else backend, k_caches[0])
         if meta.plan is None:
-            meta = meta.planned(k_cache, chosen)
+            meta = meta.planned(k_caches[0], chosen)
+        assert meta.plan is not None
         layout = self.config.rope_layout
         rotary = kernels.plan_rotary(positions, self.cos_sin, layout, backend=chosen)
-        return StepContext(chosen, meta, rotary)
+        return kernels.plan_step(meta.plan, rotary, k_caches, v_caches, self.geometry, self.dtype)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """[N, hidden] -> [N, vocab] float32."""

@@ -27,6 +27,13 @@ pass them as ``plan=`` (the op checks the plan was built for the tensors it gets
                    backend, max_new_tokens) -> AttentionPlan   # store_kv + both attentions
     plan_rotary(positions, cos_sin_cache, layout, *, backend) -> RotaryPlan
 
+The layers of one step share its plans; ``plan_step`` checks the step once (plans, every
+layer's caches, the layer geometry) and returns a ``StepOps`` whose per-layer ops
+(``add_rms_norm``, ``split_rotate`` of a fused QKV row, ``store_kv``, ``attend``,
+``silu_and_mul``) run without per-call checks:
+
+    plan_step(attention_plan, rotary_plan, k_caches, v_caches, geometry, dtype) -> StepOps
+
 ``kernels.naive`` holds the slow, obviously-correct references the tests compare against.
 """
 
@@ -34,20 +41,26 @@ from .attention import paged_decode_attention, paged_prefill_attention, store_kv
 from .backend import BACKENDS, Backend, resolve_backend
 from .layer_ops import rms_norm, rotary, rotary_cache, silu_and_mul
 from .plan import AttentionPlan, RotaryPlan, plan_attention, plan_rotary
+from .step_ops import QKV, LayerGeometry, NormedResidual, StepOps, plan_step
 
 __all__ = [
     "BACKENDS",
+    "QKV",
     "AttentionPlan",
     "Backend",
+    "LayerGeometry",
+    "NormedResidual",
     "RotaryPlan",
     "paged_decode_attention",
     "paged_prefill_attention",
     "plan_attention",
     "plan_rotary",
+    "plan_step",
     "resolve_backend",
     "rms_norm",
     "rotary",
     "rotary_cache",
     "silu_and_mul",
     "store_kv",
+    "StepOps",
 ]

@@ -50,6 +50,7 @@ class AttentionPlan:
     page_size: int
     kv_dtype: torch.dtype
     max_new_tokens: int  # longest chunk of new tokens of one sequence (an upper bound on CUDA)
+    is_decode: bool  # one new token per sequence: the step runs paged_decode_attention
     decode_reads: DecodeReadPlan | None
     kept_slots: KeptSlots | None
 
@@ -124,6 +125,7 @@ def plan_attention(
         page_size=page_size,
         kv_dtype=k_cache.dtype,
         max_new_tokens=_longest_chunk(cu_seqlens_q, total, max_new_tokens),
+        is_decode=is_decode,
         decode_reads=reads,
         kept_slots=torch_ops.kept_slots(slot_mapping) if torch_path else None,
     )

@@ -48,6 +48,9 @@ FEW_NEW_TOKENS = 16
 # CPU float32 decode: a padded gather of the batch may write at most this many K+V bytes per
 # layer (8 MB: 8 sequences of ~680 tokens in SmolLM2-135M); past it, sequence by sequence.
 PADDED_GATHER_BYTES = 8 << 20
+# CPU decode that reads at most this many K+V bytes per layer runs on one thread (see
+# ``serial_decode``): 16 MB is ~11k tokens of SmolLM2-135M in float32.
+SERIAL_DECODE_BYTES = 16 << 20
 
 
 def _workspace(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -186,15 +189,19 @@ def _sequence_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's cached K and V as [Hkv, L, D]: a view of the cache when its pages are
     consecutive (no copy), else gathered."""
-    page_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    count = seq.pages.shape[0]
-    if seq.first_page >= 0:
-        span = slice(seq.first_page, seq.first_page + count)
-        k = k_cache[span].view(count * page_size, num_kv_heads, head_dim)
-        v = v_cache[span].view(count * page_size, num_kv_heads, head_dim)
-    else:
-        k, v = gather_kv(k_cache, v_cache, seq.pages)  # [count * page, Hkv, D]
+    if seq.first_page >= 0:  # one strided view per cache (the caches are contiguous)
+        return _token_view(k_cache, seq), _token_view(v_cache, seq)
+    k, v = gather_kv(k_cache, v_cache, seq.pages)  # [count * page, Hkv, D]
     return k[: seq.length].transpose(0, 1), v[: seq.length].transpose(0, 1)
+
+
+def _token_view(cache: torch.Tensor, seq: SeqPages) -> torch.Tensor:
+    """[Hkv, L, D] view of the first L tokens from page ``seq.first_page`` of a contiguous
+    cache [P, page, Hkv, D] (consecutive pages hold consecutive tokens)."""
+    num_kv_heads, head_dim = cache.shape[2], cache.shape[3]
+    token = num_kv_heads * head_dim  # elements per token
+    start = cache.storage_offset() + seq.first_page * cache.shape[1] * token
+    return cache.as_strided((num_kv_heads, seq.length, head_dim), (head_dim, token, 1), start)
 
 
 def _attend_one(
@@ -228,6 +235,27 @@ def _decode_each(
         o = _attend_one(q[seq.row], k_cache, v_cache, seq, scale)
         out[seq.row] = o.reshape(num_q_heads, head_dim)
     return out
+
+
+def serial_decode(reads: DecodeReadPlan, k_cache: torch.Tensor) -> bool:
+    """Whether a CPU decode step's attention should run on one intra-op thread.
+
+    Decode attention is a few small ``bmm``/softmax calls (or one SDPA) per layer. On two
+    threads each call opens a parallel region whose barrier waits for the second thread; on a
+    shared machine that thread is often descheduled, and the call waits a scheduler slice.
+    Measured (SmolLM2 shapes, one sequence, bmm + softmax + bmm, load ~4 on 2 cores): at 300
+    tokens 121 us median on 1 thread vs 12 ms on 2; at 4000 tokens 3.6 ms vs 11 ms; at 8000
+    3.0 ms (min) vs 23 ms; 8 sequences of 300 tokens (padded SDPA) 1.1 ms vs 23 ms. The best
+    runs (min) of 2 threads were never better than 1 thread by more than ~20%.
+    """
+    if k_cache.device.type != "cpu":
+        return False
+    if reads.pages is not None:
+        tokens = reads.pages.shape[0] * reads.padded_len
+    else:
+        tokens = sum(seq.length for seq in reads.seqs)
+    token_bytes = 2 * k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size()  # K and V
+    return tokens * token_bytes <= SERIAL_DECODE_BYTES
 
 
 def padded_page_limit(k_cache: torch.Tensor) -> int | None:

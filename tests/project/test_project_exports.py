@@ -31,6 +31,7 @@ EXPORTS: dict[str, set[str]] = {
         "BACKENDS", "AttentionPlan", "Backend", "RotaryPlan", "paged_decode_attention",
         "paged_prefill_attention", "plan_attention", "plan_rotary", "resolve_backend",
         "rms_norm", "rotary", "rotary_cache", "silu_and_mul", "store_kv",
+        "LayerGeometry", "NormedResidual", "QKV", "StepOps", "plan_step",
     },
 }
 
