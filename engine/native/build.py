@@ -68,9 +68,10 @@ def torch_openmp_runtime() -> Path | None:
 
 
 def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    wanted = os.environ.get("CC") or "gcc"
+    cc = shutil.which(wanted) or (None if "CC" in os.environ else shutil.which("cc"))
     if cc is None:
-        raise NativeBuildError("no C compiler found (gcc or cc on PATH, or $CC)")
+        raise NativeBuildError(f"no C compiler found ({wanted!r} is not on PATH)")
     return cc
 
 

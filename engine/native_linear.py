@@ -1,0 +1,131 @@
+"""Projections on the native block-quantized kernels (`engine.native`), and how a model gets them.
+
+- `Q4_1Linear`: W on GGUF's Q4_1 grid (per block of 32 inputs an fp16 scale and min, 4-bit
+  codes): `quantization="int4"`. A Q4_1 GGUF's own blocks are used as they are, so the engine
+  computes with exactly llama.cpp's weights.
+- `Q8_0Linear`: W on GGUF's Q8_0 grid (per block of 32 an fp16 scale, int8 codes):
+  `quantization="int8"`, and the LM head under both int8 and int4 (SmolLM2's GGUF stores its
+  tied embedding as Q8_0: those blocks are taken as they are).
+
+Both quantize x per block of 32 to int8 (llama.cpp's scheme for these grids) and return float32.
+`dequantized()` is exactly the W the kernel multiplies by; only the activation rounding differs
+from `x @ dequantized().T`. Threads: torch's intra-op count, on torch's own OpenMP pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from engine.config import Quantization
+from engine.linear import PackedLinear, quantize_linear
+from engine.model import HEAD_QUANTIZATION, PROJECTIONS, LlamaModel
+from engine.native import BlockGemm, native_gemm
+from engine.quant_blocks import Q4_1Blocks, Q8_0Blocks, QuantBlocks, quantize_q4_1, quantize_q8_0
+
+# Weight format of the LM head per quantization (int4's head stays 8-bit, like llama.cpp's files).
+HEAD_GRID: dict[str, type[QuantBlocks]] = {"int8": Q8_0Blocks, "int4": Q8_0Blocks}
+PROJECTION_GRID: dict[str, type[QuantBlocks]] = {"int8": Q8_0Blocks, "int4": Q4_1Blocks}
+# Canonical checkpoint names of each fused projection (see engine.model), in row order.
+FUSED_SOURCES: dict[str, tuple[str, ...]] = {
+    "qkv": ("q", "k", "v"),
+    "o": ("o",),
+    "gate_up": ("gate", "up"),
+    "down": ("down",),
+}
+
+
+class Q4_1Linear(PackedLinear):
+    """W as Q4_1 blocks: x [T, in] float32 -> [T, out] float32 on the native kernel."""
+
+    def __init__(self, blocks: Q4_1Blocks, gemm: BlockGemm) -> None:
+        super().__init__()
+        self.blocks = blocks
+        self._gemm = gemm
+
+    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        return self._gemm.q4_1(self.blocks, x, torch.get_num_threads())
+
+    def dequantized(self) -> Tensor:
+        return self.blocks.dequantize()
+
+    def weight_bytes(self) -> int:
+        return self.blocks.nbytes()
+
+
+class Q8_0Linear(PackedLinear):
+    """W as Q8_0 blocks: x [T, in] float32 -> [T, out] float32 on the native kernel."""
+
+    def __init__(self, blocks: Q8_0Blocks, gemm: BlockGemm) -> None:
+        super().__init__()
+        self.blocks = blocks
+        self._gemm = gemm
+
+    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        return self._gemm.q8_0(self.blocks, x, torch.get_num_threads())
+
+    def dequantized(self) -> Tensor:
+        return self.blocks.dequantize()
+
+    def weight_bytes(self) -> int:
+        return self.blocks.nbytes()
+
+
+def blocks_linear(blocks: QuantBlocks, gemm: BlockGemm) -> PackedLinear:
+    """The module that computes with `blocks` as they are."""
+    if isinstance(blocks, Q4_1Blocks):
+        return Q4_1Linear(blocks, gemm)
+    return Q8_0Linear(blocks, gemm)
+
+
+def native_linear(weight: Tensor, quantization: Quantization) -> PackedLinear | None:
+    """W float32 [out, in] quantized to int8's or int4's block grid on the native kernels;
+    None when the native library is unavailable (the caller falls back to torch's kernels)."""
+    gemm = native_gemm()
+    if gemm is None:
+        return None
+    grid = PROJECTION_GRID[quantization]
+    blocks = quantize_q4_1(weight) if grid is Q4_1Blocks else quantize_q8_0(weight)
+    return blocks_linear(blocks, gemm)
+
+
+def fused_blocks(
+    blocks: Mapping[str, QuantBlocks], layer: int, projection: str, grid: type[QuantBlocks]
+) -> QuantBlocks | None:
+    """A fused projection's blocks stacked from the checkpoint's, when every part is on `grid`."""
+    parts = [blocks.get(f"layers.{layer}.{name}") for name in FUSED_SOURCES[projection]]
+    if not all(isinstance(p, grid) for p in parts):
+        return None
+    if grid is Q4_1Blocks:
+        return Q4_1Blocks.cat([p for p in parts if isinstance(p, Q4_1Blocks)])
+    return Q8_0Blocks.cat([p for p in parts if isinstance(p, Q8_0Blocks)])
+
+
+def quantize_with_checkpoint_blocks(
+    model: LlamaModel, quantization: Quantization, blocks: Mapping[str, QuantBlocks]
+) -> None:
+    """`model.quantize(quantization)`, taking every projection whose checkpoint blocks are on
+    the format's grid as they are (a Q4_1 GGUF under int4; Q8_0 tensors under int8 and for the
+    LM head), and quantizing the rest from the float weights. Without the native library, or
+    for other formats, it is `model.quantize` itself."""
+    gemm = native_gemm()
+    if gemm is None or quantization not in PROJECTION_GRID:
+        model.quantize(quantization)
+        return
+    if model.quantization != "none" or model.dtype != torch.float32:
+        raise ValueError("quantize needs an unquantised float32 model")
+    grid = PROJECTION_GRID[quantization]
+    for i, layer in enumerate(model.blocks()):
+        for name in PROJECTIONS:
+            found = fused_blocks(blocks, i, name, grid)
+            dense = getattr(layer, name).dequantized()
+            setattr(layer, name, blocks_linear(found, gemm) if found else
+                    quantize_linear(dense, quantization))  # fmt: skip
+    head = blocks.get("embed" if model.config.tie_embeddings else "lm_head")
+    if isinstance(head, HEAD_GRID[quantization]):
+        model.lm_head = blocks_linear(head, gemm)
+    else:
+        model.lm_head = quantize_linear(model.lm_head.dequantized(), HEAD_QUANTIZATION[quantization])
+    model.quantization = quantization
