@@ -26,7 +26,9 @@ def _check_rows(weight: Tensor) -> tuple[int, int]:
         raise ValueError(f"block quantization needs a 2-D weight [out, in], got {weight.dim()}-D")
     out_features, in_features = weight.shape
     if in_features % QK:
-        raise ValueError(f"block quantization needs in_features divisible by {QK}, got {in_features}")
+        raise ValueError(
+            f"block quantization needs in_features divisible by {QK}, got {in_features}"
+        )
     return out_features, in_features
 
 

@@ -8,12 +8,15 @@
  * The scales live in their own [N, K/32] arrays (the codes in [N, K/32, 16 or 32]), so a row's
  * scales convert eight at a time.
  *
- * x is quantized per block of 32 to int8 with a float scale dx (dx = max|x| / 127, codes
+ * x is quantized per block of 32 to int16 with a float scale dx (dx = max|x| / 32767, codes
  * rounded to nearest even) and the block sum sx = dx * sum(codes), so that
  *   sum_j w_j x_j = d * dx * sum_j q_j xq_j (+ m * sx for Q4_1),
- * an integer dot product per block (AVX2: _mm256_maddubs_epi16 + _mm256_madd_epi16), one float
- * multiply-add per block. The AVX2 functions are compiled with a target attribute and chosen at
- * run time; the scalar ones compute the same sums on any x86-64 (or other) CPU.
+ * an exact integer dot product per block (AVX2: weights widened to int16, _mm256_madd_epi16),
+ * one float multiply-add per block. int16 rather than llama.cpp's int8 activations: int8 per
+ * block loses the small channels of a block that holds one of the residual stream's outlier
+ * channels (measured on SmolLM2: logit errors 2x larger), and a decode step is bound by weight
+ * bytes, not by these multiplies. The AVX2 functions are compiled with a target attribute and
+ * chosen at run time; the scalar ones compute the same sums on any CPU.
  *
  * Threads: output rows are split across an OpenMP team. Link this file against the OpenMP
  * runtime torch already loaded (one thread pool for torch's ops and these).
@@ -32,6 +35,8 @@
 
 #define QK 32
 #define TILE_T 4 /* activation rows that share one unpacked weight block */
+#define TILE_N 4 /* weight rows that share one activation block */
+#define XMAX 32767.0f /* activation codes are int16 in -XMAX..XMAX */
 
 enum { PG_OK = 0, PG_BAD_SHAPE = 1, PG_NO_MEMORY = 2, PG_NO_AVX2 = 3 };
 
@@ -58,9 +63,13 @@ static float half_to_float(uint16_t h) {
 
 int pg_cpu_has_avx2(void) {
 #if PG_X86 && defined(__GNUC__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                __builtin_cpu_supports("f16c");
+    }
+    return known;
 #else
     return 0;
 #endif
@@ -68,7 +77,7 @@ int pg_cpu_has_avx2(void) {
 
 /* ---------------------------------------------------------------- activations */
 
-static void quantize_row_scalar(const float *x, int64_t nb, int8_t *q, float *xd, float *xs) {
+static void quantize_row_scalar(const float *x, int64_t nb, int16_t *q, float *xd, float *xs) {
     for (int64_t b = 0; b < nb; b++) {
         const float *p = x + b * QK;
         float amax = 0.0f;
@@ -76,12 +85,12 @@ static void quantize_row_scalar(const float *x, int64_t nb, int8_t *q, float *xd
             float a = fabsf(p[j]);
             amax = a > amax ? a : amax;
         }
-        float d = amax / 127.0f;
+        float d = amax / XMAX;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < QK; j++) {
             int32_t v = (int32_t)nearbyintf(p[j] * id);
-            q[b * QK + j] = (int8_t)v;
+            q[b * QK + j] = (int16_t)v;
             sum += v;
         }
         xd[b] = d;
@@ -91,9 +100,8 @@ static void quantize_row_scalar(const float *x, int64_t nb, int8_t *q, float *xd
 
 #if PG_X86
 __attribute__((target("avx2,fma,f16c")))
-static void quantize_row_avx2(const float *x, int64_t nb, int8_t *q, float *xd, float *xs) {
+static void quantize_row_avx2(const float *x, int64_t nb, int16_t *q, float *xd, float *xs) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t b = 0; b < nb; b++) {
         const float *p = x + b * QK;
         __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8);
@@ -103,7 +111,7 @@ static void quantize_row_avx2(const float *x, int64_t nb, int8_t *q, float *xd, 
         __m128 h = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        float d = _mm_cvtss_f32(h) / 127.0f;
+        float d = _mm_cvtss_f32(h) / XMAX;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         const __m256 mul = _mm256_set1_ps(id);
         /* cvtps rounds with MXCSR's mode: nearest even, like nearbyintf in the scalar path */
@@ -115,9 +123,11 @@ static void quantize_row_avx2(const float *x, int64_t nb, int8_t *q, float *xd, 
         __m128i s4 = _mm_add_epi32(_mm256_extracti128_si256(s, 1), _mm256_castsi256_si128(s));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-        /* two in-lane packs leave dwords in the order 0 4 1 5 2 6 3 7 of the 32 codes */
-        __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-        _mm256_storeu_si256((__m256i *)(q + b * QK), _mm256_permutevar8x32_epi32(packed, order));
+        /* an in-lane pack leaves the quadwords of two rows of 8 in the order 0 2 1 3 */
+        __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xd8);
+        __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), 0xd8);
+        _mm256_storeu_si256((__m256i *)(q + b * QK), lo);
+        _mm256_storeu_si256((__m256i *)(q + b * QK + 16), hi);
         xd[b] = d;
         xs[b] = d * (float)_mm_cvtsi128_si32(s4);
     }
@@ -125,7 +135,7 @@ static void quantize_row_avx2(const float *x, int64_t nb, int8_t *q, float *xd, 
 #endif
 
 /* x [T, K] -> codes [T, K], scales and scaled sums [T, K/32]. */
-static void quantize_rows(const float *x, int64_t T, int64_t K, int8_t *q, float *xd, float *xs,
+static void quantize_rows(const float *x, int64_t T, int64_t K, int16_t *q, float *xd, float *xs,
                           int avx2) {
     int64_t nb = K / QK;
 #pragma omp parallel for schedule(static) if (T >= 8)
@@ -140,7 +150,7 @@ static void quantize_rows(const float *x, int64_t T, int64_t K, int8_t *q, float
     }
 }
 
-int pg_quantize_activations(const float *x, int64_t T, int64_t K, int8_t *q, float *xd,
+int pg_quantize_activations(const float *x, int64_t T, int64_t K, int16_t *q, float *xd,
                             float *xs, int avx2) {
     if (T < 0 || K <= 0 || K % QK) return PG_BAD_SHAPE;
     if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
@@ -155,7 +165,7 @@ typedef struct {
     const uint16_t *d;    /* [N, nb] fp16 */
     const uint16_t *m;    /* [N, nb] fp16, Q4_1 only */
     int64_t N, K, nb, T;
-    const int8_t *xq; /* [T, K] */
+    const int16_t *xq; /* [T, K] */
     const float *xd;  /* [T, nb] */
     const float *xs;  /* [T, nb] */
     float *y;         /* [T, N] */
@@ -177,7 +187,7 @@ static void q4_1_rows_scalar(const Problem *p, int64_t n0, int64_t n1, float *dw
         row_scales_scalar(p->d + n * p->nb, p->nb, dw);
         row_scales_scalar(p->m + n * p->nb, p->nb, mw);
         for (int64_t t = 0; t < p->T; t++) {
-            const int8_t *x = p->xq + t * p->K;
+            const int16_t *x = p->xq + t * p->K;
             const float *xd = p->xd + t * p->nb;
             float acc = 0.0f;
             for (int64_t b = 0; b < p->nb; b++) {
@@ -198,7 +208,7 @@ static void q8_0_rows_scalar(const Problem *p, int64_t n0, int64_t n1, float *dw
         const int8_t *w = (const int8_t *)p->codes + n * p->K;
         row_scales_scalar(p->d + n * p->nb, p->nb, dw);
         for (int64_t t = 0; t < p->T; t++) {
-            const int8_t *x = p->xq + t * p->K;
+            const int16_t *x = p->xq + t * p->K;
             const float *xd = p->xd + t * p->nb;
             float acc = 0.0f;
             for (int64_t b = 0; b < p->nb; b++) {
@@ -239,69 +249,115 @@ AVX2 static float dot_floats_avx2(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
-/* One weight row against `tn` (1..TILE_T) activation rows starting at row t0. */
-AVX2_INLINE void q4_1_tile_avx2(const Problem *p, int64_t n, int64_t t0, int tn,
+/* A tile of `rn` weight rows (n0..) against `tn` activation rows (t0..): rn * tn independent
+ * accumulators, so the float multiply-adds of consecutive blocks do not wait on each other;
+ * each unpacked weight block is reused by tn activation rows, each activation block by rn
+ * weight rows. Called with constant rn, tn: the loops unroll and the accumulators stay in
+ * registers. dw / mw hold the rn rows' scales / mins as floats, row r at r * nb. */
+AVX2_INLINE void q4_1_tile_avx2(const Problem *p, int64_t n0, int rn, int64_t t0, int tn,
                                 const float *dw, const float *mw) {
-    const uint8_t *w = p->codes + n * p->nb * 16;
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[TILE_T];
-    for (int i = 0; i < tn; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p->nb; b++) {
-        __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * 16));
-        __m256i wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+    const int64_t nb = p->nb;
+    const __m128i low = _mm_set1_epi8(0x0f);
+    __m256 acc[TILE_N][TILE_T];
+    for (int r = 0; r < rn; r++)
+        for (int i = 0; i < tn; i++) acc[r][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i x0[TILE_T], x1[TILE_T]; /* elements 0..15 and 16..31 of each activation row */
         for (int i = 0; i < tn; i++) {
-            int64_t t = t0 + i;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(p->xq + t * p->K + b * QK));
-            __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xv), ones);
-            __m256 scale = _mm256_set1_ps(dw[b] * p->xd[t * p->nb + b]);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i]);
+            const int16_t *x = p->xq + (t0 + i) * p->K + b * QK;
+            x0[i] = _mm256_loadu_si256((const __m256i *)x);
+            x1[i] = _mm256_loadu_si256((const __m256i *)(x + 16));
+        }
+        for (int r = 0; r < rn; r++) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(p->codes + ((n0 + r) * nb + b) * 16));
+            __m256i w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
+            __m256i w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+            for (int i = 0; i < tn; i++) {
+                __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(w0, x0[i]),
+                                                _mm256_madd_epi16(w1, x1[i]));
+                __m256 scale = _mm256_set1_ps(dw[r * nb + b] * p->xd[(t0 + i) * nb + b]);
+                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][i]);
+            }
         }
     }
-    for (int i = 0; i < tn; i++) {
-        int64_t t = t0 + i;
-        float mins = dot_floats_avx2(mw, p->xs + t * p->nb, p->nb);
-        p->y[t * p->N + n] = hsum_ps(acc[i]) + mins;
-    }
+    for (int r = 0; r < rn; r++)
+        for (int i = 0; i < tn; i++) {
+            float mins = dot_floats_avx2(mw + r * nb, p->xs + (t0 + i) * nb, nb);
+            p->y[(t0 + i) * p->N + n0 + r] = hsum_ps(acc[r][i]) + mins;
+        }
 }
 
-AVX2_INLINE void q8_0_tile_avx2(const Problem *p, int64_t n, int64_t t0, int tn,
+AVX2_INLINE void q8_0_tile_avx2(const Problem *p, int64_t n0, int rn, int64_t t0, int tn,
                                 const float *dw) {
-    const int8_t *w = (const int8_t *)p->codes + n * p->K;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[TILE_T];
-    for (int i = 0; i < tn; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p->nb; b++) {
-        __m256i wq = _mm256_loadu_si256((const __m256i *)(w + b * QK));
-        __m256i wabs = _mm256_abs_epi8(wq); /* |w| as unsigned; the sign moves onto x */
+    const int64_t nb = p->nb;
+    __m256 acc[TILE_N][TILE_T];
+    for (int r = 0; r < rn; r++)
+        for (int i = 0; i < tn; i++) acc[r][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i x0[TILE_T], x1[TILE_T];
         for (int i = 0; i < tn; i++) {
-            int64_t t = t0 + i;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(p->xq + t * p->K + b * QK));
-            __m256i xs = _mm256_sign_epi8(xv, wq);
-            __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xs), ones);
-            __m256 scale = _mm256_set1_ps(dw[b] * p->xd[t * p->nb + b]);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i]);
+            const int16_t *x = p->xq + (t0 + i) * p->K + b * QK;
+            x0[i] = _mm256_loadu_si256((const __m256i *)x);
+            x1[i] = _mm256_loadu_si256((const __m256i *)(x + 16));
+        }
+        for (int r = 0; r < rn; r++) {
+            const uint8_t *w = p->codes + (n0 + r) * p->K + b * QK;
+            __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+            __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+            for (int i = 0; i < tn; i++) {
+                __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(w0, x0[i]),
+                                                _mm256_madd_epi16(w1, x1[i]));
+                __m256 scale = _mm256_set1_ps(dw[r * nb + b] * p->xd[(t0 + i) * nb + b]);
+                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][i]);
+            }
         }
     }
-    for (int i = 0; i < tn; i++) p->y[(t0 + i) * p->N + n] = hsum_ps(acc[i]);
+    for (int r = 0; r < rn; r++)
+        for (int i = 0; i < tn; i++) p->y[(t0 + i) * p->N + n0 + r] = hsum_ps(acc[r][i]);
 }
 
+/* Rows n0..n1: TILE_N rows at a time against single activation rows while fewer than TILE_T
+ * remain, one row against TILE_T activation rows otherwise. */
 AVX2 static void q4_1_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *dw, float *mw) {
-    for (int64_t n = n0; n < n1; n++) {
-        row_scales_avx2(p->d + n * p->nb, p->nb, dw);
-        row_scales_avx2(p->m + n * p->nb, p->nb, mw);
+    const int64_t nb = p->nb;
+    for (int64_t n = n0; n < n1;) {
+        int rn = n1 - n >= TILE_N ? TILE_N : 1;
+        for (int r = 0; r < rn; r++) {
+            row_scales_avx2(p->d + (n + r) * nb, nb, dw + r * nb);
+            row_scales_avx2(p->m + (n + r) * nb, nb, mw + r * nb);
+        }
         int64_t t = 0;
-        for (; t + TILE_T <= p->T; t += TILE_T) q4_1_tile_avx2(p, n, t, TILE_T, dw, mw);
-        for (; t < p->T; t++) q4_1_tile_avx2(p, n, t, 1, dw, mw);
+        if (rn == TILE_N) {
+            for (; t + TILE_T <= p->T; t += TILE_T) {
+                for (int r = 0; r < TILE_N; r++)
+                    q4_1_tile_avx2(p, n + r, 1, t, TILE_T, dw + r * nb, mw + r * nb);
+            }
+            for (; t < p->T; t++) q4_1_tile_avx2(p, n, TILE_N, t, 1, dw, mw);
+        } else {
+            for (; t + TILE_T <= p->T; t += TILE_T) q4_1_tile_avx2(p, n, 1, t, TILE_T, dw, mw);
+            for (; t < p->T; t++) q4_1_tile_avx2(p, n, 1, t, 1, dw, mw);
+        }
+        n += rn;
     }
 }
 
 AVX2 static void q8_0_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *dw) {
-    for (int64_t n = n0; n < n1; n++) {
-        row_scales_avx2(p->d + n * p->nb, p->nb, dw);
+    const int64_t nb = p->nb;
+    for (int64_t n = n0; n < n1;) {
+        int rn = n1 - n >= TILE_N ? TILE_N : 1;
+        for (int r = 0; r < rn; r++) row_scales_avx2(p->d + (n + r) * nb, nb, dw + r * nb);
         int64_t t = 0;
-        for (; t + TILE_T <= p->T; t += TILE_T) q8_0_tile_avx2(p, n, t, TILE_T, dw);
-        for (; t < p->T; t++) q8_0_tile_avx2(p, n, t, 1, dw);
+        if (rn == TILE_N) {
+            for (; t + TILE_T <= p->T; t += TILE_T) {
+                for (int r = 0; r < TILE_N; r++)
+                    q8_0_tile_avx2(p, n + r, 1, t, TILE_T, dw + r * nb);
+            }
+            for (; t < p->T; t++) q8_0_tile_avx2(p, n, TILE_N, t, 1, dw);
+        } else {
+            for (; t + TILE_T <= p->T; t += TILE_T) q8_0_tile_avx2(p, n, 1, t, TILE_T, dw);
+            for (; t < p->T; t++) q8_0_tile_avx2(p, n, 1, t, 1, dw);
+        }
+        n += rn;
     }
 }
 #endif
@@ -314,12 +370,12 @@ static int run(Problem *p, const float *x, int nthreads, int avx2, int q4_1) {
     if (nthreads < 1) nthreads = 1;
     if ((int64_t)nthreads > p->N) nthreads = (int)p->N;
     int64_t nb = p->nb = p->K / QK;
-    size_t codes = (size_t)(p->T * p->K), scales = (size_t)(p->T * nb);
-    size_t row_scratch = (size_t)(2 * nb) * (size_t)nthreads;
+    size_t codes = sizeof(int16_t) * (size_t)(p->T * p->K), scales = (size_t)(p->T * nb);
+    size_t row_scratch = (size_t)(2 * TILE_N * nb) * (size_t)nthreads;
     float *floats = malloc(sizeof(float) * (2 * scales + row_scratch) + codes);
     if (!floats) return PG_NO_MEMORY;
     float *xd = floats, *xs = floats + scales, *scratch = floats + 2 * scales;
-    int8_t *xq = (int8_t *)(scratch + row_scratch);
+    int16_t *xq = (int16_t *)(scratch + row_scratch);
     quantize_rows(x, p->T, p->K, xq, xd, xs, avx2);
     p->xq = xq;
     p->xd = xd;
@@ -335,7 +391,7 @@ static int run(Problem *p, const float *x, int nthreads, int avx2, int q4_1) {
         chunk = p->N;
 #endif
         int64_t n0 = tid * chunk, n1 = n0 + chunk < p->N ? n0 + chunk : p->N;
-        float *dw = scratch + (size_t)tid * 2 * nb, *mw = dw + nb;
+        float *dw = scratch + (size_t)tid * 2 * TILE_N * nb, *mw = dw + TILE_N * nb;
         if (n0 < n1) {
 #if PG_X86
             if (avx2 && q4_1) q4_1_rows_avx2(p, n0, n1, dw, mw);
@@ -360,4 +416,100 @@ int pg_q8_0_matmul(const int8_t *codes, const uint16_t *d, int64_t N, int64_t K,
                    const float *x, int64_t T, float *y, int nthreads, int avx2) {
     Problem p = {(const uint8_t *)codes, d, NULL, N, K, 0, T, NULL, NULL, NULL, y};
     return run(&p, x, nthreads, avx2, 0);
+}
+
+/* ---------------------------------------------------------------- dequantization
+ * W as float32 [N, K] (row-major): for many activation rows (prefill) a float GEMM on the
+ * dequantized weight beats the per-block integer products. Same values as the products use. */
+
+static void q4_1_dequantize_rows(const Problem *p, int64_t n0, int64_t n1, float *out) {
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t b = 0; b < p->nb; b++) {
+            const uint8_t *w = p->codes + (n * p->nb + b) * 16;
+            float d = half_to_float(p->d[n * p->nb + b]), m = half_to_float(p->m[n * p->nb + b]);
+            float *o = out + n * p->K + b * QK;
+            for (int j = 0; j < 16; j++) {
+                o[j] = d * (float)(w[j] & 0x0f) + m;
+                o[j + 16] = d * (float)(w[j] >> 4) + m;
+            }
+        }
+    }
+}
+
+static void q8_0_dequantize_rows(const Problem *p, int64_t n0, int64_t n1, float *out) {
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t b = 0; b < p->nb; b++) {
+            const int8_t *w = (const int8_t *)p->codes + n * p->K + b * QK;
+            float d = half_to_float(p->d[n * p->nb + b]);
+            float *o = out + n * p->K + b * QK;
+            for (int j = 0; j < QK; j++) o[j] = d * (float)w[j];
+        }
+    }
+}
+
+#if PG_X86
+AVX2 static void q4_1_dequantize_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *out) {
+    const __m128i low = _mm_set1_epi8(0x0f);
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t b = 0; b < p->nb; b++) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(p->codes + (n * p->nb + b) * 16));
+            __m128i q[2] = {_mm_and_si128(raw, low), _mm_and_si128(_mm_srli_epi16(raw, 4), low)};
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(p->d[n * p->nb + b]));
+            __m256 m = _mm256_set1_ps(_cvtsh_ss(p->m[n * p->nb + b]));
+            float *o = out + n * p->K + b * QK;
+            for (int h = 0; h < 2; h++) { /* elements 0..15, then 16..31 */
+                __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q[h]));
+                __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q[h], 8)));
+                _mm256_storeu_ps(o + 16 * h, _mm256_fmadd_ps(d, a, m));
+                _mm256_storeu_ps(o + 16 * h + 8, _mm256_fmadd_ps(d, c, m));
+            }
+        }
+    }
+}
+
+AVX2 static void q8_0_dequantize_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *out) {
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t b = 0; b < p->nb; b++) {
+            const int8_t *w = (const int8_t *)p->codes + n * p->K + b * QK;
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(p->d[n * p->nb + b]));
+            float *o = out + n * p->K + b * QK;
+            for (int j = 0; j < QK; j += 8) {
+                __m128i q = _mm_loadl_epi64((const __m128i *)(w + j));
+                _mm256_storeu_ps(o + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+            }
+        }
+    }
+}
+#endif
+
+static int dequantize(Problem *p, float *out, int nthreads, int avx2, int q4_1) {
+    if (p->N <= 0 || p->K <= 0 || p->K % QK) return PG_BAD_SHAPE;
+    if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
+    p->nb = p->K / QK;
+    if (nthreads < 1) nthreads = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t c = 0; c < nthreads; c++) {
+        int64_t chunk = (p->N + nthreads - 1) / nthreads;
+        int64_t n0 = c * chunk, n1 = n0 + chunk < p->N ? n0 + chunk : p->N;
+#if PG_X86
+        if (avx2 && q4_1) q4_1_dequantize_rows_avx2(p, n0, n1, out);
+        else if (avx2) q8_0_dequantize_rows_avx2(p, n0, n1, out);
+        else
+#endif
+        if (q4_1) q4_1_dequantize_rows(p, n0, n1, out);
+        else q8_0_dequantize_rows(p, n0, n1, out);
+    }
+    return PG_OK;
+}
+
+int pg_q4_1_dequantize(const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t N,
+                       int64_t K, float *out, int nthreads, int avx2) {
+    Problem p = {codes, d, m, N, K, 0, 0, NULL, NULL, NULL, NULL};
+    return dequantize(&p, out, nthreads, avx2, 1);
+}
+
+int pg_q8_0_dequantize(const int8_t *codes, const uint16_t *d, int64_t N, int64_t K,
+                       float *out, int nthreads, int avx2) {
+    Problem p = {(const uint8_t *)codes, d, NULL, N, K, 0, 0, NULL, NULL, NULL, NULL};
+    return dequantize(&p, out, nthreads, avx2, 0);
 }

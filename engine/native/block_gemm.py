@@ -22,7 +22,7 @@ _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
 class QuantizedActivations(NamedTuple):
-    """x [T, K] per block of 32: int8 codes [T, K], scale dx and dx * sum(codes) [T, K/32]."""
+    """x [T, K] per block of 32: int16 codes [T, K], scale dx and dx * sum(codes) [T, K/32]."""
 
     codes: Tensor
     scales: Tensor
@@ -37,6 +37,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_q4_1_matmul.restype = _INT
     lib.pg_q8_0_matmul.argtypes = [_P, _P, _I64, _I64, _P, _I64, _P, _INT, _INT]
     lib.pg_q8_0_matmul.restype = _INT
+    lib.pg_q4_1_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _P, _INT, _INT]
+    lib.pg_q4_1_dequantize.restype = _INT
+    lib.pg_q8_0_dequantize.argtypes = [_P, _P, _I64, _I64, _P, _INT, _INT]
+    lib.pg_q8_0_dequantize.restype = _INT
 
 
 def _check(status: int, what: str) -> None:
@@ -71,7 +75,7 @@ class BlockGemm:
         return cls(lib, avx2=bool(lib.pg_cpu_has_avx2()))
 
     def q4_1(self, w: Q4_1Blocks, x: Tensor, threads: int) -> Tensor:
-        """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int8)."""
+        """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16)."""
         n, k = w.shape
         x = _activations(x, k)
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
@@ -81,7 +85,7 @@ class BlockGemm:
         return y
 
     def q8_0(self, w: Q8_0Blocks, x: Tensor, threads: int) -> Tensor:
-        """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int8)."""
+        """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16)."""
         n, k = w.shape
         x = _activations(x, k)
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
@@ -90,13 +94,27 @@ class BlockGemm:
         _check(status, "Q8_0 matmul")
         return y
 
+    def dequantize(self, w: Q4_1Blocks | Q8_0Blocks, threads: int) -> Tensor:
+        """W float32 [out, in], the values the products use (for a float GEMM when T is large)."""
+        n, k = w.shape
+        out = torch.empty(n, k, dtype=torch.float32)
+        if isinstance(w, Q4_1Blocks):
+            status = self._lib.pg_q4_1_dequantize(w.codes.data_ptr(), w.scales.data_ptr(),
+                                                  w.mins.data_ptr(), n, k, out.data_ptr(), threads,
+                                                  self.avx2)
+        else:
+            status = self._lib.pg_q8_0_dequantize(w.codes.data_ptr(), w.scales.data_ptr(), n, k,
+                                                  out.data_ptr(), threads, self.avx2)
+        _check(status, "dequantization")
+        return out
+
     def quantize_activations(self, x: Tensor) -> QuantizedActivations:
         """What the products do to x first (exposed for tests and inspection)."""
         if x.dim() != 2 or x.shape[1] % QK:
             raise ValueError(f"expected x [T, K] with K divisible by {QK}, got {tuple(x.shape)}")
         x = _activations(x, x.shape[1])
         t, k = x.shape
-        codes = torch.empty(t, k, dtype=torch.int8)
+        codes = torch.empty(t, k, dtype=torch.int16)
         scales, sums = torch.empty(t, k // QK), torch.empty(t, k // QK)
         status = self._lib.pg_quantize_activations(x.data_ptr(), t, k, codes.data_ptr(),
                                                    scales.data_ptr(), sums.data_ptr(), self.avx2)

@@ -19,6 +19,7 @@ from engine.linear import (
 )
 from engine.loader import LoadedModel
 from engine.model import LlamaModel
+from engine.native_linear import FLOAT_GEMM_ROWS, Q4_1Linear, Q8_0Linear
 
 FP16_LOGITS_ATOL = 0.1  # observed max |diff| ~0.03 against fp32 on logits of magnitude ~30
 # Max |logit - fp32 logit| over the prompt set's prefill rows (logits of magnitude ~30).
@@ -61,15 +62,15 @@ def _quant_error_bound(w: torch.Tensor, q: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 @pytest.mark.parametrize(("out_features", "in_features"), [(48, 64), (7, 96), (130, 32)])
-def test_integer_linear_matches_its_dequantized_weight(
+def test_torch_integer_linear_matches_its_dequantized_weight(
     quantization: str, out_features: int, in_features: int
 ) -> None:
+    """torch's int8/int4 kernels: the fallback when the native library cannot be built."""
     gen = torch.Generator().manual_seed(out_features)
     w = torch.randn(out_features, in_features, generator=gen)
     x = torch.randn(5, in_features, generator=gen)
-    layer = quantize_linear(w, quantization)  # type: ignore[arg-type]
     kind = Int8WeightLinear if quantization == "int8" else Int4WeightLinear
-    assert isinstance(layer, kind)
+    layer = kind(w)
     deq = layer.dequantized()
     assert deq.shape == w.shape and deq.dtype == torch.float32
     assert bool(((deq - w).abs() <= _quant_error_bound(w, quantization)).all())
@@ -82,6 +83,37 @@ def test_integer_linear_matches_its_dequantized_weight(
     else:  # half a byte per weight + bf16 scale and zero per group, rows padded to 16
         rows = -(-out_features // 16) * 16
         assert layer.weight_bytes() == rows * in_features // 2 + rows * (in_features // 32) * 4
+
+
+@pytest.mark.parametrize(("quantization", "kind"), [("int8", Q8_0Linear), ("int4", Q4_1Linear)])
+def test_integer_quantization_selects_the_native_blocks(quantization: str, kind: type) -> None:
+    """int8 / int4 pick the native Q8_0 / Q4_1 kernels: the output is x (rounded to int16 per
+    block of 32) times exactly `dequantized()` (the kernels' own tests check it in float64)."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(37, 96, generator=gen)
+    x = torch.randn(4, 96, generator=gen)
+    layer = quantize_linear(w, quantization)  # type: ignore[arg-type]
+    assert isinstance(layer, kind)
+    deq = layer.dequantized()
+    groups = x.reshape(4, 3, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 32767
+    x_int16 = (torch.round(groups * (1.0 / scale)) * scale).reshape(4, 96)
+    torch.testing.assert_close(layer(x), x_int16 @ deq.t(), atol=1e-4, rtol=1e-4)
+    block_bytes = 20 if quantization == "int4" else 34
+    assert layer.weight_bytes() == 37 * 3 * block_bytes
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_many_rows_take_the_float_gemm_on_the_same_weights(quantization: str) -> None:
+    """From FLOAT_GEMM_ROWS rows on, W is dequantized in C and x stays float32."""
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(37, 64, generator=gen)
+    x = torch.randn(FLOAT_GEMM_ROWS + 3, 64, generator=gen)
+    layer = quantize_linear(w, quantization)  # type: ignore[arg-type]
+    expected = x.double() @ layer.dequantized().double().t()
+    torch.testing.assert_close(layer(x).double(), expected, atol=1e-4, rtol=1e-5)
+    few = layer(x[:3])  # the integer products on the same rows: close, not bit-equal
+    torch.testing.assert_close(few, layer(x)[:3], atol=1e-3, rtol=1e-4)
 
 
 def test_int4_reproduces_weights_on_a_q4_1_grid() -> None:

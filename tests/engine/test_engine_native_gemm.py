@@ -1,7 +1,8 @@
 """The native block-quantized kernels against an independent float64 reference.
 
 Reference: the weights dequantized by the `gguf` library from the blocks' GGUF bytes, times the
-activations quantized per block of 32 by torch (max|x| / 127, round half to even), in float64.
+activations quantized per block of 32 to int16 by torch (max|x| / 32767, round half to even),
+in float64.
 Both the AVX2 and the scalar code, T in {1, 3, 17}, odd out_features.
 """
 
@@ -63,14 +64,14 @@ def reference_weight(blocks: QuantBlocks) -> np.ndarray:
 
 
 def reference_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes [T, K], float64 dequantized x [T, K]) of x quantized per block of 32."""
+    """(int16 codes [T, K], float64 dequantized x [T, K]) of x quantized per block of 32."""
     t, k = x.shape
     groups = x.reshape(t, k // 32, 32)
-    scale = groups.abs().amax(dim=-1) / 127.0  # float32, as the kernel computes it
+    scale = groups.abs().amax(dim=-1) / 32767.0  # float32, as the kernel computes it
     inv = torch.where(scale != 0, 1.0 / scale, torch.zeros(()))
     codes = torch.round(groups * inv[..., None])
     deq = codes.double() * scale.double()[..., None]
-    return codes.to(torch.int8).reshape(t, k), deq.reshape(t, k)
+    return codes.to(torch.int16).reshape(t, k), deq.reshape(t, k)
 
 
 def _problem(grid: str, n: int, k: int, t: int) -> tuple[QuantBlocks, torch.Tensor]:
@@ -103,6 +104,16 @@ def test_kernel_matches_float64_reference(
     tol = 8 * k * 2**-24 * (x_deq.abs() @ w_ref.abs().t()) + 1e-6
     assert bool(((got.double() - expected).abs() <= tol).all())
     assert torch.equal(gemm.quantize_activations(x).codes, codes)
+
+
+@pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_native_dequantize_is_the_reference_weight(
+    gemm: BlockGemm, grid: str, n: int, k: int
+) -> None:
+    blocks, _ = _problem(grid, n, k, 1)
+    got = gemm.dequantize(blocks, 2)
+    assert torch.equal(got.double(), torch.from_numpy(reference_weight(blocks)))
 
 
 @pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
