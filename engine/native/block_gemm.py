@@ -99,12 +99,20 @@ class BlockGemm:
         n, k = w.shape
         out = torch.empty(n, k, dtype=torch.float32)
         if isinstance(w, Q4_1Blocks):
-            status = self._lib.pg_q4_1_dequantize(w.codes.data_ptr(), w.scales.data_ptr(),
-                                                  w.mins.data_ptr(), n, k, out.data_ptr(), threads,
-                                                  self.avx2)
+            status = self._lib.pg_q4_1_dequantize(
+                w.codes.data_ptr(),
+                w.scales.data_ptr(),
+                w.mins.data_ptr(),
+                n,
+                k,
+                out.data_ptr(),
+                threads,
+                self.avx2,
+            )
         else:
-            status = self._lib.pg_q8_0_dequantize(w.codes.data_ptr(), w.scales.data_ptr(), n, k,
-                                                  out.data_ptr(), threads, self.avx2)
+            status = self._lib.pg_q8_0_dequantize(
+                w.codes.data_ptr(), w.scales.data_ptr(), n, k, out.data_ptr(), threads, self.avx2
+            )
         _check(status, "dequantization")
         return out
 
@@ -116,8 +124,9 @@ class BlockGemm:
         t, k = x.shape
         codes = torch.empty(t, k, dtype=torch.int16)
         scales, sums = torch.empty(t, k // QK), torch.empty(t, k // QK)
-        status = self._lib.pg_quantize_activations(x.data_ptr(), t, k, codes.data_ptr(),
-                                                   scales.data_ptr(), sums.data_ptr(), self.avx2)
+        status = self._lib.pg_quantize_activations(
+            x.data_ptr(), t, k, codes.data_ptr(), scales.data_ptr(), sums.data_ptr(), self.avx2
+        )
         _check(status, "activation quantization")
         return QuantizedActivations(codes, scales, sums)
 

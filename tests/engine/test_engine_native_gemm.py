@@ -136,7 +136,7 @@ def test_blocks_dequantize_like_the_gguf_library(grid: str) -> None:
     step = (w.reshape(9, 3, 32).amax(-1) - w.reshape(9, 3, 32).amin(-1)) / 15  # Q4_1 step
     if grid == "q8_0":
         step = w.reshape(9, 3, 32).abs().amax(-1) / 127
-    bound = (step * 0.5 * (1 + 2**-9) + 2**-10 * w.reshape(9, 3, 32).abs().amax(-1))
+    bound = step * 0.5 * (1 + 2**-9) + 2**-10 * w.reshape(9, 3, 32).abs().amax(-1)
     err = (deq - w).abs().reshape(9, 3, 32)
     assert bool((err <= bound[..., None] + 1e-7).all())
     assert blocks.nbytes() == 9 * 3 * (20 if grid == "q4_1" else 34)
