@@ -22,33 +22,18 @@ Measured and rejected: bf16 weights (no AVX512-BF16: ~2x slower than fp32), fbge
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.config import QUANTIZATIONS as QUANTIZATIONS  # re-exported: older imports
 from engine.config import Quantization as Quantization
+from engine.linear_base import Linear as Linear  # re-exported: the interface lives there
+from engine.linear_base import PackedLinear as PackedLinear
+from engine.native_linear import native_linear
 
 INT4_GROUP_SIZE = 32
 _ACT_DTYPE = torch.bfloat16  # what torch's int8/int4 CPU kernels have a fast path for
-
-
-class Linear(nn.Module, ABC):
-    """A bias-free projection x [T, in] -> [T, out]: the interface every weight layout keeps."""
-
-    @abstractmethod
-    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
-        """y = x @ W.T."""
-
-    @abstractmethod
-    def dequantized(self) -> Tensor:
-        """W [out, in] as float32."""
-
-    @abstractmethod
-    def weight_bytes(self) -> int:
-        """Bytes of the weight as held (what a decode step streams)."""
 
 
 class DenseLinear(Linear):
@@ -69,12 +54,6 @@ class DenseLinear(Linear):
 
     def weight_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
-
-
-class PackedLinear(Linear):
-    """A projection whose weight lives in a packed/quantised form (CPU only): float32 in and
-    out; `weight_bytes()` is the packed size (what a decode step streams); `dequantized()` is
-    the float32 weight the module computes with, up to activation rounding."""
 
 
 class Fp16DynamicLinear(PackedLinear):
@@ -174,8 +153,6 @@ def quantize_linear(weight: Tensor, quantization: Quantization) -> PackedLinear:
     if quantization == "fp16":
         return Fp16DynamicLinear(weight)
     if quantization in ("int8", "int4"):
-        from engine.native_linear import native_linear  # it subclasses PackedLinear (this module)
-
         native = native_linear(weight, quantization)
         if native is not None:
             return native

@@ -90,8 +90,8 @@ def load_model(
     model = LlamaModel(config, dtype=dtype)
     model.load_weights(weights)
     if quantization in ("int8", "int4") and source.suffix == ".gguf":
+        from engine.checkpoint_blocks import quantize_with_checkpoint_blocks
         from engine.gguf import read_gguf_blocks
-        from engine.native_linear import quantize_with_checkpoint_blocks
 
         quantize_with_checkpoint_blocks(model, quantization, read_gguf_blocks(source))
     else:

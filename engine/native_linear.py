@@ -1,4 +1,4 @@
-"""Projections on the native block-quantized kernels (`engine.native`), and how a model gets them.
+"""Projections on the native block-quantized kernels (`engine.native`).
 
 - `Q4_1Linear`: W on GGUF's Q4_1 grid (per block of 32 inputs an fp16 scale and min, 4-bit
   codes): `quantization="int4"`. A Q4_1 GGUF's own blocks are used as they are, so the engine
@@ -18,15 +18,12 @@ from `x @ dequantized().T`. Threads: torch's intra-op count, on torch's own Open
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from engine.config import Quantization
-from engine.linear import PackedLinear, quantize_linear
-from engine.model import HEAD_QUANTIZATION, PROJECTIONS, LlamaModel
+from engine.linear_base import PackedLinear
 from engine.native import BlockGemm, native_gemm
 from engine.quant_blocks import Q4_1Blocks, Q8_0Blocks, QuantBlocks, quantize_q4_1, quantize_q8_0
 
@@ -34,13 +31,6 @@ FLOAT_GEMM_ROWS = 32  # from this many rows of x on: dequantize + float GEMM (se
 # Weight format of the LM head per quantization (int4's head stays 8-bit, like llama.cpp's files).
 HEAD_GRID: dict[str, type[QuantBlocks]] = {"int8": Q8_0Blocks, "int4": Q8_0Blocks}
 PROJECTION_GRID: dict[str, type[QuantBlocks]] = {"int8": Q8_0Blocks, "int4": Q4_1Blocks}
-# Canonical checkpoint names of each fused projection (see engine.model), in row order.
-FUSED_SOURCES: dict[str, tuple[str, ...]] = {
-    "qkv": ("q", "k", "v"),
-    "o": ("o",),
-    "gate_up": ("gate", "up"),
-    "down": ("down",),
-}
 
 
 class Q4_1Linear(PackedLinear):
@@ -101,44 +91,3 @@ def native_linear(weight: Tensor, quantization: Quantization) -> PackedLinear | 
     grid = PROJECTION_GRID[quantization]
     blocks = quantize_q4_1(weight) if grid is Q4_1Blocks else quantize_q8_0(weight)
     return blocks_linear(blocks, gemm)
-
-
-def fused_blocks(
-    blocks: Mapping[str, QuantBlocks], layer: int, projection: str, grid: type[QuantBlocks]
-) -> QuantBlocks | None:
-    """A fused projection's blocks stacked from the checkpoint's, when every part is on `grid`."""
-    parts = [blocks.get(f"layers.{layer}.{name}") for name in FUSED_SOURCES[projection]]
-    if not all(isinstance(p, grid) for p in parts):
-        return None
-    if grid is Q4_1Blocks:
-        return Q4_1Blocks.cat([p for p in parts if isinstance(p, Q4_1Blocks)])
-    return Q8_0Blocks.cat([p for p in parts if isinstance(p, Q8_0Blocks)])
-
-
-def quantize_with_checkpoint_blocks(
-    model: LlamaModel, quantization: Quantization, blocks: Mapping[str, QuantBlocks]
-) -> None:
-    """`model.quantize(quantization)`, taking every projection whose checkpoint blocks are on
-    the format's grid as they are (a Q4_1 GGUF under int4; Q8_0 tensors under int8 and for the
-    LM head), and quantizing the rest from the float weights. Without the native library, or
-    for other formats, it is `model.quantize` itself."""
-    gemm = native_gemm()
-    if gemm is None or quantization not in PROJECTION_GRID:
-        model.quantize(quantization)
-        return
-    if model.quantization != "none" or model.dtype != torch.float32:
-        raise ValueError("quantize needs an unquantised float32 model")
-    grid = PROJECTION_GRID[quantization]
-    for i, layer in enumerate(model.blocks()):
-        for name in PROJECTIONS:
-            found = fused_blocks(blocks, i, name, grid)
-            dense = getattr(layer, name).dequantized()
-            setattr(layer, name, blocks_linear(found, gemm) if found else
-                    quantize_linear(dense, quantization))  # fmt: skip
-    head = blocks.get("embed" if model.config.tie_embeddings else "lm_head")
-    if isinstance(head, HEAD_GRID[quantization]):
-        model.lm_head = blocks_linear(head, gemm)
-    else:
-        head_format = HEAD_QUANTIZATION[quantization]
-        model.lm_head = quantize_linear(model.lm_head.dequantized(), head_format)
-    model.quantization = quantization
