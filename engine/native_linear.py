@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import profiler
 
 from engine.config import Quantization
 from engine.linear_base import PackedLinear
@@ -42,6 +43,12 @@ class Q4_1Linear(PackedLinear):
         self._gemm = gemm
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        if profiler._is_profiler_enabled:  # name the C call in torch.profiler's tables
+            with torch.profiler.record_function("native::q4_1_matmul"):
+                return self._forward(x)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
         threads = torch.get_num_threads()
         if x.shape[0] >= FLOAT_GEMM_ROWS:
             return F.linear(x, self._gemm.dequantize(self.blocks, threads))
@@ -63,6 +70,12 @@ class Q8_0Linear(PackedLinear):
         self._gemm = gemm
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        if profiler._is_profiler_enabled:  # name the C call in torch.profiler's tables
+            with torch.profiler.record_function("native::q8_0_matmul"):
+                return self._forward(x)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
         threads = torch.get_num_threads()
         if x.shape[0] >= FLOAT_GEMM_ROWS:
             return F.linear(x, self._gemm.dequantize(self.blocks, threads))
