@@ -26,6 +26,7 @@ from torch.autograd import profiler
 from engine.config import Quantization
 from engine.linear_base import PackedLinear
 from engine.native import BlockGemm, native_gemm
+from engine.native.block_gemm import bind
 from engine.quant_blocks import Q4_1Blocks, Q8_0Blocks, QuantBlocks, quantize_q4_1, quantize_q8_0
 
 FLOAT_GEMM_ROWS = 32  # from this many rows of x on: dequantize + float GEMM (see above)
@@ -34,17 +35,19 @@ HEAD_GRID: dict[str, type[QuantBlocks]] = {"int8": Q8_0Blocks, "int4": Q8_0Block
 PROJECTION_GRID: dict[str, type[QuantBlocks]] = {"int8": Q8_0Blocks, "int4": Q4_1Blocks}
 
 
-class Q4_1Linear(PackedLinear):
-    """W as Q4_1 blocks: x [T, in] float32 -> [T, out] float32 on the native kernel."""
+class BlockLinear(PackedLinear):
+    """W as GGUF blocks: x [T, in] float32 -> [T, out] float32 on the native kernels."""
 
-    def __init__(self, blocks: Q4_1Blocks, gemm: BlockGemm) -> None:
+    def __init__(self, blocks: Q4_1Blocks | Q8_0Blocks, gemm: BlockGemm) -> None:
         super().__init__()
         self.blocks = blocks
+        self._bound = bind(blocks)
         self._gemm = gemm
+        self._label = f"native::{type(blocks).__name__.removesuffix('Blocks').lower()}_matmul"
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
         if profiler._is_profiler_enabled:  # name the C call in torch.profiler's tables
-            with torch.profiler.record_function("native::q4_1_matmul"):
+            with torch.profiler.record_function(self._label):
                 return self._forward(x)
         return self._forward(x)
 
@@ -52,7 +55,7 @@ class Q4_1Linear(PackedLinear):
         threads = torch.get_num_threads()
         if x.shape[0] >= FLOAT_GEMM_ROWS:
             return F.linear(x, self._gemm.dequantize(self.blocks, threads))
-        return self._gemm.q4_1(self.blocks, x, threads)
+        return self._gemm.matmul(self._bound, x, threads)
 
     def dequantized(self) -> Tensor:
         return self.blocks.dequantize()
@@ -61,31 +64,16 @@ class Q4_1Linear(PackedLinear):
         return self.blocks.nbytes()
 
 
-class Q8_0Linear(PackedLinear):
-    """W as Q8_0 blocks: x [T, in] float32 -> [T, out] float32 on the native kernel."""
+class Q4_1Linear(BlockLinear):
+    """W as Q4_1 blocks (int4)."""
 
-    def __init__(self, blocks: Q8_0Blocks, gemm: BlockGemm) -> None:
-        super().__init__()
-        self.blocks = blocks
-        self._gemm = gemm
+    blocks: Q4_1Blocks
 
-    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
-        if profiler._is_profiler_enabled:  # name the C call in torch.profiler's tables
-            with torch.profiler.record_function("native::q8_0_matmul"):
-                return self._forward(x)
-        return self._forward(x)
 
-    def _forward(self, x: Tensor) -> Tensor:
-        threads = torch.get_num_threads()
-        if x.shape[0] >= FLOAT_GEMM_ROWS:
-            return F.linear(x, self._gemm.dequantize(self.blocks, threads))
-        return self._gemm.q8_0(self.blocks, x, threads)
+class Q8_0Linear(BlockLinear):
+    """W as Q8_0 blocks (int8, and the LM head)."""
 
-    def dequantized(self) -> Tensor:
-        return self.blocks.dequantize()
-
-    def weight_bytes(self) -> int:
-        return self.blocks.nbytes()
+    blocks: Q8_0Blocks
 
 
 def blocks_linear(blocks: QuantBlocks, gemm: BlockGemm) -> PackedLinear:

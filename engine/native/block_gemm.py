@@ -51,9 +51,30 @@ def _check(status: int, what: str) -> None:
 def _activations(x: Tensor, in_features: int) -> Tensor:
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"expected x [T, {in_features}], got {tuple(x.shape)}")
-    if x.dtype != torch.float32 or x.device.type != "cpu":
+    if x.dtype != torch.float32 or not x.is_cpu:
         raise ValueError(f"expected float32 CPU activations, got {x.dtype} on {x.device}")
     return x.contiguous()
+
+
+class BoundWeight(NamedTuple):
+    """A weight's pointer and shape arguments, taken once: a decode step calls each projection
+    once per layer, so per-call Python work matters. Holds the blocks (the pointers' owner)."""
+
+    blocks: Q4_1Blocks | Q8_0Blocks
+    args: tuple[int, ...]  # the C function's arguments before x
+    out_features: int
+    in_features: int
+
+
+def bind(blocks: Q4_1Blocks | Q8_0Blocks) -> BoundWeight:
+    """The arguments the products take for `blocks` (contiguous tensors, checked here)."""
+    n, k = blocks.shape
+    tensors = [blocks.codes, blocks.scales]
+    if isinstance(blocks, Q4_1Blocks):
+        tensors.append(blocks.mins)
+    if not all(t.is_contiguous() and t.is_cpu for t in tensors):
+        raise ValueError("native products need contiguous CPU blocks")
+    return BoundWeight(blocks, (*(t.data_ptr() for t in tensors), n, k), n, k)
 
 
 class BlockGemm:
@@ -74,25 +95,23 @@ class BlockGemm:
         _declare(lib)
         return cls(lib, avx2=bool(lib.pg_cpu_has_avx2()))
 
-    def q4_1(self, w: Q4_1Blocks, x: Tensor, threads: int) -> Tensor:
+    def matmul(self, w: BoundWeight, x: Tensor, threads: int) -> Tensor:
         """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16)."""
-        n, k = w.shape
-        x = _activations(x, k)
-        y = torch.empty(x.shape[0], n, dtype=torch.float32)
-        status = self._q4_1(w.codes.data_ptr(), w.scales.data_ptr(), w.mins.data_ptr(), n, k,
-                            x.data_ptr(), x.shape[0], y.data_ptr(), threads, self.avx2)  # fmt: skip
-        _check(status, "Q4_1 matmul")
+        x = _activations(x, w.in_features)
+        y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+        run = self._q4_1 if isinstance(w.blocks, Q4_1Blocks) else self._q8_0
+        status = run(*w.args, x.data_ptr(), x.shape[0], y.data_ptr(), threads, self.avx2)
+        if status:
+            _check(status, "matmul")
         return y
 
+    def q4_1(self, w: Q4_1Blocks, x: Tensor, threads: int) -> Tensor:
+        """`matmul` for unbound Q4_1 blocks."""
+        return self.matmul(bind(w), x, threads)
+
     def q8_0(self, w: Q8_0Blocks, x: Tensor, threads: int) -> Tensor:
-        """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16)."""
-        n, k = w.shape
-        x = _activations(x, k)
-        y = torch.empty(x.shape[0], n, dtype=torch.float32)
-        status = self._q8_0(w.codes.data_ptr(), w.scales.data_ptr(), n, k, x.data_ptr(),
-                            x.shape[0], y.data_ptr(), threads, self.avx2)  # fmt: skip
-        _check(status, "Q8_0 matmul")
-        return y
+        """`matmul` for unbound Q8_0 blocks."""
+        return self.matmul(bind(w), x, threads)
 
     def dequantize(self, w: Q4_1Blocks | Q8_0Blocks, threads: int) -> Tensor:
         """W float32 [out, in], the values the products use (for a float GEMM when T is large)."""
