@@ -4,7 +4,7 @@ The seed formula: KV cache bytes = 2 (K and V) x layers x kv_heads x head_dim x 
 Weights = parameters x bytes per parameter (the engine dequantizes GGUF weights to its dtype);
 with a weight `quantization` ("fp16", "int8", "int4": see `engine.linear`) the projections and
 the LM head count their packed size and the embedding table stays float32 (a tied LM head is a
-second, packed copy of it). `prefixgate plan` defaults to fp16, the format `make serve` uses.
+second, packed copy of it). `prefixgate plan` defaults to int4, the format `make serve` uses.
 Overhead = one step's activations at `max_num_batched_tokens` + the logits of `max_num_seqs`
 rows + a fixed runtime allowance. The engine sizes its page pool from a memory budget with
 `pages_for_budget`, the same formula.
@@ -29,7 +29,7 @@ Q8_0_BYTES = 34 / 32
 PROJECTION_BYTES = {"fp16": 2.0, "int8": Q8_0_BYTES, "int4": 20 / 32}
 HEAD_BYTES = {"fp16": 2.0, "int8": Q8_0_BYTES, "int4": Q8_0_BYTES}
 PLAN_QUANTIZATIONS = ("none", *PROJECTION_BYTES)
-SERVE_QUANTIZATION = "fp16"  # what `make serve` runs
+SERVE_QUANTIZATION = "int4"  # what `make serve` runs
 RUNTIME_OVERHEAD = 64 << 20  # interpreter, torch, tokenizer, allocator slack
 MIB = 1 << 20
 
