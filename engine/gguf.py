@@ -19,6 +19,7 @@ from gguf.quants import dequantize
 
 from engine.gguf_file import GGUFFile, TensorInfo
 from engine.model_config import ModelConfig
+from engine.quant_blocks import Q4_1Blocks, Q8_0Blocks, QuantBlocks
 from engine.tokenizer import TokenizerSpec
 
 CONTROL_TOKEN = 3  # llama.cpp token type
@@ -139,6 +140,23 @@ def iter_weights(reader: GGUFFile) -> Iterator[tuple[str, torch.Tensor]]:
         if not (array.flags.writeable and array.flags.c_contiguous):
             array = np.array(array, dtype=np.float32, order="C")  # own a writable copy
         yield name, torch.from_numpy(array)
+
+
+_BLOCK_TYPES: dict[GGMLQuantizationType, type[QuantBlocks]] = {
+    GGMLQuantizationType.Q4_1: Q4_1Blocks,
+    GGMLQuantizationType.Q8_0: Q8_0Blocks,
+}
+
+
+def read_gguf_blocks(path: str | Path) -> dict[str, QuantBlocks]:
+    """The Q4_1 and Q8_0 matrices of a GGUF file as their blocks, bytes as stored (no
+    dequantisation), under canonical names: what the native int4/int8 kernels compute with."""
+    blocks: dict[str, QuantBlocks] = {}
+    for tensor in GGUFFile(path).tensors:
+        name, kind = canonical_name(tensor.name), _BLOCK_TYPES.get(tensor.qtype)
+        if name is not None and kind is not None and len(tensor.dims) == 2:
+            blocks[name] = kind.from_gguf(tensor.data)
+    return blocks
 
 
 def read_tokenizer(reader: GGUFFile, name: str) -> TokenizerSpec:

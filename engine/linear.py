@@ -3,15 +3,18 @@
 - `DenseLinear`: W in the model dtype (the float32 correctness reference; the CUDA path).
 - `Fp16DynamicLinear`: W stored as fp16, computed in fp32 (fbgemm `linear_dynamic_fp16`): half
   the weight bytes of fp32, logits within ~0.03 of the fp32 model on SmolLM2-135M.
+- int8 / int4: `quantize_linear` picks the native block-quantized kernels
+  (`engine.native_linear`: GGUF's Q8_0 / Q4_1 grids, int8 activations, AVX2) and falls back to
+  torch's kernels below when the native library cannot be built (one warning in the log):
 - `Int8WeightLinear`: W int8 with one symmetric scale per output channel, on torch's
   `_weight_int8pack_mm` (a quarter of fp32's bytes).
 - `Int4WeightLinear`: W 4-bit with a scale and a zero point per group of 32 inputs (the grid of
   GGUF's Q4_1), on torch's `_weight_int4pack_mm_for_cpu` (an eighth of fp32's bytes plus scales).
 
 torch's int8/int4 CPU kernels are vectorised for bfloat16 activations only (float32 activations
-take a scalar path ~10x slower on AVX2), so the quantised modules round x to bfloat16, and their
+take a scalar path ~10x slower on AVX2), so those modules round x to bfloat16, and their
 output is bfloat16 returned as float32. On an AVX2 machine without AVX512 they do not beat the
-fbgemm fp16 path (see benchmarks/bench_engine.py); fp16 stays the serving default there.
+fbgemm fp16 path (see benchmarks/bench_engine.py); the native kernels do.
 Measured and rejected: bf16 weights (no AVX512-BF16: ~2x slower than fp32), fbgemm dynamic int8
 (per-tensor int8 activations: logit errors up to ~15; deprecated quantized-tensor API), and
 `torch.compile` of a dequantise-then-matmul (Inductor's CPU GEMV: ~10x slower than fp16).
@@ -19,33 +22,18 @@ Measured and rejected: bf16 weights (no AVX512-BF16: ~2x slower than fp32), fbge
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.config import QUANTIZATIONS as QUANTIZATIONS  # re-exported: older imports
 from engine.config import Quantization as Quantization
+from engine.linear_base import Linear as Linear  # re-exported: the interface lives there
+from engine.linear_base import PackedLinear as PackedLinear
+from engine.native_linear import native_linear
 
 INT4_GROUP_SIZE = 32
 _ACT_DTYPE = torch.bfloat16  # what torch's int8/int4 CPU kernels have a fast path for
-
-
-class Linear(nn.Module, ABC):
-    """A bias-free projection x [T, in] -> [T, out]: the interface every weight layout keeps."""
-
-    @abstractmethod
-    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
-        """y = x @ W.T."""
-
-    @abstractmethod
-    def dequantized(self) -> Tensor:
-        """W [out, in] as float32."""
-
-    @abstractmethod
-    def weight_bytes(self) -> int:
-        """Bytes of the weight as held (what a decode step streams)."""
 
 
 class DenseLinear(Linear):
@@ -66,12 +54,6 @@ class DenseLinear(Linear):
 
     def weight_bytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
-
-
-class PackedLinear(Linear):
-    """A projection whose weight lives in a packed/quantised form (CPU only): float32 in and
-    out; `weight_bytes()` is the packed size (what a decode step streams); `dequantized()` is
-    the float32 weight the module computes with, up to activation rounding."""
 
 
 class Fp16DynamicLinear(PackedLinear):
@@ -170,6 +152,10 @@ def quantize_linear(weight: Tensor, quantization: Quantization) -> PackedLinear:
         raise ValueError(f"quantized weights run on CPU only, got a {weight.device} weight")
     if quantization == "fp16":
         return Fp16DynamicLinear(weight)
+    if quantization in ("int8", "int4"):
+        native = native_linear(weight, quantization)
+        if native is not None:
+            return native
     if quantization == "int8":
         return Int8WeightLinear(weight)
     if quantization == "int4":

@@ -69,8 +69,10 @@ def load_model(
     """Load `path` (None -> default GGUF; a .gguf file; or a HF folder) as a LoadedModel.
 
     `quantization="fp16"` stores the projection and LM-head weights as fp16 (fp32 math, about
-    1.7x faster CPU decode, logits within ~0.03 of fp32); "int8" and "int4" store them as
-    integers with scales (see `engine.linear`). All three need dtype float32 and a CPU.
+    1.7x faster CPU decode, logits within ~0.03 of fp32); "int8" and "int4" store them in
+    GGUF's Q8_0 / Q4_1 blocks on the native kernels (see `engine.native_linear`), taking a GGUF
+    file's own blocks as they are where they are on that grid (int4 on a Q4_1 file computes with
+    exactly llama.cpp's weights). All three need dtype float32 and a CPU.
     """
     source = default_model_path() if path is None else Path(path)
     if source.is_dir():
@@ -87,7 +89,13 @@ def load_model(
         )
     model = LlamaModel(config, dtype=dtype)
     model.load_weights(weights)
-    model.quantize(quantization)
+    if quantization in ("int8", "int4") and source.suffix == ".gguf":
+        from engine.checkpoint_blocks import quantize_with_checkpoint_blocks
+        from engine.gguf import read_gguf_blocks
+
+        quantize_with_checkpoint_blocks(model, quantization, read_gguf_blocks(source))
+    else:
+        model.quantize(quantization)
     model.eval()
     tokenizer = Tokenizer(spec)
     return LoadedModel(model, config, tokenizer, parameter_bytes(model))

@@ -22,7 +22,7 @@ from engine.model_config import ModelConfig
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 # The LM head is the largest single matrix and the most sensitive to rounding: under int4 it
-# is stored as int8 (per-channel), like llama.cpp keeps a higher-precision output tensor.
+# is stored as int8 (Q8_0 blocks), like llama.cpp keeps a higher-precision output tensor.
 HEAD_QUANTIZATION: dict[str, Quantization] = {"fp16": "fp16", "int8": "int8", "int4": "int8"}
 
 
@@ -154,7 +154,7 @@ class LlamaModel(nn.Module):
     @torch.no_grad()
     def quantize(self, quantization: Quantization) -> None:
         """Swap every projection and the LM head to `quantization` (see `engine.linear`):
-        "fp16" fp16 weights; "int8" per-channel int8; "int4" 4-bit groups of 32 (LM head int8).
+        "fp16" fp16 weights; "int8" Q8_0 blocks; "int4" Q4_1 blocks (LM head Q8_0).
 
         Only float32 CPU models can be quantised; the embedding table stays float32 (a decode
         step reads one row of it). Irreversible: load again for the float32 reference.

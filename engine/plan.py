@@ -4,7 +4,7 @@ The seed formula: KV cache bytes = 2 (K and V) x layers x kv_heads x head_dim x 
 Weights = parameters x bytes per parameter (the engine dequantizes GGUF weights to its dtype);
 with a weight `quantization` ("fp16", "int8", "int4": see `engine.linear`) the projections and
 the LM head count their packed size and the embedding table stays float32 (a tied LM head is a
-second, packed copy of it). `prefixgate plan` defaults to fp16, the format `make serve` uses.
+second, packed copy of it). `prefixgate plan` defaults to int4, the format `make serve` uses.
 Overhead = one step's activations at `max_num_batched_tokens` + the logits of `max_num_seqs`
 rows + a fixed runtime allowance. The engine sizes its page pool from a memory budget with
 `pages_for_budget`, the same formula.
@@ -22,12 +22,14 @@ from typing import NamedTuple
 from engine.model_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
-# Bytes per weight of a packed projection, scales included (int8: a bf16 scale per row is
-# negligible; int4: half a byte + a bf16 scale and zero per group of 32), and of the LM head.
-PROJECTION_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 0.625}
-HEAD_BYTES = {"fp16": 2.0, "int8": 1.0, "int4": 1.0}
+# Bytes per weight of a packed projection, scales included, and of the LM head: GGUF's blocks
+# of 32 (engine.native_linear): int8 = Q8_0 (32 int8 + an fp16 scale: 34 / 32), int4 = Q4_1
+# (16 bytes of nibbles + fp16 scale and min: 20 / 32); int4's LM head is Q8_0.
+Q8_0_BYTES = 34 / 32
+PROJECTION_BYTES = {"fp16": 2.0, "int8": Q8_0_BYTES, "int4": 20 / 32}
+HEAD_BYTES = {"fp16": 2.0, "int8": Q8_0_BYTES, "int4": Q8_0_BYTES}
 PLAN_QUANTIZATIONS = ("none", *PROJECTION_BYTES)
-SERVE_QUANTIZATION = "fp16"  # what `make serve` runs
+SERVE_QUANTIZATION = "int4"  # what `make serve` runs
 RUNTIME_OVERHEAD = 64 << 20  # interpreter, torch, tokenizer, allocator slack
 MIB = 1 << 20
 

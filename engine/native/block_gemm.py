@@ -1,0 +1,161 @@
+"""Typed ctypes bindings of `block_gemm.c`: y [T, N] = x [T, K] @ W.T for Q4_1 / Q8_0 blocks.
+
+`BlockGemm(lib, avx2=...)` wraps a loaded library; `native_gemm()` is the process-wide one the
+engine uses (None when the library is off or cannot be built). Wrappers check dtypes, shapes
+and contiguity before handing raw pointers to C; argtypes are set once per library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from engine.native.build import NativeSettings, load_library
+from engine.quant_blocks import QK, Q4_1Blocks, Q8_0Blocks
+
+_ERRORS = {1: "bad shape", 2: "out of memory", 3: "the CPU has no AVX2/FMA/F16C"}
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+class QuantizedActivations(NamedTuple):
+    """x [T, K] per block of 32: int16 codes [T, K], scale dx and dx * sum(codes) [T, K/32]."""
+
+    codes: Tensor
+    scales: Tensor
+    sums: Tensor
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.pg_cpu_has_avx2.argtypes, lib.pg_cpu_has_avx2.restype = [], _INT
+    lib.pg_quantize_activations.argtypes = [_P, _I64, _I64, _P, _P, _P, _INT]
+    lib.pg_quantize_activations.restype = _INT
+    lib.pg_q4_1_matmul.argtypes = [_P, _P, _P, _I64, _I64, _P, _I64, _P, _INT, _INT]
+    lib.pg_q4_1_matmul.restype = _INT
+    lib.pg_q8_0_matmul.argtypes = [_P, _P, _I64, _I64, _P, _I64, _P, _INT, _INT]
+    lib.pg_q8_0_matmul.restype = _INT
+    lib.pg_q4_1_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _P, _INT, _INT]
+    lib.pg_q4_1_dequantize.restype = _INT
+    lib.pg_q8_0_dequantize.argtypes = [_P, _P, _I64, _I64, _P, _INT, _INT]
+    lib.pg_q8_0_dequantize.restype = _INT
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"native {what} failed: {_ERRORS.get(status, status)}")
+
+
+def _activations(x: Tensor, in_features: int) -> Tensor:
+    if x.dim() != 2 or x.shape[1] != in_features:
+        raise ValueError(f"expected x [T, {in_features}], got {tuple(x.shape)}")
+    if x.dtype != torch.float32 or not x.is_cpu:
+        raise ValueError(f"expected float32 CPU activations, got {x.dtype} on {x.device}")
+    return x.contiguous()
+
+
+class BoundWeight(NamedTuple):
+    """A weight's pointer and shape arguments, taken once: a decode step calls each projection
+    once per layer, so per-call Python work matters. Holds the blocks (the pointers' owner)."""
+
+    blocks: Q4_1Blocks | Q8_0Blocks
+    args: tuple[int, ...]  # the C function's arguments before x
+    out_features: int
+    in_features: int
+
+
+def bind(blocks: Q4_1Blocks | Q8_0Blocks) -> BoundWeight:
+    """The arguments the products take for `blocks` (contiguous tensors, checked here)."""
+    n, k = blocks.shape
+    tensors = [blocks.codes, blocks.scales]
+    if isinstance(blocks, Q4_1Blocks):
+        tensors.append(blocks.mins)
+    if not all(t.is_contiguous() and t.is_cpu for t in tensors):
+        raise ValueError("native products need contiguous CPU blocks")
+    return BoundWeight(blocks, (*(t.data_ptr() for t in tensors), n, k), n, k)
+
+
+class BlockGemm:
+    """The native block-quantized products of one loaded library, AVX2 or scalar code."""
+
+    def __init__(self, lib: ctypes.CDLL, *, avx2: bool) -> None:
+        _declare(lib)
+        if avx2 and not lib.pg_cpu_has_avx2():
+            raise ValueError("avx2=True on a CPU without AVX2/FMA/F16C")
+        self._lib = lib
+        self.avx2 = avx2
+        self._q4_1 = lib.pg_q4_1_matmul
+        self._q8_0 = lib.pg_q8_0_matmul
+
+    @classmethod
+    def best(cls, lib: ctypes.CDLL) -> BlockGemm:
+        """AVX2 code when the CPU has it, else the scalar code."""
+        _declare(lib)
+        return cls(lib, avx2=bool(lib.pg_cpu_has_avx2()))
+
+    def matmul(self, w: BoundWeight, x: Tensor, threads: int) -> Tensor:
+        """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16)."""
+        x = _activations(x, w.in_features)
+        y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+        run = self._q4_1 if isinstance(w.blocks, Q4_1Blocks) else self._q8_0
+        status = run(*w.args, x.data_ptr(), x.shape[0], y.data_ptr(), threads, self.avx2)
+        if status:
+            _check(status, "matmul")
+        return y
+
+    def q4_1(self, w: Q4_1Blocks, x: Tensor, threads: int) -> Tensor:
+        """`matmul` for unbound Q4_1 blocks."""
+        return self.matmul(bind(w), x, threads)
+
+    def q8_0(self, w: Q8_0Blocks, x: Tensor, threads: int) -> Tensor:
+        """`matmul` for unbound Q8_0 blocks."""
+        return self.matmul(bind(w), x, threads)
+
+    def dequantize(self, w: Q4_1Blocks | Q8_0Blocks, threads: int) -> Tensor:
+        """W float32 [out, in], the values the products use (for a float GEMM when T is large)."""
+        n, k = w.shape
+        out = torch.empty(n, k, dtype=torch.float32)
+        if isinstance(w, Q4_1Blocks):
+            status = self._lib.pg_q4_1_dequantize(
+                w.codes.data_ptr(),
+                w.scales.data_ptr(),
+                w.mins.data_ptr(),
+                n,
+                k,
+                out.data_ptr(),
+                threads,
+                self.avx2,
+            )
+        else:
+            status = self._lib.pg_q8_0_dequantize(
+                w.codes.data_ptr(), w.scales.data_ptr(), n, k, out.data_ptr(), threads, self.avx2
+            )
+        _check(status, "dequantization")
+        return out
+
+    def quantize_activations(self, x: Tensor) -> QuantizedActivations:
+        """What the products do to x first (exposed for tests and inspection)."""
+        if x.dim() != 2 or x.shape[1] % QK:
+            raise ValueError(f"expected x [T, K] with K divisible by {QK}, got {tuple(x.shape)}")
+        x = _activations(x, x.shape[1])
+        t, k = x.shape
+        codes = torch.empty(t, k, dtype=torch.int16)
+        scales, sums = torch.empty(t, k // QK), torch.empty(t, k // QK)
+        status = self._lib.pg_quantize_activations(
+            x.data_ptr(), t, k, codes.data_ptr(), scales.data_ptr(), sums.data_ptr(), self.avx2
+        )
+        _check(status, "activation quantization")
+        return QuantizedActivations(codes, scales, sums)
+
+
+@functools.cache
+def native_gemm() -> BlockGemm | None:
+    """The engine's kernels: per PREFIXGATE_NATIVE_GEMM, None when off or not buildable."""
+    lib = load_library()
+    if lib is None:
+        return None
+    if NativeSettings.from_env().mode == "scalar":
+        return BlockGemm(lib, avx2=False)
+    return BlockGemm.best(lib)

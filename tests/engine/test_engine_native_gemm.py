@@ -1,0 +1,189 @@
+"""The native block-quantized kernels against an independent float64 reference.
+
+Reference: the weights dequantized by the `gguf` library from the blocks' GGUF bytes, times the
+activations quantized per block of 32 to int16 by torch (max|x| / 32767, round half to even),
+in float64.
+Both the AVX2 and the scalar code, T in {1, 3, 17}, odd out_features.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from engine.native import BlockGemm, NativeBuildError, build_library, load_library
+from engine.native.build import NativeSettings
+from engine.quant_blocks import (
+    Q4_1Blocks,
+    Q8_0Blocks,
+    QuantBlocks,
+    quantize_q4_1,
+    quantize_q8_0,
+)
+
+SHAPES = [(33, 64), (7, 96), (130, 32), (5, 576)]  # (out_features, in_features)
+ROWS = [1, 3, 17]
+GGML_TYPE = {Q4_1Blocks: GGMLQuantizationType.Q4_1, Q8_0Blocks: GGMLQuantizationType.Q8_0}
+QUANTIZERS = {"q4_1": quantize_q4_1, "q8_0": quantize_q8_0}
+
+
+@pytest.fixture(scope="module")
+def library() -> object:
+    lib = load_library()
+    if lib is None:
+        pytest.fail("the native library did not build (gcc is required for the tests)")
+    return lib
+
+
+def _gemms(lib: object) -> list[BlockGemm]:
+    scalar = BlockGemm(lib, avx2=False)  # type: ignore[arg-type]
+    best = BlockGemm.best(lib)  # type: ignore[arg-type]
+    return [scalar, best] if best.avx2 else [scalar]
+
+
+@pytest.fixture(scope="module", params=["scalar", "avx2"])
+def gemm(request: pytest.FixtureRequest, library: object) -> BlockGemm:
+    if request.param == "scalar":
+        return BlockGemm(library, avx2=False)  # type: ignore[arg-type]
+    best = BlockGemm.best(library)  # type: ignore[arg-type]
+    if not best.avx2:
+        pytest.skip("this CPU has no AVX2/FMA/F16C")
+    return best
+
+
+def reference_weight(blocks: QuantBlocks) -> np.ndarray:
+    """float64 W [out, in] dequantized by the gguf library from the GGUF bytes."""
+    raw = blocks.to_gguf()
+    return np.asarray(dequantize(raw, GGML_TYPE[type(blocks)]), dtype=np.float64)
+
+
+def reference_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int16 codes [T, K], float64 dequantized x [T, K]) of x quantized per block of 32."""
+    t, k = x.shape
+    groups = x.reshape(t, k // 32, 32)
+    scale = groups.abs().amax(dim=-1) / 32767.0  # float32, as the kernel computes it
+    inv = torch.where(scale != 0, 1.0 / scale, torch.zeros(()))
+    codes = torch.round(groups * inv[..., None])
+    deq = codes.double() * scale.double()[..., None]
+    return codes.to(torch.int16).reshape(t, k), deq.reshape(t, k)
+
+
+def _problem(grid: str, n: int, k: int, t: int) -> tuple[QuantBlocks, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 * n + k + t)
+    w = torch.randn(n, k, generator=gen) * 0.05 + 0.01
+    x = torch.randn(t, k, generator=gen) * 3.0
+    x[:, :32] *= 100  # blocks of very different magnitude
+    return QUANTIZERS[grid](w), x
+
+
+def _run(gemm: BlockGemm, blocks: QuantBlocks, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
+    if isinstance(blocks, Q4_1Blocks):
+        return gemm.q4_1(blocks, x, threads)
+    return gemm.q8_0(blocks, x, threads)
+
+
+@pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("t", ROWS)
+def test_kernel_matches_float64_reference(
+    gemm: BlockGemm, grid: str, n: int, k: int, t: int
+) -> None:
+    blocks, x = _problem(grid, n, k, t)
+    codes, x_deq = reference_activations(x)
+    w_ref = torch.from_numpy(reference_weight(blocks))  # [n, k] float64
+    expected = x_deq @ w_ref.t()  # [t, n] float64
+    got = _run(gemm, blocks, x)
+    assert got.shape == (t, n) and got.dtype == torch.float32
+    # float32 accumulation of k products: error ~ k * 2^-24 * sum |x_j w_j|
+    tol = 8 * k * 2**-24 * (x_deq.abs() @ w_ref.abs().t()) + 1e-6
+    assert bool(((got.double() - expected).abs() <= tol).all())
+    assert torch.equal(gemm.quantize_activations(x).codes, codes)
+
+
+@pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_native_dequantize_is_the_reference_weight(
+    gemm: BlockGemm, grid: str, n: int, k: int
+) -> None:
+    blocks, _ = _problem(grid, n, k, 1)
+    got = gemm.dequantize(blocks, 2)
+    assert torch.equal(got.double(), torch.from_numpy(reference_weight(blocks)))
+
+
+@pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
+def test_threads_and_code_paths_agree(library: object, grid: str) -> None:
+    blocks, x = _problem(grid, 131, 96, 5)
+    outputs = [_run(g, blocks, x, threads) for g in _gemms(library) for threads in (1, 2, 3)]
+    for out in outputs[1:]:  # a row's sum never depends on the thread split
+        torch.testing.assert_close(out, outputs[0], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
+def test_blocks_dequantize_like_the_gguf_library(grid: str) -> None:
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(9, 96, generator=gen)
+    blocks = QUANTIZERS[grid](w)
+    deq = blocks.dequantize()
+    assert torch.equal(deq.double(), torch.from_numpy(reference_weight(blocks)))
+    again = type(blocks).from_gguf(blocks.to_gguf())  # bytes survive a round trip
+    assert np.array_equal(again.to_gguf(), blocks.to_gguf())
+    step = (w.reshape(9, 3, 32).amax(-1) - w.reshape(9, 3, 32).amin(-1)) / 15  # Q4_1 step
+    if grid == "q8_0":
+        step = w.reshape(9, 3, 32).abs().amax(-1) / 127
+    bound = step * 0.5 * (1 + 2**-9) + 2**-10 * w.reshape(9, 3, 32).abs().amax(-1)
+    err = (deq - w).abs().reshape(9, 3, 32)
+    assert bool((err <= bound[..., None] + 1e-7).all())
+    assert blocks.nbytes() == 9 * 3 * (20 if grid == "q4_1" else 34)
+
+
+def test_kernel_refuses_bad_input(library: object) -> None:
+    gemm = BlockGemm(library, avx2=False)  # type: ignore[arg-type]
+    blocks = quantize_q4_1(torch.randn(8, 64))
+    with pytest.raises(ValueError, match=r"expected x \[T, 64\]"):
+        gemm.q4_1(blocks, torch.randn(2, 32), 1)
+    with pytest.raises(ValueError, match="float32"):
+        gemm.q4_1(blocks, torch.randn(2, 64, dtype=torch.float64), 1)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        quantize_q8_0(torch.randn(4, 40))
+    with pytest.raises(ValueError, match="codes must be uint8"):
+        Q4_1Blocks(blocks.codes[:, :1], blocks.scales, blocks.mins)
+
+
+def test_non_contiguous_activations_are_copied(library: object) -> None:
+    gemm = BlockGemm(library, avx2=False)  # type: ignore[arg-type]
+    blocks = quantize_q8_0(torch.randn(6, 64))
+    x = torch.randn(64, 3).t()  # [3, 64], not contiguous
+    assert torch.equal(gemm.q8_0(blocks, x, 2), gemm.q8_0(blocks, x.contiguous(), 2))
+
+
+def test_build_is_cached_by_source_hash(tmp_path: Path) -> None:
+    first = build_library(tmp_path)
+    assert first.parent == tmp_path and first.name.startswith("block_gemm-")
+    mtime = first.stat().st_mtime_ns
+    assert build_library(tmp_path) == first and first.stat().st_mtime_ns == mtime
+
+
+def test_missing_compiler_falls_back_with_one_log_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler-prefixgate")
+    monkeypatch.setenv("PREFIXGATE_NATIVE_CACHE", str(tmp_path))
+    with pytest.raises(NativeBuildError, match="no C compiler"):
+        build_library(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="engine.native.build"):
+        assert load_library.__wrapped__() is None
+    assert len(caplog.records) == 1 and "torch's kernels" in caplog.records[0].getMessage()
+
+
+def test_settings_reject_unknown_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFIXGATE_NATIVE_GEMM", "fast")
+    with pytest.raises(ValueError, match="PREFIXGATE_NATIVE_GEMM"):
+        NativeSettings.from_env()
+    monkeypatch.setenv("PREFIXGATE_NATIVE_GEMM", "off")
+    assert load_library.__wrapped__() is None
