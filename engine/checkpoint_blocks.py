@@ -56,9 +56,11 @@ def quantize_with_checkpoint_blocks(
     for i, layer in enumerate(model.blocks()):
         for name in PROJECTIONS:
             found = fused_blocks(blocks, i, name, grid)
-            dense = getattr(layer, name).dequantized()
-            setattr(layer, name, blocks_linear(found, gemm) if found else
-                    quantize_linear(dense, quantization))  # fmt: skip
+            if found is None:  # not on the grid in the file: quantize the float weight
+                projection = quantize_linear(getattr(layer, name).dequantized(), quantization)
+            else:
+                projection = blocks_linear(found, gemm)
+            setattr(layer, name, projection)
     head = blocks.get("embed" if model.config.tie_embeddings else "lm_head")
     if isinstance(head, HEAD_GRID[quantization]):
         model.lm_head = blocks_linear(head, gemm)

@@ -4,7 +4,7 @@
 - `Fp16DynamicLinear`: W stored as fp16, computed in fp32 (fbgemm `linear_dynamic_fp16`): half
   the weight bytes of fp32, logits within ~0.03 of the fp32 model on SmolLM2-135M.
 - int8 / int4: `quantize_linear` picks the native block-quantized kernels
-  (`engine.native_linear`: GGUF's Q8_0 / Q4_1 grids, int8 activations, AVX2) and falls back to
+  (`engine.native_linear`: GGUF's Q8_0 / Q4_1 grids, int16 activations, AVX2) and falls back to
   torch's kernels below when the native library cannot be built (one warning in the log):
 - `Int8WeightLinear`: W int8 with one symmetric scale per output channel, on torch's
   `_weight_int8pack_mm` (a quarter of fp32's bytes).

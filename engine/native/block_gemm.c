@@ -249,15 +249,31 @@ AVX2 static float dot_floats_avx2(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
+/* One block b of weight row n as int16 lanes: elements 0..15 in *w0, 16..31 in *w1 (Q4_1's
+ * unsigned nibbles, or Q8_0's signed bytes). */
+AVX2_INLINE void unpack_block_avx2(const Problem *p, int q4_1, int64_t n, int64_t b, __m256i *w0,
+                                   __m256i *w1) {
+    if (q4_1) {
+        const __m128i low = _mm_set1_epi8(0x0f);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(p->codes + (n * p->nb + b) * 16));
+        *w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
+        *w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+    } else {
+        const uint8_t *w = p->codes + n * p->K + b * QK;
+        *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+        *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+    }
+}
+
 /* A tile of `rn` weight rows (n0..) against `tn` activation rows (t0..): rn * tn independent
  * accumulators, so the float multiply-adds of consecutive blocks do not wait on each other;
  * each unpacked weight block is reused by tn activation rows, each activation block by rn
- * weight rows. Called with constant rn, tn: the loops unroll and the accumulators stay in
- * registers. dw / mw hold the rn rows' scales / mins as floats, row r at r * nb. */
-AVX2_INLINE void q4_1_tile_avx2(const Problem *p, int64_t n0, int rn, int64_t t0, int tn,
-                                const float *dw, const float *mw) {
+ * weight rows. Called with constant q4_1, rn, tn: the loops unroll, the format's branches fold
+ * and the accumulators stay in registers. dw / mw hold the rn rows' scales / mins (Q4_1 only)
+ * as floats, row r at r * nb. */
+AVX2_INLINE void tile_avx2(const Problem *p, int q4_1, int64_t n0, int rn, int64_t t0, int tn,
+                           const float *dw, const float *mw) {
     const int64_t nb = p->nb;
-    const __m128i low = _mm_set1_epi8(0x0f);
     __m256 acc[TILE_N][TILE_T];
     for (int r = 0; r < rn; r++)
         for (int i = 0; i < tn; i++) acc[r][i] = _mm256_setzero_ps();
@@ -269,9 +285,8 @@ AVX2_INLINE void q4_1_tile_avx2(const Problem *p, int64_t n0, int rn, int64_t t0
             x1[i] = _mm256_loadu_si256((const __m256i *)(x + 16));
         }
         for (int r = 0; r < rn; r++) {
-            __m128i raw = _mm_loadu_si128((const __m128i *)(p->codes + ((n0 + r) * nb + b) * 16));
-            __m256i w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
-            __m256i w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+            __m256i w0, w1;
+            unpack_block_avx2(p, q4_1, n0 + r, b, &w0, &w1);
             for (int i = 0; i < tn; i++) {
                 __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(w0, x0[i]),
                                                 _mm256_madd_epi16(w1, x1[i]));
@@ -282,83 +297,44 @@ AVX2_INLINE void q4_1_tile_avx2(const Problem *p, int64_t n0, int rn, int64_t t0
     }
     for (int r = 0; r < rn; r++)
         for (int i = 0; i < tn; i++) {
-            float mins = dot_floats_avx2(mw + r * nb, p->xs + (t0 + i) * nb, nb);
-            p->y[(t0 + i) * p->N + n0 + r] = hsum_ps(acc[r][i]) + mins;
+            float y = hsum_ps(acc[r][i]);
+            if (q4_1) y += dot_floats_avx2(mw + r * nb, p->xs + (t0 + i) * nb, nb);
+            p->y[(t0 + i) * p->N + n0 + r] = y;
         }
-}
-
-AVX2_INLINE void q8_0_tile_avx2(const Problem *p, int64_t n0, int rn, int64_t t0, int tn,
-                                const float *dw) {
-    const int64_t nb = p->nb;
-    __m256 acc[TILE_N][TILE_T];
-    for (int r = 0; r < rn; r++)
-        for (int i = 0; i < tn; i++) acc[r][i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i x0[TILE_T], x1[TILE_T];
-        for (int i = 0; i < tn; i++) {
-            const int16_t *x = p->xq + (t0 + i) * p->K + b * QK;
-            x0[i] = _mm256_loadu_si256((const __m256i *)x);
-            x1[i] = _mm256_loadu_si256((const __m256i *)(x + 16));
-        }
-        for (int r = 0; r < rn; r++) {
-            const uint8_t *w = p->codes + (n0 + r) * p->K + b * QK;
-            __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
-            __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
-            for (int i = 0; i < tn; i++) {
-                __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(w0, x0[i]),
-                                                _mm256_madd_epi16(w1, x1[i]));
-                __m256 scale = _mm256_set1_ps(dw[r * nb + b] * p->xd[(t0 + i) * nb + b]);
-                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][i]);
-            }
-        }
-    }
-    for (int r = 0; r < rn; r++)
-        for (int i = 0; i < tn; i++) p->y[(t0 + i) * p->N + n0 + r] = hsum_ps(acc[r][i]);
 }
 
 /* Rows n0..n1: TILE_N rows at a time against single activation rows while fewer than TILE_T
- * remain, one row against TILE_T activation rows otherwise. */
-AVX2 static void q4_1_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *dw, float *mw) {
+ * remain, one row against TILE_T activation rows otherwise. Called with a constant q4_1. */
+AVX2_INLINE void rows_avx2(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *dw,
+                           float *mw) {
     const int64_t nb = p->nb;
     for (int64_t n = n0; n < n1;) {
         int rn = n1 - n >= TILE_N ? TILE_N : 1;
         for (int r = 0; r < rn; r++) {
             row_scales_avx2(p->d + (n + r) * nb, nb, dw + r * nb);
-            row_scales_avx2(p->m + (n + r) * nb, nb, mw + r * nb);
+            if (q4_1) row_scales_avx2(p->m + (n + r) * nb, nb, mw + r * nb);
         }
         int64_t t = 0;
         if (rn == TILE_N) {
             for (; t + TILE_T <= p->T; t += TILE_T) {
                 for (int r = 0; r < TILE_N; r++)
-                    q4_1_tile_avx2(p, n + r, 1, t, TILE_T, dw + r * nb, mw + r * nb);
+                    tile_avx2(p, q4_1, n + r, 1, t, TILE_T, dw + r * nb, mw + r * nb);
             }
-            for (; t < p->T; t++) q4_1_tile_avx2(p, n, TILE_N, t, 1, dw, mw);
+            for (; t < p->T; t++) tile_avx2(p, q4_1, n, TILE_N, t, 1, dw, mw);
         } else {
-            for (; t + TILE_T <= p->T; t += TILE_T) q4_1_tile_avx2(p, n, 1, t, TILE_T, dw, mw);
-            for (; t < p->T; t++) q4_1_tile_avx2(p, n, 1, t, 1, dw, mw);
+            for (; t + TILE_T <= p->T; t += TILE_T) tile_avx2(p, q4_1, n, 1, t, TILE_T, dw, mw);
+            for (; t < p->T; t++) tile_avx2(p, q4_1, n, 1, t, 1, dw, mw);
         }
         n += rn;
     }
 }
 
+AVX2 static void q4_1_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *dw, float *mw) {
+    rows_avx2(p, 1, n0, n1, dw, mw);
+}
+
 AVX2 static void q8_0_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *dw) {
-    const int64_t nb = p->nb;
-    for (int64_t n = n0; n < n1;) {
-        int rn = n1 - n >= TILE_N ? TILE_N : 1;
-        for (int r = 0; r < rn; r++) row_scales_avx2(p->d + (n + r) * nb, nb, dw + r * nb);
-        int64_t t = 0;
-        if (rn == TILE_N) {
-            for (; t + TILE_T <= p->T; t += TILE_T) {
-                for (int r = 0; r < TILE_N; r++)
-                    q8_0_tile_avx2(p, n + r, 1, t, TILE_T, dw + r * nb);
-            }
-            for (; t < p->T; t++) q8_0_tile_avx2(p, n, TILE_N, t, 1, dw);
-        } else {
-            for (; t + TILE_T <= p->T; t += TILE_T) q8_0_tile_avx2(p, n, 1, t, TILE_T, dw);
-            for (; t < p->T; t++) q8_0_tile_avx2(p, n, 1, t, 1, dw);
-        }
-        n += rn;
-    }
+    rows_avx2(p, 0, n0, n1, dw, dw);
 }
 #endif
 

@@ -105,14 +105,6 @@ class BlockGemm:
             _check(status, "matmul")
         return y
 
-    def q4_1(self, w: Q4_1Blocks, x: Tensor, threads: int) -> Tensor:
-        """`matmul` for unbound Q4_1 blocks."""
-        return self.matmul(bind(w), x, threads)
-
-    def q8_0(self, w: Q8_0Blocks, x: Tensor, threads: int) -> Tensor:
-        """`matmul` for unbound Q8_0 blocks."""
-        return self.matmul(bind(w), x, threads)
-
     def dequantize(self, w: Q4_1Blocks | Q8_0Blocks, threads: int) -> Tensor:
         """W float32 [out, in], the values the products use (for a float GEMM when T is large)."""
         n, k = w.shape

@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.native import BlockGemm, NativeBuildError, build_library, load_library
+from engine.native.block_gemm import bind
 from engine.native.build import NativeSettings
 from engine.quant_blocks import (
     Q4_1Blocks,
@@ -83,9 +84,8 @@ def _problem(grid: str, n: int, k: int, t: int) -> tuple[QuantBlocks, torch.Tens
 
 
 def _run(gemm: BlockGemm, blocks: QuantBlocks, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
-    if isinstance(blocks, Q4_1Blocks):
-        return gemm.q4_1(blocks, x, threads)
-    return gemm.q8_0(blocks, x, threads)
+    assert isinstance(blocks, (Q4_1Blocks, Q8_0Blocks))
+    return gemm.matmul(bind(blocks), x, threads)
 
 
 @pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
@@ -146,9 +146,9 @@ def test_kernel_refuses_bad_input(library: object) -> None:
     gemm = BlockGemm(library, avx2=False)  # type: ignore[arg-type]
     blocks = quantize_q4_1(torch.randn(8, 64))
     with pytest.raises(ValueError, match=r"expected x \[T, 64\]"):
-        gemm.q4_1(blocks, torch.randn(2, 32), 1)
+        gemm.matmul(bind(blocks), torch.randn(2, 32), 1)
     with pytest.raises(ValueError, match="float32"):
-        gemm.q4_1(blocks, torch.randn(2, 64, dtype=torch.float64), 1)
+        gemm.matmul(bind(blocks), torch.randn(2, 64, dtype=torch.float64), 1)
     with pytest.raises(ValueError, match="divisible by 32"):
         quantize_q8_0(torch.randn(4, 40))
     with pytest.raises(ValueError, match="codes must be uint8"):
@@ -159,7 +159,8 @@ def test_non_contiguous_activations_are_copied(library: object) -> None:
     gemm = BlockGemm(library, avx2=False)  # type: ignore[arg-type]
     blocks = quantize_q8_0(torch.randn(6, 64))
     x = torch.randn(64, 3).t()  # [3, 64], not contiguous
-    assert torch.equal(gemm.q8_0(blocks, x, 2), gemm.q8_0(blocks, x.contiguous(), 2))
+    bound = bind(blocks)
+    assert torch.equal(gemm.matmul(bound, x, 2), gemm.matmul(bound, x.contiguous(), 2))
 
 
 def test_build_is_cached_by_source_hash(tmp_path: Path) -> None:
