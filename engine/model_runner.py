@@ -11,6 +11,7 @@ import kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
+from engine.native_step import NativeDecoder, native_decoder
 from engine.scheduler import ScheduledSeq
 
 
@@ -56,6 +57,10 @@ class ModelRunner:
         requested = None if kernel_backend == "auto" else kernel_backend
         first_cache = self.kv_cache.k[0]
         self.kernel_backend: kernels.Backend = kernels.resolve_backend(requested, first_cache)
+        # Decode steps of a block-quantized CPU model run in one native call (None otherwise).
+        self.native_decoder: NativeDecoder | None = None
+        if self.kernel_backend == "torch":
+            self.native_decoder = native_decoder(self.model, self.kv_cache.k, self.kv_cache.v)
 
     def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
         """Host values -> a tensor on the runner's device (pinned, non-blocking on CUDA)."""
@@ -114,10 +119,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """Run the step; -> logits [R, vocab] float32 of `inputs.logit_rows` only."""
-        hidden = self.model(
-            inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache.k, self.kv_cache.v,
-            self.kernel_backend,
-        )  # [T, hidden]
+        native = self.native_decoder
+        if native is not None and native.accepts(inputs.meta, inputs.input_ids.shape[0]):
+            hidden = native(inputs.input_ids, inputs.positions, inputs.meta)  # [T, hidden]
+        else:
+            hidden = self.model(
+                inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache.k,
+                self.kv_cache.v, self.kernel_backend,
+            )  # fmt: skip
         if not inputs.sampling:
             return torch.empty(0, 0)
         return self.model.compute_logits(hidden[inputs.logit_rows])  # [N, vocab]

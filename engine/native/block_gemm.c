@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "block_gemm.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define PG_X86 1
@@ -33,12 +35,8 @@
 #define PG_X86 0
 #endif
 
-#define QK 32
 #define TILE_T 4 /* activation rows that share one unpacked weight block */
-#define TILE_N 4 /* weight rows that share one activation block */
 #define XMAX 32767.0f /* activation codes are int16 in -XMAX..XMAX */
-
-enum { PG_OK = 0, PG_BAD_SHAPE = 1, PG_NO_MEMORY = 2, PG_NO_AVX2 = 3 };
 
 /* ---------------------------------------------------------------- portable helpers */
 
@@ -134,20 +132,24 @@ static void quantize_row_avx2(const float *x, int64_t nb, int16_t *q, float *xd,
 }
 #endif
 
+void pg_quantize_row(const float *x, int64_t nb, int16_t *q, float *xd, float *xs, int avx2) {
+#if PG_X86
+    if (avx2) {
+        quantize_row_avx2(x, nb, q, xd, xs);
+        return;
+    }
+#endif
+    (void)avx2;
+    quantize_row_scalar(x, nb, q, xd, xs);
+}
+
 /* x [T, K] -> codes [T, K], scales and scaled sums [T, K/32]. */
 static void quantize_rows(const float *x, int64_t T, int64_t K, int16_t *q, float *xd, float *xs,
                           int avx2) {
     int64_t nb = K / QK;
 #pragma omp parallel for schedule(static) if (T >= 8)
-    for (int64_t t = 0; t < T; t++) {
-#if PG_X86
-        if (avx2) {
-            quantize_row_avx2(x + t * K, nb, q + t * K, xd + t * nb, xs + t * nb);
-            continue;
-        }
-#endif
-        quantize_row_scalar(x + t * K, nb, q + t * K, xd + t * nb, xs + t * nb);
-    }
+    for (int64_t t = 0; t < T; t++)
+        pg_quantize_row(x + t * K, nb, q + t * K, xd + t * nb, xs + t * nb, avx2);
 }
 
 int pg_quantize_activations(const float *x, int64_t T, int64_t K, int16_t *q, float *xd,
@@ -160,16 +162,6 @@ int pg_quantize_activations(const float *x, int64_t T, int64_t K, int16_t *q, fl
 
 /* ---------------------------------------------------------------- one matrix product */
 
-typedef struct {
-    const uint8_t *codes; /* [N, nb, 16] (Q4_1) or [N, nb, 32] (Q8_0) */
-    const uint16_t *d;    /* [N, nb] fp16 */
-    const uint16_t *m;    /* [N, nb] fp16, Q4_1 only */
-    int64_t N, K, nb, T;
-    const int16_t *xq; /* [T, K] */
-    const float *xd;  /* [T, nb] */
-    const float *xs;  /* [T, nb] */
-    float *y;         /* [T, N] */
-} Problem;
 
 static void row_scales_scalar(const uint16_t *h, int64_t nb, float *out) {
     for (int64_t b = 0; b < nb; b++) out[b] = half_to_float(h[b]);
@@ -338,7 +330,23 @@ AVX2 static void q8_0_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float 
 }
 #endif
 
-/* Quantize x, then split the output rows across `nthreads` (each thread owns rows n0..n1). */
+void pg_product_rows(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *scratch,
+                     int avx2) {
+    float *dw = scratch, *mw = scratch + TILE_N * p->nb;
+#if PG_X86
+    if (avx2) {
+        if (q4_1) q4_1_rows_avx2(p, n0, n1, dw, mw);
+        else q8_0_rows_avx2(p, n0, n1, dw);
+        return;
+    }
+#endif
+    (void)avx2;
+    if (q4_1) q4_1_rows_scalar(p, n0, n1, dw, mw);
+    else q8_0_rows_scalar(p, n0, n1, dw);
+}
+
+/* Quantize x, then split the output rows across `nthreads` in runs of TILE_N rows (each
+ * thread owns rows n0..n1). */
 static int run(Problem *p, const float *x, int nthreads, int avx2, int q4_1) {
     if (p->N <= 0 || p->T < 0 || p->K <= 0 || p->K % QK) return PG_BAD_SHAPE;
     if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
@@ -356,7 +364,6 @@ static int run(Problem *p, const float *x, int nthreads, int avx2, int q4_1) {
     p->xq = xq;
     p->xd = xd;
     p->xs = xs;
-    int64_t chunk = (p->N + nthreads - 1) / nthreads;
 #pragma omp parallel num_threads(nthreads)
     {
 #ifdef _OPENMP
@@ -364,19 +371,10 @@ static int run(Problem *p, const float *x, int nthreads, int avx2, int q4_1) {
         int tid = omp_get_thread_num();
 #else
         int tid = 0;
-        chunk = p->N;
+        nthreads = 1;
 #endif
-        int64_t n0 = tid * chunk, n1 = n0 + chunk < p->N ? n0 + chunk : p->N;
-        float *dw = scratch + (size_t)tid * 2 * TILE_N * nb, *mw = dw + TILE_N * nb;
-        if (n0 < n1) {
-#if PG_X86
-            if (avx2 && q4_1) q4_1_rows_avx2(p, n0, n1, dw, mw);
-            else if (avx2) q8_0_rows_avx2(p, n0, n1, dw);
-            else
-#endif
-            if (q4_1) q4_1_rows_scalar(p, n0, n1, dw, mw);
-            else q8_0_rows_scalar(p, n0, n1, dw);
-        }
+        RowRange r = pg_row_share(p->N, tid, nthreads);
+        if (r.n0 < r.n1) pg_product_rows(p, q4_1, r.n0, r.n1, scratch + (size_t)tid * 2 * TILE_N * nb, avx2);
     }
     free(floats);
     return PG_OK;

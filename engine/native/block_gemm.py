@@ -41,6 +41,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_q4_1_dequantize.restype = _INT
     lib.pg_q8_0_dequantize.argtypes = [_P, _P, _I64, _I64, _P, _INT, _INT]
     lib.pg_q8_0_dequantize.restype = _INT
+    lib.pg_decode_step.argtypes = [_P, _P, _P, _INT, _INT]  # model, step, hidden, threads, avx2
+    lib.pg_decode_step.restype = _INT
 
 
 def _check(status: int, what: str) -> None:
@@ -104,6 +106,10 @@ class BlockGemm:
         if status:
             _check(status, "matmul")
         return y
+
+    def decode_step_function(self) -> ctypes._CFuncPtr:
+        """`pg_decode_step` of this library (bound in `engine.native_step`)."""
+        return self._lib.pg_decode_step
 
     def dequantize(self, w: Q4_1Blocks | Q8_0Blocks, threads: int) -> Tensor:
         """W float32 [out, in], the values the products use (for a float GEMM when T is large)."""

@@ -1,4 +1,5 @@
-"""Compile `block_gemm.c` with the system C compiler at first use and load it with ctypes.
+"""Compile the native sources (`block_gemm.c`, `decode_step.c`) with the system C compiler at
+first use into one library, and load it with ctypes.
 
 The shared library is cached under `PREFIXGATE_NATIVE_CACHE` (default
 `~/.cache/prefixgate/native`), named by a hash of the source, the compiler command and the
@@ -28,7 +29,9 @@ from typing import Literal, get_args
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("block_gemm.c")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "block_gemm.c", HERE / "decode_step.c")
+HEADERS = (HERE / "block_gemm.h",)
 NativeMode = Literal["auto", "scalar", "off"]
 NATIVE_MODES: tuple[str, ...] = get_args(NativeMode)
 _CFLAGS = ("-O3", "-fPIC", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-Werror")
@@ -75,17 +78,23 @@ def _compiler() -> str:
     return cc
 
 
-def _compile_commands(cc: str, obj: Path, out: Path, gomp: Path | None) -> list[list[str]]:
-    compile_cmd = [cc, *_CFLAGS, "-c", str(SOURCE), "-o", str(obj)]
+def _compile_commands(cc: str, tmp: Path, out: Path, gomp: Path | None) -> list[list[str]]:
+    objects = [str(tmp / f"{source.stem}.o") for source in SOURCES]
+    compiles = [
+        [cc, *_CFLAGS, "-c", str(source), "-o", obj]
+        for source, obj in zip(SOURCES, objects, strict=True)
+    ]
     if gomp is None:  # no private runtime in torch: link the system's (same as torch's then)
-        return [compile_cmd, [cc, "-shared", "-fopenmp", str(obj), "-o", str(out), "-lm"]]
-    link = [cc, "-shared", str(obj), "-o", str(out), str(gomp), f"-Wl,-rpath,{gomp.parent}"]
-    return [compile_cmd, [*link, "-lm"]]
+        return [*compiles, [cc, "-shared", "-fopenmp", *objects, "-o", str(out), "-lm"]]
+    link = [cc, "-shared", *objects, "-o", str(out), str(gomp), f"-Wl,-rpath,{gomp.parent}"]
+    return [*compiles, [*link, "-lm"]]
 
 
 def _cache_key(cc: str, gomp: Path | None) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False)
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
     digest.update(repr((_CFLAGS, version.stdout.splitlines()[:1], str(gomp))).encode())
     return digest.hexdigest()[:16]
 
@@ -94,13 +103,13 @@ def build_library(cache_dir: Path) -> Path:
     """The compiled library's path, compiling it into `cache_dir` when it is not there yet."""
     cc = _compiler()
     gomp = torch_openmp_runtime()
-    target = cache_dir / f"block_gemm-{_cache_key(cc, gomp)}.so"
+    target = cache_dir / f"native-{_cache_key(cc, gomp)}.so"
     if target.is_file():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        obj, out = Path(tmp) / "block_gemm.o", Path(tmp) / "block_gemm.so"
-        for cmd in _compile_commands(cc, obj, out, gomp):
+        out = Path(tmp) / "native.so"
+        for cmd in _compile_commands(cc, Path(tmp), out, gomp):
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise NativeBuildError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()}")

@@ -1,0 +1,48 @@
+/* What block_gemm.c shares with the other native sources (decode_step.c). */
+#ifndef PG_BLOCK_GEMM_H
+#define PG_BLOCK_GEMM_H
+
+#include <stdint.h>
+
+#define QK 32     /* inputs per weight block */
+#define TILE_N 4  /* weight rows that share one activation block */
+
+enum { PG_OK = 0, PG_BAD_SHAPE = 1, PG_NO_MEMORY = 2, PG_NO_AVX2 = 3 };
+
+/* One product y[T, N] = x[T, K] @ W[N, K]^T with x already quantized (pg_quantize_row). */
+typedef struct {
+    const uint8_t *codes; /* [N, nb, 16] (Q4_1) or [N, nb, 32] (Q8_0) */
+    const uint16_t *d;    /* [N, nb] fp16 */
+    const uint16_t *m;    /* [N, nb] fp16, Q4_1 only */
+    int64_t N, K, nb, T;
+    const int16_t *xq; /* [T, K] */
+    const float *xd;  /* [T, nb] */
+    const float *xs;  /* [T, nb] */
+    float *y;         /* [T, N] */
+} Problem;
+
+int pg_cpu_has_avx2(void);
+
+/* One row of x [K] -> int16 codes [K], block scales and scaled code sums [K/32]. */
+void pg_quantize_row(const float *x, int64_t nb, int16_t *q, float *xd, float *xs, int avx2);
+
+/* Output rows n0..n1 of one product (q4_1: Q4_1 else Q8_0 weights); scratch holds
+ * 2 * TILE_N * nb floats. */
+void pg_product_rows(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *scratch,
+                     int avx2);
+
+/* Thread `tid` of `nthreads`' share of N output rows: whole runs of TILE_N rows, so that
+ * only the last share ends in single-row tiles. */
+typedef struct {
+    int64_t n0, n1;
+} RowRange;
+
+static inline RowRange pg_row_share(int64_t N, int tid, int nthreads) {
+    int64_t groups = (N + TILE_N - 1) / TILE_N;
+    int64_t per = (groups + nthreads - 1) / nthreads * TILE_N;
+    int64_t n0 = tid * per, n1 = n0 + per;
+    RowRange r = {n0 < N ? n0 : N, n1 < N ? n1 : N};
+    return r;
+}
+
+#endif

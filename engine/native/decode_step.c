@@ -1,0 +1,457 @@
+/* One decode step of a Llama-family model in one call: every layer, for T sequences with one
+ * new token each, on block-quantized weights (block_gemm.c) and a float32 paged KV cache.
+ *
+ * Per layer, for hidden states h [T, H] (the residual stream):
+ *   x = rms_norm(h) * attn_norm;  [q k v] = x @ Wqkv^T;  rotate q, k;  store k, v at the slots;
+ *   a = softmax(q k^T * scale) v over the sequence's pages;  h += a @ Wo^T;
+ *   x = rms_norm(h) * ffn_norm;   [g u] = x @ Wgu^T;  h += (silu(g) * u) @ Wdown^T;
+ * and at the end h = rms_norm(h) * final_norm. The same arithmetic as the engine's torch path
+ * with these weights (engine.native_linear: int16 activations per block of 32), only the order
+ * of some float sums differs.
+ *
+ * Why one call: at one token per sequence a layer's ops are tiny (a 576-wide norm takes well
+ * under a microsecond), and a step of 30 layers runs ~300 of them. Run one by one from Python,
+ * the dispatch around each op costs more than the op. Here the whole step is one OpenMP parallel
+ * region: products are split by output rows, attention by (token, query head), and the small
+ * row ops run on one thread between barriers.
+ *
+ * The caller (engine/native_step.py) checks the model and the step's metadata; this file checks
+ * the values that would make it read or write out of bounds (positions, slots, lengths, pages).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "block_gemm.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef struct {
+    const uint8_t *codes; /* Q4_1 [N, K/32, 16] or Q8_0 [N, K/32, 32] */
+    const uint16_t *d;    /* [N, K/32] fp16 scales */
+    const uint16_t *m;    /* [N, K/32] fp16 mins (Q4_1), NULL for Q8_0 */
+    int64_t N, K;
+} PgWeight;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* [H] */
+    PgWeight qkv, o, gate_up, down;    /* [(Hq+2Hkv)D, H], [H, HqD], [2F, H], [H, F] */
+    float *k_cache, *v_cache;          /* [pages, page_size, Hkv, D] */
+} PgLayer;
+
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
+    int64_t num_pages, page_size, max_position;
+    int64_t interleaved; /* rotary pairs (2i, 2i+1); else (i, i + D/2) */
+    float rms_eps, scale;
+    const float *cos_sin;    /* [max_position, D]: cos of the D/2 angles, then their sin */
+    const float *final_norm; /* [H] */
+    const PgLayer *layers;   /* [num_layers] */
+} PgModel;
+
+typedef struct {
+    int64_t T;                 /* sequences, one new token each */
+    const int64_t *positions;  /* [T] */
+    const int64_t *slots;      /* [T] page * page_size + offset (negative: not stored) */
+    const int32_t *block_table; /* [T, table_width] */
+    int64_t table_width;
+    const int32_t *seq_lens; /* [T] tokens of each sequence, the new one included */
+} PgStep;
+
+/* Activations of one product's input, quantized per block of 32 (see block_gemm.c). */
+typedef struct {
+    int16_t *q;
+    float *d, *s;
+} Quantized;
+
+/* Attention is split into items of (token, KV head, run of up to SPLIT keys): each item reads
+ * its keys and values once for the G query heads that share them, and leaves per head the
+ * partial softmax state (max score, sum of exponentials, unnormalised output [D]); a second
+ * pass merges an item's runs. Runs keep two threads busy on one sequence with three KV heads. */
+#define SPLIT 128
+#define MAX_GROUP 16 /* query heads per KV head */
+
+typedef struct {
+    float *part; /* [T, Hq, runs, 2 + D]: max, sum, output */
+    int64_t runs; /* runs per sequence: ceil(longest / SPLIT) */
+} Partials;
+
+/* Everything one step writes besides the caches. */
+typedef struct {
+    float *h, *x, *qkv, *attn, *delta, *gate_up, *act, *scratch;
+    Quantized in;
+    Partials att;
+    int64_t scratch_per_thread;
+} Work;
+
+static int check_step(const PgModel *m, const PgStep *s) {
+    if (s->T <= 0 || s->table_width <= 0) return PG_BAD_SHAPE;
+    for (int64_t t = 0; t < s->T; t++) {
+        int64_t len = s->seq_lens[t], pos = s->positions[t], slot = s->slots[t];
+        if (pos < 0 || pos >= m->max_position) return PG_BAD_SHAPE;
+        if (len < 1 || len > s->table_width * m->page_size) return PG_BAD_SHAPE;
+        if (slot >= m->num_pages * m->page_size) return PG_BAD_SHAPE;
+        const int32_t *table = s->block_table + t * s->table_width;
+        for (int64_t p = 0; p < (len + m->page_size - 1) / m->page_size; p++)
+            if (table[p] < 0 || table[p] >= m->num_pages) return PG_BAD_SHAPE;
+    }
+    return PG_OK;
+}
+
+static int check_weight(const PgWeight *w, int64_t N, int64_t K) {
+    return w->codes && w->d && w->N == N && w->K == K && K % QK == 0 ? PG_OK : PG_BAD_SHAPE;
+}
+
+static int check_model(const PgModel *m) {
+    int64_t H = m->hidden, D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads;
+    if (m->num_layers <= 0 || H <= 0 || D <= 0 || D % 2 || Hkv <= 0 || Hq % Hkv) return PG_BAD_SHAPE;
+    if (Hq / Hkv > MAX_GROUP) return PG_BAD_SHAPE;
+    if (!m->layers || !m->cos_sin || !m->final_norm || m->page_size <= 0) return PG_BAD_SHAPE;
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const PgLayer *L = m->layers + l;
+        int bad = check_weight(&L->qkv, (Hq + 2 * Hkv) * D, H) | check_weight(&L->o, H, Hq * D) |
+                  check_weight(&L->gate_up, 2 * m->intermediate, H) |
+                  check_weight(&L->down, H, m->intermediate);
+        if (bad || !L->attn_norm || !L->ffn_norm || !L->k_cache || !L->v_cache) return PG_BAD_SHAPE;
+    }
+    return PG_OK;
+}
+
+/* ---------------------------------------------------------------- small row ops */
+
+/* x = rms_norm(h) * w for each of T rows of width n, then x's int16 blocks into `in`. */
+static void norm_rows(const float *h, const float *w, int64_t T, int64_t n, float eps, float *x) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *r = h + t * n;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < n; i++) ss += r[i] * r[i];
+        float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        float *o = x + t * n;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) o[i] = r[i] * inv * w[i];
+    }
+}
+
+static void quantize(const float *x, int64_t T, int64_t K, const Quantized *in, int avx2) {
+    int64_t nb = K / QK;
+    for (int64_t t = 0; t < T; t++)
+        pg_quantize_row(x + t * K, nb, in->q + t * K, in->d + t * nb, in->s + t * nb, avx2);
+}
+
+static void add_rows(float *h, const float *delta, int64_t count) {
+#pragma omp simd
+    for (int64_t i = 0; i < count; i++) h[i] += delta[i];
+}
+
+/* Rotate one head x [D] at the angles of `row` (cos then sin, D/2 each). */
+static void rotate(float *x, const float *row, int64_t D, int interleaved) {
+    int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float c = row[i], s = row[half + i];
+        float *a = interleaved ? x + 2 * i : x + i, *b = interleaved ? x + 2 * i + 1 : x + half + i;
+        float x0 = *a, x1 = *b;
+        *a = x0 * c - x1 * s;
+        *b = x0 * s + x1 * c;
+    }
+}
+
+/* Token t: rotate its Q and K heads in place in qkv, then copy K and V into the caches. */
+static void rotate_and_store(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
+                             float *qkv) {
+    int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads;
+    float *row = qkv + t * (Hq + 2 * Hkv) * D;
+    const float *angles = m->cos_sin + s->positions[t] * D;
+    for (int64_t h = 0; h < Hq + Hkv; h++) rotate(row + h * D, angles, D, (int)m->interleaved);
+    int64_t slot = s->slots[t];
+    if (slot < 0) return;
+    float *k = L->k_cache + slot * Hkv * D, *v = L->v_cache + slot * Hkv * D;
+    const float *kn = row + Hq * D, *vn = row + (Hq + Hkv) * D;
+    for (int64_t i = 0; i < Hkv * D; i++) {
+        k[i] = kn[i];
+        v[i] = vn[i];
+    }
+}
+
+
+static inline __attribute__((always_inline)) float dot_body(const float *a, const float *b,
+                                                            int64_t n) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+/* Rows j0..j0+n of token t's K or V cache (pages of ps rows of `stride` floats): row j at
+ * rows[j - j0]. One table lookup per page, not per row. */
+static inline __attribute__((always_inline)) void kv_rows(const float *cache,
+                                                          const int32_t *table, int64_t j0,
+                                                          int64_t n, int64_t ps, int64_t stride,
+                                                          const float **rows) {
+    for (int64_t j = 0; j < n;) {
+        int64_t page = (j0 + j) / ps, off = (j0 + j) % ps;
+        const float *base = cache + ((int64_t)table[page] * ps + off) * stride;
+        for (int64_t i = 0; off + i < ps && j < n; i++, j++) rows[j] = base + i * stride;
+    }
+}
+
+/* Keys j0..j1 (j1 - j0 <= SPLIT) of token t's sequence for the G query heads of KV head kvh:
+ * each key and value row is read once for all G heads. */
+static inline __attribute__((always_inline)) void attend_run_body(
+    const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t, int64_t kvh, int64_t run,
+    const float *qkv, const Partials *out) {
+    int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads, ps = m->page_size;
+    int64_t G = Hq / Hkv, stride = Hkv * D, j0 = run * SPLIT;
+    int64_t len = s->seq_lens[t], n = len - j0 < SPLIT ? len - j0 : SPLIT;
+    const int32_t *table = s->block_table + t * s->table_width;
+    const float *q = qkv + t * (Hq + 2 * Hkv) * D + kvh * G * D; /* its G heads of D */
+    const float *kc = L->k_cache + kvh * D, *vc = L->v_cache + kvh * D;
+    float scores[MAX_GROUP][SPLIT], best[MAX_GROUP], total[MAX_GROUP];
+    float *state[MAX_GROUP];
+    const float *rows[SPLIT];
+    for (int64_t g = 0; g < G; g++) {
+        state[g] = out->part + ((t * Hq + kvh * G + g) * out->runs + run) * (2 + D);
+        best[g] = -INFINITY;
+        total[g] = 0.0f;
+        for (int64_t i = 0; i < D; i++) state[g][2 + i] = 0.0f;
+    }
+    kv_rows(kc, table, j0, n, ps, stride, rows);
+    for (int64_t j = 0; j < n; j++) {
+        const float *k = rows[j];
+        for (int64_t g = 0; g < G; g++) {
+            float score = dot_body(q + g * D, k, D) * m->scale;
+            scores[g][j] = score;
+            best[g] = score > best[g] ? score : best[g];
+        }
+    }
+    kv_rows(vc, table, j0, n, ps, stride, rows);
+    for (int64_t j = 0; j < n; j++) {
+        const float *v = rows[j];
+        for (int64_t g = 0; g < G; g++) {
+            float p = expf(scores[g][j] - best[g]), *o = state[g] + 2;
+            total[g] += p;
+#pragma omp simd
+            for (int64_t i = 0; i < D; i++) o[i] += p * v[i];
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        state[g][0] = best[g];
+        state[g][1] = total[g];
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define AVX2_FN __attribute__((target("avx2,fma")))
+
+AVX2_FN static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* attend_run_body for D a multiple of 32: the G heads' scores key by key, then each head's
+ * output 32 floats at a time in four registers over all keys (the value rows come from L1,
+ * the output is stored once). */
+AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgStep *s,
+                                    int64_t t, int64_t kvh, int64_t run, const float *qkv,
+                                    const Partials *out) {
+    int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads, ps = m->page_size;
+    int64_t G = Hq / Hkv, stride = Hkv * D, j0 = run * SPLIT;
+    int64_t len = s->seq_lens[t], n = len - j0 < SPLIT ? len - j0 : SPLIT;
+    const int32_t *table = s->block_table + t * s->table_width;
+    const float *q = qkv + t * (Hq + 2 * Hkv) * D + kvh * G * D;
+    float scores[MAX_GROUP][SPLIT];
+    const float *rows[SPLIT];
+    kv_rows(L->k_cache + kvh * D, table, j0, n, ps, stride, rows);
+    for (int64_t j = 0; j < n; j++) {
+        const float *k = rows[j];
+        for (int64_t g = 0; g < G; g++) {
+            const float *qg = q + g * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (int64_t i = 0; i < D; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i + 8), _mm256_loadu_ps(k + i + 8), a1);
+            }
+            scores[g][j] = hsum8(_mm256_add_ps(a0, a1)) * m->scale;
+        }
+    }
+    kv_rows(L->v_cache + kvh * D, table, j0, n, ps, stride, rows);
+    for (int64_t g = 0; g < G; g++) {
+        float *state = out->part + ((t * Hq + kvh * G + g) * out->runs + run) * (2 + D);
+        float best = -INFINITY, total = 0.0f, *p = scores[g];
+        for (int64_t j = 0; j < n; j++) best = p[j] > best ? p[j] : best;
+        for (int64_t j = 0; j < n; j++) {
+            p[j] = expf(p[j] - best);
+            total += p[j];
+        }
+        for (int64_t c = 0; c < D; c += 32) {
+            __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+            for (int64_t j = 0; j < n; j++) {
+                const float *v = rows[j] + c;
+                __m256 pj = _mm256_set1_ps(p[j]);
+                o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), o0);
+                o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), o1);
+                o2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), o2);
+                o3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), o3);
+            }
+            _mm256_storeu_ps(state + 2 + c, o0);
+            _mm256_storeu_ps(state + 2 + c + 8, o1);
+            _mm256_storeu_ps(state + 2 + c + 16, o2);
+            _mm256_storeu_ps(state + 2 + c + 24, o3);
+        }
+        state[0] = best;
+        state[1] = total;
+    }
+}
+#endif
+
+static void attend_run_generic(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
+                               int64_t kvh, int64_t run, const float *qkv, const Partials *out) {
+    attend_run_body(m, L, s, t, kvh, run, qkv, out);
+}
+
+/* Token t's query head h: merge its runs' partial states into out [D]. */
+static void merge_runs(const PgModel *m, const PgStep *s, int64_t t, int64_t h,
+                       const Partials *in, float *out) {
+    int64_t D = m->head_dim, runs = (s->seq_lens[t] + SPLIT - 1) / SPLIT;
+    const float *state = in->part + (t * m->num_heads + h) * in->runs * (2 + D);
+    float best = -INFINITY, total = 0.0f;
+    for (int64_t r = 0; r < runs; r++) best = state[r * (2 + D)] > best ? state[r * (2 + D)] : best;
+    for (int64_t i = 0; i < D; i++) out[i] = 0.0f;
+    for (int64_t r = 0; r < runs; r++) {
+        const float *run = state + r * (2 + D);
+        float w = expf(run[0] - best);
+        total += w * run[1];
+#pragma omp simd
+        for (int64_t i = 0; i < D; i++) out[i] += w * run[2 + i];
+    }
+    float inv = 1.0f / total;
+#pragma omp simd
+    for (int64_t i = 0; i < D; i++) out[i] *= inv;
+}
+
+static void silu_and_mul(const float *gu, int64_t T, int64_t F, float *act) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * F, *u = g + F;
+        float *o = act + t * F;
+        for (int64_t i = 0; i < F; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* ---------------------------------------------------------------- the step */
+
+/* This thread's share of y [T, N] = in @ W^T (in quantized from a [T, W.K] input). */
+static void product(const PgWeight *w, const Quantized *in, int64_t T, float *y, float *scratch,
+                    int tid, int nthreads, int avx2) {
+    Problem p = {w->codes, w->d, w->m, w->N, w->K, w->K / QK, T, in->q, in->d, in->s, y};
+    RowRange r = pg_row_share(w->N, tid, nthreads);
+    if (r.n0 < r.n1) pg_product_rows(&p, w->m != NULL, r.n0, r.n1, scratch, avx2);
+}
+
+/* One layer, run by every thread of the team (the barriers are the team's). */
+static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, int tid,
+                  int nthreads, int avx2) {
+    int64_t T = s->T, H = m->hidden, D = m->head_dim, Hq = m->num_heads, F = m->intermediate;
+    float *scratch = w->scratch + tid * w->scratch_per_thread;
+#pragma omp single
+    {
+        norm_rows(w->h, L->attn_norm, T, H, m->rms_eps, w->x);
+        quantize(w->x, T, H, &w->in, avx2);
+    }
+    product(&L->qkv, &w->in, T, w->qkv, scratch, tid, nthreads, avx2);
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) rotate_and_store(m, L, s, t, w->qkv);
+    int64_t Hkv = m->num_kv_heads, runs = w->att.runs;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < T * Hkv * runs; item++) {
+        int64_t t = item / (Hkv * runs), kvh = item / runs % Hkv, run = item % runs;
+        if (run * SPLIT >= s->seq_lens[t]) continue;
+#if defined(__x86_64__) || defined(__i386__)
+        if (avx2 && m->head_dim % 32 == 0) {
+            attend_run_avx2(m, L, s, t, kvh, run, w->qkv, &w->att);
+            continue;
+        }
+#endif
+        attend_run_generic(m, L, s, t, kvh, run, w->qkv, &w->att);
+    }
+#pragma omp for schedule(static)
+    for (int64_t th = 0; th < T * Hq; th++)
+        merge_runs(m, s, th / Hq, th % Hq, &w->att, w->attn + th * D);
+#pragma omp single
+    quantize(w->attn, T, Hq * D, &w->in, avx2);
+    product(&L->o, &w->in, T, w->delta, scratch, tid, nthreads, avx2);
+#pragma omp barrier
+#pragma omp single
+    {
+        add_rows(w->h, w->delta, T * H);
+        norm_rows(w->h, L->ffn_norm, T, H, m->rms_eps, w->x);
+        quantize(w->x, T, H, &w->in, avx2);
+    }
+    product(&L->gate_up, &w->in, T, w->gate_up, scratch, tid, nthreads, avx2);
+#pragma omp barrier
+#pragma omp single
+    {
+        silu_and_mul(w->gate_up, T, F, w->act);
+        quantize(w->act, T, F, &w->in, avx2);
+    }
+    product(&L->down, &w->in, T, w->delta, scratch, tid, nthreads, avx2);
+#pragma omp barrier
+#pragma omp single
+    add_rows(w->h, w->delta, T * H);
+}
+
+static int64_t max3(int64_t a, int64_t b, int64_t c) {
+    int64_t ab = a > b ? a : b;
+    return ab > c ? ab : c;
+}
+
+/* hidden [T, H]: in, the new tokens' embeddings; out, the final normed hidden states. */
+int pg_decode_step(const PgModel *m, const PgStep *s, float *hidden, int nthreads, int avx2) {
+    int status = check_model(m);
+    if (status == PG_OK) status = check_step(m, s);
+    if (status != PG_OK) return status;
+    if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
+    if (nthreads < 1) nthreads = 1;
+    int64_t T = s->T, H = m->hidden, D = m->head_dim, Hq = m->num_heads, F = m->intermediate;
+    int64_t width = (Hq + 2 * m->num_kv_heads) * D, widest = max3(H, Hq * D, F);
+    int64_t longest = 1;
+    for (int64_t t = 0; t < T; t++) longest = s->seq_lens[t] > longest ? s->seq_lens[t] : longest;
+    Work w;
+    w.att.runs = (longest + SPLIT - 1) / SPLIT;
+    w.scratch_per_thread = 2 * TILE_N * (widest / QK);
+    int64_t floats = T * (2 * H + width + Hq * D + 3 * F) + 2 * T * (widest / QK) +
+                     T * Hq * w.att.runs * (2 + D) + nthreads * w.scratch_per_thread;
+    float *buffer = malloc(sizeof(float) * (size_t)floats + sizeof(int16_t) * (size_t)(T * widest));
+    if (!buffer) return PG_NO_MEMORY;
+    float *next = buffer;
+    w.h = hidden;
+    w.x = next, next += T * H;
+    w.qkv = next, next += T * width;
+    w.attn = next, next += T * Hq * D;
+    w.delta = next, next += T * H;
+    w.gate_up = next, next += T * 2 * F;
+    w.act = next, next += T * F;
+    w.in.d = next, next += T * (widest / QK);
+    w.in.s = next, next += T * (widest / QK);
+    w.att.part = next, next += T * Hq * w.att.runs * (2 + D);
+    w.scratch = next, next += nthreads * w.scratch_per_thread;
+    w.in.q = (int16_t *)next;
+#pragma omp parallel num_threads(nthreads)
+    {
+#ifdef _OPENMP
+        int tid = omp_get_thread_num(), team = omp_get_num_threads();
+#else
+        int tid = 0, team = 1;
+#endif
+        for (int64_t l = 0; l < m->num_layers; l++) layer(m, m->layers + l, s, &w, tid, team, avx2);
+#pragma omp single
+        norm_rows(w.h, m->final_norm, T, H, m->rms_eps, w.h);
+    }
+    free(buffer);
+    return PG_OK;
+}
