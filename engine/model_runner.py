@@ -31,7 +31,9 @@ class ModelRunner:
 
     `kernel_backend` ("auto", "torch", "triton") is checked against the cache's device here, so
     an impossible choice (Triton on CPU without TRITON_INTERPRET=1) fails at construction.
-    Each step's metadata carries its kernel plan, built once in `prepare`. On CUDA the step's
+    Each step's metadata carries its kernel plan, built once in `prepare`; a decode step of a
+    block-quantized CPU model runs in one native call instead (`engine.native_step`), which
+    checks its own indices and needs no plan. On CUDA the step's
     index tensors travel from pinned host memory without blocking, so a step issues no host
     sync before its logits are read.
     """
@@ -104,7 +106,11 @@ class ModelRunner:
             cu_seqlens_q=self._tensor(cu, torch.int32),
             seq_lens=self._tensor(seq_lens, torch.int32),
             is_decode=all(s.num_step_tokens == 1 for s in batch),
-        ).planned(self.kv_cache.k[0], self.kernel_backend, max(s.num_step_tokens for s in batch))
+        )
+        native = self.native_decoder
+        if native is None or not native.accepts(meta, len(ids)):  # the native step checks its own
+            longest = max(s.num_step_tokens for s in batch)
+            meta = meta.planned(self.kv_cache.k[0], self.kernel_backend, longest)
         pairs = zip(sampling, num_logits, strict=True)
         row_ids = [r for i, k in pairs for r in range(cu[i + 1] - k, cu[i + 1])]
         return StepInputs(

@@ -35,6 +35,7 @@ from engine.quant_blocks import Q4_1Blocks
 MAX_DECODE_ROWS = FLOAT_GEMM_ROWS - 1
 _P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _ERRORS = {1: "bad shape or index", 2: "out of memory", 3: "the CPU has no AVX2/FMA/F16C"}
+_NEED_WORKSPACE = 4
 
 
 class _Weight(ctypes.Structure):
@@ -128,6 +129,9 @@ class NativeDecoder:
         self._embed = model.embed
         self._run = gemm.decode_step_function()
         self._avx2 = gemm.avx2
+        # the step's scratch, kept across steps and grown on demand
+        self._workspace = torch.empty(0, dtype=torch.uint8)
+        self._workspace_bytes = _I64(0)
 
     @staticmethod
     def accepts(meta: AttentionMetadata, rows: int) -> bool:
@@ -157,12 +161,24 @@ class NativeDecoder:
             lens.data_ptr(),
         )  # fmt: skip
         threads = torch.get_num_threads()
-        status = self._run(
-            self._model_address, ctypes.addressof(step), hidden.data_ptr(), threads, self._avx2
-        )
+        status = self._call(step, hidden, threads)
+        if status == _NEED_WORKSPACE:  # the size it needs is in _workspace_bytes now
+            self._workspace = torch.empty(self._workspace_bytes.value, dtype=torch.uint8)
+            status = self._call(step, hidden, threads)
         if status:
             raise RuntimeError(f"native decode step failed: {_ERRORS.get(status, status)}")
         return hidden
+
+
+    def _call(self, step: _Step, hidden: Tensor, threads: int) -> int:
+        self._workspace_bytes.value = self._workspace.numel()
+        return int(
+            self._run(
+                self._model_address, ctypes.addressof(step), hidden.data_ptr(),
+                self._workspace.data_ptr(), ctypes.byref(self._workspace_bytes), threads,
+                self._avx2,
+            )  # fmt: skip
+        )
 
 
 def _check_index(name: str, t: Tensor, dtype: torch.dtype, rows: int) -> None:

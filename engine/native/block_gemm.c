@@ -35,7 +35,6 @@
 #define PG_X86 0
 #endif
 
-#define TILE_T 4 /* activation rows that share one unpacked weight block */
 #define XMAX 32767.0f /* activation codes are int16 in -XMAX..XMAX */
 
 /* ---------------------------------------------------------------- portable helpers */
@@ -132,6 +131,8 @@ static void quantize_row_avx2(const float *x, int64_t nb, int16_t *q, float *xd,
 }
 #endif
 
+int pg_float_tile_rows(void) { return FLOAT_TILE_ROWS; }
+
 void pg_quantize_row(const float *x, int64_t nb, int16_t *q, float *xd, float *xs, int avx2) {
 #if PG_X86
     if (avx2) {
@@ -213,6 +214,32 @@ static void q8_0_rows_scalar(const Problem *p, int64_t n0, int64_t n1, float *dw
     }
 }
 
+/* Float tiles (T >= FLOAT_TILE_ROWS): each weight block dequantized to floats once and
+ * multiplied with the float activations of every row, no activation rounding. */
+static void float_rows_scalar(const Problem *p, int q4_1, int64_t n0, int64_t n1) {
+    float w[QK];
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t t = 0; t < p->T; t++) p->y[t * p->N + n] = 0.0f;
+        for (int64_t b = 0; b < p->nb; b++) {
+            float d = half_to_float(p->d[n * p->nb + b]);
+            if (q4_1) {
+                const uint8_t *c = p->codes + (n * p->nb + b) * 16;
+                float m = half_to_float(p->m[n * p->nb + b]);
+                for (int j = 0; j < 16; j++) {
+                    w[j] = d * (float)(c[j] & 0x0f) + m;
+                    w[j + 16] = d * (float)(c[j] >> 4) + m;
+                }
+            } else {
+                const int8_t *c = (const int8_t *)p->codes + n * p->K + b * QK;
+                for (int j = 0; j < QK; j++) w[j] = d * (float)c[j];
+            }
+            for (int64_t t = 0; t < p->T; t++) {
+                p->y[t * p->N + n] += dot_floats_scalar(w, p->xf + t * p->K + b * QK, QK);
+            }
+        }
+    }
+}
+
 #if PG_X86
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -257,68 +284,129 @@ AVX2_INLINE void unpack_block_avx2(const Problem *p, int q4_1, int64_t n, int64_
     }
 }
 
-/* A tile of `rn` weight rows (n0..) against `tn` activation rows (t0..): rn * tn independent
- * accumulators, so the float multiply-adds of consecutive blocks do not wait on each other;
- * each unpacked weight block is reused by tn activation rows, each activation block by rn
- * weight rows. Called with constant q4_1, rn, tn: the loops unroll, the format's branches fold
- * and the accumulators stay in registers. dw / mw hold the rn rows' scales / mins (Q4_1 only)
- * as floats, row r at r * nb. */
-AVX2_INLINE void tile_avx2(const Problem *p, int q4_1, int64_t n0, int rn, int64_t t0, int tn,
-                           const float *dw, const float *mw) {
+/* A tile of `rn` weight rows (n0..) against activation row t: rn independent accumulators,
+ * so the float multiply-adds of consecutive blocks do not wait on each other, and each
+ * activation block is loaded once for rn weight rows. Called with constant q4_1 and rn: the
+ * loops unroll, the format's branches fold and the accumulators stay in registers. cs holds
+ * the rn rows' block scales times the activation row's (row r at r * nb), mw their mins. */
+AVX2_INLINE void tile_avx2(const Problem *p, int q4_1, int64_t n0, int rn, int64_t t,
+                           const float *cs, const float *mw) {
     const int64_t nb = p->nb;
-    __m256 acc[TILE_N][TILE_T];
-    for (int r = 0; r < rn; r++)
-        for (int i = 0; i < tn; i++) acc[r][i] = _mm256_setzero_ps();
+    __m256 acc[TILE_N];
+    for (int r = 0; r < rn; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i x0[TILE_T], x1[TILE_T]; /* elements 0..15 and 16..31 of each activation row */
-        for (int i = 0; i < tn; i++) {
-            const int16_t *x = p->xq + (t0 + i) * p->K + b * QK;
-            x0[i] = _mm256_loadu_si256((const __m256i *)x);
-            x1[i] = _mm256_loadu_si256((const __m256i *)(x + 16));
-        }
+        const int16_t *x = p->xq + t * p->K + b * QK;
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)x); /* elements 0..15 */
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + 16)); /* 16..31 */
         for (int r = 0; r < rn; r++) {
             __m256i w0, w1;
             unpack_block_avx2(p, q4_1, n0 + r, b, &w0, &w1);
-            for (int i = 0; i < tn; i++) {
-                __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(w0, x0[i]),
-                                                _mm256_madd_epi16(w1, x1[i]));
-                __m256 scale = _mm256_set1_ps(dw[r * nb + b] * p->xd[(t0 + i) * nb + b]);
-                acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][i]);
-            }
+            __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+            __m256 scale = _mm256_broadcast_ss(cs + r * nb + b);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);
         }
     }
-    for (int r = 0; r < rn; r++)
-        for (int i = 0; i < tn; i++) {
-            float y = hsum_ps(acc[r][i]);
-            if (q4_1) y += dot_floats_avx2(mw + r * nb, p->xs + (t0 + i) * nb, nb);
-            p->y[(t0 + i) * p->N + n0 + r] = y;
-        }
+    for (int r = 0; r < rn; r++) {
+        float y = hsum_ps(acc[r]);
+        if (q4_1) y += dot_floats_avx2(mw + r * nb, p->xs + t * nb, nb);
+        p->y[t * p->N + n0 + r] = y;
+    }
 }
 
-/* Rows n0..n1: TILE_N rows at a time against single activation rows while fewer than TILE_T
- * remain, one row against TILE_T activation rows otherwise. Called with a constant q4_1. */
-AVX2_INLINE void rows_avx2(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *dw,
+/* out[b] = fp16 scale h[b] times the activation block scale xd[b]. */
+AVX2 static void scales_times_avx2(const uint16_t *h, const float *xd, int64_t nb, float *out) {
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + b)));
+        _mm256_storeu_ps(out + b, _mm256_mul_ps(d, _mm256_loadu_ps(xd + b)));
+    }
+    for (; b < nb; b++) out[b] = _cvtsh_ss(h[b]) * xd[b];
+}
+
+/* Rows n0..n1, TILE_N rows at a time (single rows at the end), each activation row in turn.
+ * Called with a constant q4_1. */
+AVX2_INLINE void rows_avx2(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *cs,
                            float *mw) {
     const int64_t nb = p->nb;
     for (int64_t n = n0; n < n1;) {
         int rn = n1 - n >= TILE_N ? TILE_N : 1;
-        for (int r = 0; r < rn; r++) {
-            row_scales_avx2(p->d + (n + r) * nb, nb, dw + r * nb);
-            if (q4_1) row_scales_avx2(p->m + (n + r) * nb, nb, mw + r * nb);
-        }
-        int64_t t = 0;
-        if (rn == TILE_N) {
-            for (; t + TILE_T <= p->T; t += TILE_T) {
-                for (int r = 0; r < TILE_N; r++)
-                    tile_avx2(p, q4_1, n + r, 1, t, TILE_T, dw + r * nb, mw + r * nb);
-            }
-            for (; t < p->T; t++) tile_avx2(p, q4_1, n, TILE_N, t, 1, dw, mw);
-        } else {
-            for (; t + TILE_T <= p->T; t += TILE_T) tile_avx2(p, q4_1, n, 1, t, TILE_T, dw, mw);
-            for (; t < p->T; t++) tile_avx2(p, q4_1, n, 1, t, 1, dw, mw);
+        if (q4_1)
+            for (int r = 0; r < rn; r++) row_scales_avx2(p->m + (n + r) * nb, nb, mw + r * nb);
+        for (int64_t t = 0; t < p->T; t++) {
+            for (int r = 0; r < rn; r++)
+                scales_times_avx2(p->d + (n + r) * nb, p->xd + t * nb, nb, cs + r * nb);
+            if (rn == TILE_N) tile_avx2(p, q4_1, n, TILE_N, t, cs, mw);
+            else tile_avx2(p, q4_1, n, 1, t, cs, mw);
         }
         n += rn;
     }
+}
+
+/* Weight block b of row n as 32 floats in w[0..3] (elements 0..7, 8..15, 16..23, 24..31). */
+AVX2_INLINE void dequantize_block_avx2(const Problem *p, int q4_1, int64_t n, int64_t b,
+                                       __m256 w[4]) {
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(p->d[n * p->nb + b]));
+    if (q4_1) {
+        const __m128i low = _mm_set1_epi8(0x0f);
+        const __m256 m = _mm256_set1_ps(_cvtsh_ss(p->m[n * p->nb + b]));
+        __m128i raw = _mm_loadu_si128((const __m128i *)(p->codes + (n * p->nb + b) * 16));
+        __m128i q[2] = {_mm_and_si128(raw, low), _mm_and_si128(_mm_srli_epi16(raw, 4), low)};
+        for (int h = 0; h < 2; h++) {
+            w[2 * h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q[h])), m);
+            __m256i upper = _mm256_cvtepu8_epi32(_mm_srli_si128(q[h], 8));
+            w[2 * h + 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(upper), m);
+        }
+    } else {
+        const int8_t *c = (const int8_t *)p->codes + n * p->K + b * QK;
+        for (int i = 0; i < 4; i++) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(c + 8 * i));
+            w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+        }
+    }
+}
+
+/* One weight row n against activation rows t0..t0+tn (tn <= TILE_F, a constant at each call):
+ * a block is dequantized once and used by tn rows, each with its own accumulator. */
+AVX2_INLINE void float_tile_avx2(const Problem *p, int q4_1, int64_t n, int64_t t0, int tn) {
+    __m256 acc[TILE_F];
+    for (int i = 0; i < tn; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < p->nb; b++) {
+        __m256 w[4];
+        dequantize_block_avx2(p, q4_1, n, b, w);
+        for (int i = 0; i < tn; i++) {
+            const float *x = p->xf + (t0 + i) * p->K + b * QK;
+            __m256 a = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), acc[i]);
+            a = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), a);
+            a = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), a);
+            acc[i] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), a);
+        }
+    }
+    for (int i = 0; i < tn; i++) p->y[(t0 + i) * p->N + n] = hsum_ps(acc[i]);
+}
+
+AVX2_INLINE void float_rows_avx2(const Problem *p, int q4_1, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t t = 0; t < p->T; t += TILE_F) {
+            switch (p->T - t < TILE_F ? p->T - t : TILE_F) { /* constant tile heights */
+            case 1: float_tile_avx2(p, q4_1, n, t, 1); break;
+            case 2: float_tile_avx2(p, q4_1, n, t, 2); break;
+            case 3: float_tile_avx2(p, q4_1, n, t, 3); break;
+            case 4: float_tile_avx2(p, q4_1, n, t, 4); break;
+            case 5: float_tile_avx2(p, q4_1, n, t, 5); break;
+            case 6: float_tile_avx2(p, q4_1, n, t, 6); break;
+            case 7: float_tile_avx2(p, q4_1, n, t, 7); break;
+            default: float_tile_avx2(p, q4_1, n, t, TILE_F); break;
+            }
+        }
+    }
+}
+
+AVX2 static void q4_1_float_rows_avx2(const Problem *p, int64_t n0, int64_t n1) {
+    float_rows_avx2(p, 1, n0, n1);
+}
+
+AVX2 static void q8_0_float_rows_avx2(const Problem *p, int64_t n0, int64_t n1) {
+    float_rows_avx2(p, 0, n0, n1);
 }
 
 AVX2 static void q4_1_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *dw, float *mw) {
@@ -333,6 +421,17 @@ AVX2 static void q8_0_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float 
 void pg_product_rows(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *scratch,
                      int avx2) {
     float *dw = scratch, *mw = scratch + TILE_N * p->nb;
+    if (p->xf) {
+#if PG_X86
+        if (avx2) {
+            if (q4_1) q4_1_float_rows_avx2(p, n0, n1);
+            else q8_0_float_rows_avx2(p, n0, n1);
+            return;
+        }
+#endif
+        float_rows_scalar(p, q4_1, n0, n1);
+        return;
+    }
 #if PG_X86
     if (avx2) {
         if (q4_1) q4_1_rows_avx2(p, n0, n1, dw, mw);
@@ -360,10 +459,14 @@ static int run(Problem *p, const float *x, int nthreads, int avx2, int q4_1) {
     if (!floats) return PG_NO_MEMORY;
     float *xd = floats, *xs = floats + scales, *scratch = floats + 2 * scales;
     int16_t *xq = (int16_t *)(scratch + row_scratch);
-    quantize_rows(x, p->T, p->K, xq, xd, xs, avx2);
-    p->xq = xq;
-    p->xd = xd;
-    p->xs = xs;
+    if (pg_float_tiles(p->T)) {
+        p->xf = x;
+    } else {
+        quantize_rows(x, p->T, p->K, xq, xd, xs, avx2);
+        p->xq = xq;
+        p->xd = xd;
+        p->xs = xs;
+    }
 #pragma omp parallel num_threads(nthreads)
     {
 #ifdef _OPENMP
@@ -382,13 +485,13 @@ static int run(Problem *p, const float *x, int nthreads, int avx2, int q4_1) {
 
 int pg_q4_1_matmul(const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t N,
                    int64_t K, const float *x, int64_t T, float *y, int nthreads, int avx2) {
-    Problem p = {codes, d, m, N, K, 0, T, NULL, NULL, NULL, y};
+    Problem p = {codes, d, m, N, K, 0, T, NULL, NULL, NULL, NULL, y};
     return run(&p, x, nthreads, avx2, 1);
 }
 
 int pg_q8_0_matmul(const int8_t *codes, const uint16_t *d, int64_t N, int64_t K,
                    const float *x, int64_t T, float *y, int nthreads, int avx2) {
-    Problem p = {(const uint8_t *)codes, d, NULL, N, K, 0, T, NULL, NULL, NULL, y};
+    Problem p = {(const uint8_t *)codes, d, NULL, N, K, 0, T, NULL, NULL, NULL, NULL, y};
     return run(&p, x, nthreads, avx2, 0);
 }
 
@@ -478,12 +581,12 @@ static int dequantize(Problem *p, float *out, int nthreads, int avx2, int q4_1) 
 
 int pg_q4_1_dequantize(const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t N,
                        int64_t K, float *out, int nthreads, int avx2) {
-    Problem p = {codes, d, m, N, K, 0, 0, NULL, NULL, NULL, NULL};
+    Problem p = {codes, d, m, N, K, 0, 0, NULL, NULL, NULL, NULL, NULL};
     return dequantize(&p, out, nthreads, avx2, 1);
 }
 
 int pg_q8_0_dequantize(const int8_t *codes, const uint16_t *d, int64_t N, int64_t K,
                        float *out, int nthreads, int avx2) {
-    Problem p = {(const uint8_t *)codes, d, NULL, N, K, 0, 0, NULL, NULL, NULL, NULL};
+    Problem p = {(const uint8_t *)codes, d, NULL, N, K, 0, 0, NULL, NULL, NULL, NULL, NULL};
     return dequantize(&p, out, nthreads, avx2, 0);
 }

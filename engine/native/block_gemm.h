@@ -6,8 +6,13 @@
 
 #define QK 32     /* inputs per weight block */
 #define TILE_N 4  /* weight rows that share one activation block */
+#define TILE_F 8  /* activation rows that share one dequantized weight block (float tiles) */
+/* From this many activation rows on, products dequantize each weight block to floats and
+ * multiply the float activations (one dequantization serves every row); below it, the rows'
+ * int16 codes (one integer block product per row, cheaper for a single row). */
+#define FLOAT_TILE_ROWS 2
 
-enum { PG_OK = 0, PG_BAD_SHAPE = 1, PG_NO_MEMORY = 2, PG_NO_AVX2 = 3 };
+enum { PG_OK = 0, PG_BAD_SHAPE = 1, PG_NO_MEMORY = 2, PG_NO_AVX2 = 3, PG_NEED_WORKSPACE = 4 };
 
 /* One product y[T, N] = x[T, K] @ W[N, K]^T with x already quantized (pg_quantize_row). */
 typedef struct {
@@ -18,10 +23,13 @@ typedef struct {
     const int16_t *xq; /* [T, K] */
     const float *xd;  /* [T, nb] */
     const float *xs;  /* [T, nb] */
+    const float *xf;  /* [T, K] float activations: set (and xq unset) for float tiles */
     float *y;         /* [T, N] */
 } Problem;
 
 int pg_cpu_has_avx2(void);
+
+static inline int pg_float_tiles(int64_t T) { return T >= FLOAT_TILE_ROWS; }
 
 /* One row of x [K] -> int16 codes [K], block scales and scaled code sums [K/32]. */
 void pg_quantize_row(const float *x, int64_t nb, int16_t *q, float *xd, float *xs, int avx2);

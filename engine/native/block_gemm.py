@@ -31,6 +31,7 @@ class QuantizedActivations(NamedTuple):
 
 def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_cpu_has_avx2.argtypes, lib.pg_cpu_has_avx2.restype = [], _INT
+    lib.pg_float_tile_rows.argtypes, lib.pg_float_tile_rows.restype = [], _INT
     lib.pg_quantize_activations.argtypes = [_P, _I64, _I64, _P, _P, _P, _INT]
     lib.pg_quantize_activations.restype = _INT
     lib.pg_q4_1_matmul.argtypes = [_P, _P, _P, _I64, _I64, _P, _I64, _P, _INT, _INT]
@@ -41,7 +42,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_q4_1_dequantize.restype = _INT
     lib.pg_q8_0_dequantize.argtypes = [_P, _P, _I64, _I64, _P, _INT, _INT]
     lib.pg_q8_0_dequantize.restype = _INT
-    lib.pg_decode_step.argtypes = [_P, _P, _P, _INT, _INT]  # model, step, hidden, threads, avx2
+    # model, step, hidden, workspace, workspace bytes (in/out), threads, avx2
+    lib.pg_decode_step.argtypes = [_P, _P, _P, _P, ctypes.POINTER(_I64), _INT, _INT]
     lib.pg_decode_step.restype = _INT
 
 
@@ -88,6 +90,8 @@ class BlockGemm:
             raise ValueError("avx2=True on a CPU without AVX2/FMA/F16C")
         self._lib = lib
         self.avx2 = avx2
+        # from this many rows of x on, products multiply float x by dequantized weight blocks
+        self.float_tile_rows: int = lib.pg_float_tile_rows()
         self._q4_1 = lib.pg_q4_1_matmul
         self._q8_0 = lib.pg_q8_0_matmul
 
@@ -98,7 +102,8 @@ class BlockGemm:
         return cls(lib, avx2=bool(lib.pg_cpu_has_avx2()))
 
     def matmul(self, w: BoundWeight, x: Tensor, threads: int) -> Tensor:
-        """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16)."""
+        """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16 below
+        `float_tile_rows` rows; from there on float x times dequantized weight blocks)."""
         x = _activations(x, w.in_features)
         y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
         run = self._q4_1 if isinstance(w.blocks, Q4_1Blocks) else self._q8_0

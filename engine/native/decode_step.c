@@ -20,7 +20,6 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "block_gemm.h"
 
@@ -60,11 +59,12 @@ typedef struct {
     const int32_t *seq_lens; /* [T] tokens of each sequence, the new one included */
 } PgStep;
 
-/* Activations of one product's input, quantized per block of 32 (see block_gemm.c). */
+/* One product's input: the float rows, and below FLOAT_TILE_ROWS rows their int16 blocks. */
 typedef struct {
+    const float *x;
     int16_t *q;
     float *d, *s;
-} Quantized;
+} Input;
 
 /* Attention is split into items of (token, KV head, run of up to SPLIT keys): each item reads
  * its keys and values once for the G query heads that share them, and leaves per head the
@@ -81,7 +81,7 @@ typedef struct {
 /* Everything one step writes besides the caches. */
 typedef struct {
     float *h, *x, *qkv, *attn, *delta, *gate_up, *act, *scratch;
-    Quantized in;
+    Input in;
     Partials att;
     int64_t scratch_per_thread;
 } Work;
@@ -121,7 +121,7 @@ static int check_model(const PgModel *m) {
 
 /* ---------------------------------------------------------------- small row ops */
 
-/* x = rms_norm(h) * w for each of T rows of width n, then x's int16 blocks into `in`. */
+/* x = rms_norm(h) * w for each of T rows of width n. */
 static void norm_rows(const float *h, const float *w, int64_t T, int64_t n, float eps, float *x) {
     for (int64_t t = 0; t < T; t++) {
         const float *r = h + t * n;
@@ -135,8 +135,10 @@ static void norm_rows(const float *h, const float *w, int64_t T, int64_t n, floa
     }
 }
 
-static void quantize(const float *x, int64_t T, int64_t K, const Quantized *in, int avx2) {
+static void take_input(const float *x, int64_t T, int64_t K, Input *in, int avx2) {
     int64_t nb = K / QK;
+    in->x = x;
+    if (pg_float_tiles(T)) return; /* the products read the floats */
     for (int64_t t = 0; t < T; t++)
         pg_quantize_row(x + t * K, nb, in->q + t * K, in->d + t * nb, in->s + t * nb, avx2);
 }
@@ -344,10 +346,11 @@ static void silu_and_mul(const float *gu, int64_t T, int64_t F, float *act) {
 
 /* ---------------------------------------------------------------- the step */
 
-/* This thread's share of y [T, N] = in @ W^T (in quantized from a [T, W.K] input). */
-static void product(const PgWeight *w, const Quantized *in, int64_t T, float *y, float *scratch,
+/* This thread's share of y [T, N] = in @ W^T. */
+static void product(const PgWeight *w, const Input *in, int64_t T, float *y, float *scratch,
                     int tid, int nthreads, int avx2) {
-    Problem p = {w->codes, w->d, w->m, w->N, w->K, w->K / QK, T, in->q, in->d, in->s, y};
+    const float *xf = pg_float_tiles(T) ? in->x : NULL;
+    Problem p = {w->codes, w->d, w->m, w->N, w->K, w->K / QK, T, in->q, in->d, in->s, xf, y};
     RowRange r = pg_row_share(w->N, tid, nthreads);
     if (r.n0 < r.n1) pg_product_rows(&p, w->m != NULL, r.n0, r.n1, scratch, avx2);
 }
@@ -360,7 +363,7 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
 #pragma omp single
     {
         norm_rows(w->h, L->attn_norm, T, H, m->rms_eps, w->x);
-        quantize(w->x, T, H, &w->in, avx2);
+        take_input(w->x, T, H, &w->in, avx2);
     }
     product(&L->qkv, &w->in, T, w->qkv, scratch, tid, nthreads, avx2);
 #pragma omp barrier
@@ -369,7 +372,9 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
     int64_t Hkv = m->num_kv_heads, runs = w->att.runs;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < T * Hkv * runs; item++) {
-        int64_t t = item / (Hkv * runs), kvh = item / runs % Hkv, run = item % runs;
+        /* run-major: consecutive items read the same run of every sequence, so sequences that
+         * share prefix pages (sessions with one system prompt) find them in cache */
+        int64_t run = item / (T * Hkv), kvh = item / T % Hkv, t = item % T;
         if (run * SPLIT >= s->seq_lens[t]) continue;
 #if defined(__x86_64__) || defined(__i386__)
         if (avx2 && m->head_dim % 32 == 0) {
@@ -383,21 +388,21 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
     for (int64_t th = 0; th < T * Hq; th++)
         merge_runs(m, s, th / Hq, th % Hq, &w->att, w->attn + th * D);
 #pragma omp single
-    quantize(w->attn, T, Hq * D, &w->in, avx2);
+    take_input(w->attn, T, Hq * D, &w->in, avx2);
     product(&L->o, &w->in, T, w->delta, scratch, tid, nthreads, avx2);
 #pragma omp barrier
 #pragma omp single
     {
         add_rows(w->h, w->delta, T * H);
         norm_rows(w->h, L->ffn_norm, T, H, m->rms_eps, w->x);
-        quantize(w->x, T, H, &w->in, avx2);
+        take_input(w->x, T, H, &w->in, avx2);
     }
     product(&L->gate_up, &w->in, T, w->gate_up, scratch, tid, nthreads, avx2);
 #pragma omp barrier
 #pragma omp single
     {
         silu_and_mul(w->gate_up, T, F, w->act);
-        quantize(w->act, T, F, &w->in, avx2);
+        take_input(w->act, T, F, &w->in, avx2);
     }
     product(&L->down, &w->in, T, w->delta, scratch, tid, nthreads, avx2);
 #pragma omp barrier
@@ -410,8 +415,13 @@ static int64_t max3(int64_t a, int64_t b, int64_t c) {
     return ab > c ? ab : c;
 }
 
-/* hidden [T, H]: in, the new tokens' embeddings; out, the final normed hidden states. */
-int pg_decode_step(const PgModel *m, const PgStep *s, float *hidden, int nthreads, int avx2) {
+/* hidden [T, H]: in, the new tokens' embeddings; out, the final normed hidden states.
+ * work: the caller's scratch of *work_bytes bytes, kept across steps (a fresh allocation of a
+ * few hundred KB per step is fresh pages from the kernel, zeroed on first touch). When it is
+ * too small, nothing runs: *work_bytes is set to the size needed and PG_NEED_WORKSPACE
+ * returned. */
+int pg_decode_step(const PgModel *m, const PgStep *s, float *hidden, void *work,
+                   int64_t *work_bytes, int nthreads, int avx2) {
     int status = check_model(m);
     if (status == PG_OK) status = check_step(m, s);
     if (status != PG_OK) return status;
@@ -426,9 +436,12 @@ int pg_decode_step(const PgModel *m, const PgStep *s, float *hidden, int nthread
     w.scratch_per_thread = 2 * TILE_N * (widest / QK);
     int64_t floats = T * (2 * H + width + Hq * D + 3 * F) + 2 * T * (widest / QK) +
                      T * Hq * w.att.runs * (2 + D) + nthreads * w.scratch_per_thread;
-    float *buffer = malloc(sizeof(float) * (size_t)floats + sizeof(int16_t) * (size_t)(T * widest));
-    if (!buffer) return PG_NO_MEMORY;
-    float *next = buffer;
+    int64_t needed = (int64_t)(sizeof(float) * (size_t)floats + sizeof(int16_t) * (size_t)(T * widest));
+    if (!work || *work_bytes < needed) {
+        *work_bytes = needed;
+        return PG_NEED_WORKSPACE;
+    }
+    float *next = work;
     w.h = hidden;
     w.x = next, next += T * H;
     w.qkv = next, next += T * width;
@@ -452,6 +465,5 @@ int pg_decode_step(const PgModel *m, const PgStep *s, float *hidden, int nthread
 #pragma omp single
         norm_rows(w.h, m->final_norm, T, H, m->rms_eps, w.h);
     }
-    free(buffer);
     return PG_OK;
 }

@@ -1,9 +1,10 @@
 """The native block-quantized kernels against an independent float64 reference.
 
 Reference: the weights dequantized by the `gguf` library from the blocks' GGUF bytes, times the
-activations quantized per block of 32 to int16 by torch (max|x| / 32767, round half to even),
-in float64.
-Both the AVX2 and the scalar code, T in {1, 3, 17}, odd out_features.
+activations in float64: below the library's float-tile row count quantized per block of 32 to
+int16 by torch (max|x| / 32767, round half to even), from there on as they are.
+Both the AVX2 and the scalar code, T in {1, 2, 3, 9, 17} (int16 and float tiles, partial
+tiles), odd out_features.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from engine.quant_blocks import (
 )
 
 SHAPES = [(33, 64), (7, 96), (130, 32), (5, 576)]  # (out_features, in_features)
-ROWS = [1, 3, 17]
+ROWS = [1, 2, 3, 9, 17]
 GGML_TYPE = {Q4_1Blocks: GGMLQuantizationType.Q4_1, Q8_0Blocks: GGMLQuantizationType.Q8_0}
 QUANTIZERS = {"q4_1": quantize_q4_1, "q8_0": quantize_q8_0}
 
@@ -96,6 +97,8 @@ def test_kernel_matches_float64_reference(
 ) -> None:
     blocks, x = _problem(grid, n, k, t)
     codes, x_deq = reference_activations(x)
+    if t >= gemm.float_tile_rows:
+        x_deq = x.double()  # float tiles: no activation rounding
     w_ref = torch.from_numpy(reference_weight(blocks))  # [n, k] float64
     expected = x_deq @ w_ref.t()  # [t, n] float64
     got = _run(gemm, blocks, x)
