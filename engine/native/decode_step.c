@@ -255,6 +255,29 @@ AVX2_FN static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* e^x for x <= 0 (softmax weights), 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by its
+ * degree-6 Taylor polynomial (relative error < 2e-7), times 2^n through the exponent bits.
+ * Lanes below -87 give 0 (e^-87 is under float's smallest normal). */
+AVX2_FN static inline __m256 exp_neg8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x); /* ln2, high bits */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);     /* ln2, low bits */
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    __m256 e = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), bits));
+    return _mm256_andnot_ps(under, e);
+}
+
 /* attend_run_body for D a multiple of 32: the G heads' scores key by key, then each head's
  * output 32 floats at a time in four registers over all keys (the value rows come from L1,
  * the output is stored once). */
@@ -286,7 +309,15 @@ AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const Pg
         float *state = out->part + ((t * Hq + kvh * G + g) * out->runs + run) * (2 + D);
         float best = -INFINITY, total = 0.0f, *p = scores[g];
         for (int64_t j = 0; j < n; j++) best = p[j] > best ? p[j] : best;
-        for (int64_t j = 0; j < n; j++) {
+        __m256 sum8 = _mm256_setzero_ps(), top = _mm256_set1_ps(best);
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(p + j), top));
+            _mm256_storeu_ps(p + j, e);
+            sum8 = _mm256_add_ps(sum8, e);
+        }
+        total = hsum8(sum8);
+        for (; j < n; j++) {
             p[j] = expf(p[j] - best);
             total += p[j];
         }
