@@ -7,13 +7,15 @@
   `quantization="int8"`, and the LM head under both int8 and int4 (SmolLM2's GGUF stores its
   tied embedding as Q8_0: those blocks are taken as they are).
 
-Up to `FLOAT_GEMM_ROWS` activation rows (decode, short verifies) both quantize x per block of
-32 to int16 (llama.cpp uses int8 there; see block_gemm.c for why not) and run the integer
-block products; from that many rows on (prefill chunks) they dequantize W in C and run torch's
-float32 GEMM, which is faster there (measured on the 2-core AVX2 EPYC, one thread, 3072x576:
-T=16 1.2 vs 1.3 ms, T=32 3.2 vs 1.9 ms, T=512 44 vs 23 ms). Both return float32.
-`dequantized()` is exactly the W the kernel multiplies by; only the activation rounding differs
-from `x @ dequantized().T`. Threads: torch's intra-op count, on torch's own OpenMP pool.
+Below `FLOAT_GEMM_ROWS` activation rows the products run in C on the blocks: one row (decode)
+quantizes x per block of 32 to int16 and runs integer block products (llama.cpp uses int8
+there; see block_gemm.c for why not); 2 to 31 rows (batched decode, short verifies) dequantize
+each weight block once and multiply the float rows (no activation rounding). From
+`FLOAT_GEMM_ROWS` rows on (prefill chunks) they dequantize W in C and run torch's float32 GEMM,
+which is faster there (measured on the 2-core AVX2 EPYC, one thread, 3072x576: T=16 1.2 vs
+1.3 ms, T=32 3.2 vs 1.9 ms, T=512 44 vs 23 ms). All return float32.
+`dequantized()` is exactly the W the kernels multiply by; only a single row's activation
+rounding differs from `x @ dequantized().T`. Threads: torch's intra-op count, on torch's own OpenMP pool.
 """
 
 from __future__ import annotations

@@ -8,7 +8,12 @@
  * The scales live in their own [N, K/32] arrays (the codes in [N, K/32, 16 or 32]), so a row's
  * scales convert eight at a time.
  *
- * x is quantized per block of 32 to int16 with a float scale dx (dx = max|x| / 32767, codes
+ * One activation row (decode) takes the integer path below. From FLOAT_TILE_ROWS rows on
+ * (batched decode, short verifies) each weight block is instead dequantized to 32 floats once
+ * and multiplied with the float rows, up to TILE_F of them per block (float tiles): one
+ * dequantization serves every row, and the rows are not rounded.
+ *
+ * On the integer path x is quantized per block of 32 to int16 with a float scale dx (dx = max|x| / 32767, codes
  * rounded to nearest even) and the block sum sx = dx * sum(codes), so that
  *   sum_j w_j x_j = d * dx * sum_j q_j xq_j (+ m * sx for Q4_1),
  * an exact integer dot product per block (AVX2: weights widened to int16, _mm256_madd_epi16),
