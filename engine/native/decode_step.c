@@ -255,6 +255,12 @@ AVX2_FN static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+#define PREFETCH 8 /* key rows fetched ahead */
+
+AVX2_FN static inline void prefetch_row(const float *row, int64_t D) {
+    for (int64_t i = 0; i < D; i += 16) _mm_prefetch((const char *)(row + i), _MM_HINT_T0);
+}
+
 /* e^x for x <= 0 (softmax weights), 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by its
  * degree-6 Taylor polynomial (relative error < 2e-7), times 2^n through the exponent bits.
  * Lanes below -87 give 0 (e^-87 is under float's smallest normal). */
@@ -290,9 +296,14 @@ AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const Pg
     const int32_t *table = s->block_table + t * s->table_width;
     const float *q = qkv + t * (Hq + 2 * Hkv) * D + kvh * G * D;
     float scores[MAX_GROUP][SPLIT];
-    const float *rows[SPLIT];
+    const float *rows[SPLIT], *vrows[SPLIT];
     kv_rows(L->k_cache + kvh * D, table, j0, n, ps, stride, rows);
+    kv_rows(L->v_cache + kvh * D, table, j0, n, ps, stride, vrows);
     for (int64_t j = 0; j < n; j++) {
+        /* rows are D floats at a stride of Hkv * D, in pages: ask for the key PREFETCH rows
+         * ahead and this row's value (read after the scores) while the dots run */
+        if (j + PREFETCH < n) prefetch_row(rows[j + PREFETCH], D);
+        prefetch_row(vrows[j], D);
         const float *k = rows[j];
         for (int64_t g = 0; g < G; g++) {
             const float *qg = q + g * D;
@@ -304,7 +315,6 @@ AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const Pg
             scores[g][j] = hsum8(_mm256_add_ps(a0, a1)) * m->scale;
         }
     }
-    kv_rows(L->v_cache + kvh * D, table, j0, n, ps, stride, rows);
     for (int64_t g = 0; g < G; g++) {
         float *state = out->part + ((t * Hq + kvh * G + g) * out->runs + run) * (2 + D);
         float best = -INFINITY, total = 0.0f, *p = scores[g];
@@ -324,7 +334,7 @@ AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const Pg
         for (int64_t c = 0; c < D; c += 32) {
             __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
             for (int64_t j = 0; j < n; j++) {
-                const float *v = rows[j] + c;
+                const float *v = vrows[j] + c;
                 __m256 pj = _mm256_set1_ps(p[j]);
                 o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), o0);
                 o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), o1);
