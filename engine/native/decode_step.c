@@ -66,10 +66,10 @@ typedef struct {
     float *d, *s;
 } Input;
 
-/* Attention is split into items of (token, KV head, run of up to SPLIT keys): each item reads
- * its keys and values once for the G query heads that share them, and leaves per head the
+/* Attention is split into items of (token, run of up to SPLIT keys): per KV head an item reads
+ * the run's keys and values once for the G query heads that share them, and leaves per head the
  * partial softmax state (max score, sum of exponentials, unnormalised output [D]); a second
- * pass merges an item's runs. Runs keep two threads busy on one sequence with three KV heads. */
+ * pass merges a head's runs. Runs keep every thread busy on one long sequence. */
 #define SPLIT 128
 #define MAX_GROUP 16 /* query heads per KV head */
 
@@ -412,18 +412,21 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
     for (int64_t t = 0; t < T; t++) rotate_and_store(m, L, s, t, w->qkv);
     int64_t Hkv = m->num_kv_heads, runs = w->att.runs;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < T * Hkv * runs; item++) {
+    for (int64_t item = 0; item < T * runs; item++) {
         /* run-major: consecutive items read the same run of every sequence, so sequences that
-         * share prefix pages (sessions with one system prompt) find them in cache */
-        int64_t run = item / (T * Hkv), kvh = item / T % Hkv, t = item % T;
+         * share prefix pages (sessions with one system prompt) find them in cache; one item
+         * takes every KV head, reading whole cache rows front to back */
+        int64_t run = item / T, t = item % T;
         if (run * SPLIT >= s->seq_lens[t]) continue;
+        for (int64_t kvh = 0; kvh < Hkv; kvh++) {
 #if defined(__x86_64__) || defined(__i386__)
-        if (avx2 && m->head_dim % 32 == 0) {
-            attend_run_avx2(m, L, s, t, kvh, run, w->qkv, &w->att);
-            continue;
-        }
+            if (avx2 && m->head_dim % 32 == 0) {
+                attend_run_avx2(m, L, s, t, kvh, run, w->qkv, &w->att);
+                continue;
+            }
 #endif
-        attend_run_generic(m, L, s, t, kvh, run, w->qkv, &w->att);
+            attend_run_generic(m, L, s, t, kvh, run, w->qkv, &w->att);
+        }
     }
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < T * Hq; th++)
