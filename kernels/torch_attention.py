@@ -32,6 +32,7 @@ the gather + SDPA path cost ~6x.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import NamedTuple
 
@@ -340,13 +341,43 @@ def paged_prefill_attention(
             out[start:end] = _attend_few(q[start:end], k_cache, v_cache, seq, scale)
             continue
         k, v = gather_kv(k_cache, v_cache, block_table[b, : -(-total // page_size)])
-        o = F.scaled_dot_product_attention(
-            q[start:end].transpose(0, 1),  # [Hq, n, D]
-            k[:total].transpose(0, 1),  # [Hkv, L, D]
-            v[:total].transpose(0, 1),
-            attn_mask=_causal_mask(end - start, total, q.device),
-            scale=scale,
-            enable_gqa=True,
-        )  # [Hq, n, D]
-        out[start:end] = o.transpose(0, 1)
+        out[start:end] = _causal_sdpa(q[start:end], k[:total], v[:total], scale)
     return out
+
+
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [n, Hq, D], the last n of L tokens, over k, v [L, Hkv, D], causal -> [n, Hq, D].
+
+    Shaped so that SDPA runs its fused (flash) kernel, not its math path, which materialises
+    the scores and a masked softmax (measured on CPU at n=100, L=2000: 9.4 vs 4.2 ms): 4-D
+    inputs and no boolean mask. A chunk that starts at position 0 is plain causal attention;
+    one after a cached prefix puts the G query heads of a KV head in the batch axis
+    ([G, Hkv, n, D] against K/V expanded without a copy) under an additive mask of the offset
+    causal pattern, shared by every layer of the step.
+    """
+    n, num_q_heads, head_dim = q.shape
+    length, num_kv_heads = k.shape[0], k.shape[1]
+    kt, vt = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, Hkv, L, D]
+    if n == length:
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], kt, vt, is_causal=True, scale=scale, enable_gqa=True
+        )  # [1, Hq, n, D]
+        return o[0].transpose(0, 1)
+    group = num_q_heads // num_kv_heads
+    batched = q.view(n, num_kv_heads, group, head_dim).permute(2, 1, 0, 3)  # [G, Hkv, n, D]
+    shape = (group, num_kv_heads, length, head_dim)
+    mask = _offset_causal_bias(n, length, q.dtype, q.device)
+    o = F.scaled_dot_product_attention(
+        batched, kt.expand(shape), vt.expand(shape), attn_mask=mask, scale=scale
+    )  # [G, Hkv, n, D]
+    return o.permute(2, 1, 0, 3).reshape(n, num_q_heads, head_dim)
+
+
+@functools.lru_cache(maxsize=4)
+def _offset_causal_bias(
+    n_new: int, total: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """[n_new, total]: 0 where new token i sees key j (j <= total - n_new + i), -inf elsewhere.
+    Every layer of a step asks for the same one."""
+    bias = torch.zeros(n_new, total, dtype=dtype, device=device)
+    return bias.masked_fill_(~_causal_mask(n_new, total, device), float("-inf"))
