@@ -15,7 +15,8 @@ each weight block once and multiply the float rows (no activation rounding). Fro
 which is faster there (measured on the 2-core AVX2 EPYC, one thread, 3072x576: T=16 1.2 vs
 1.3 ms, T=32 3.2 vs 1.9 ms, T=512 44 vs 23 ms). All return float32.
 `dequantized()` is exactly the W the kernels multiply by; only a single row's activation
-rounding differs from `x @ dequantized().T`. Threads: torch's intra-op count, on torch's own OpenMP pool.
+rounding differs from `x @ dequantized().T`. Threads: torch's intra-op count, on torch's own
+OpenMP pool.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -112,7 +113,7 @@ class BlockGemm:
             _check(status, "matmul")
         return y
 
-    def decode_step_function(self) -> ctypes._CFuncPtr:
+    def decode_step_function(self) -> Callable[..., int]:
         """`pg_decode_step` of this library (bound in `engine.native_step`)."""
         return self._lib.pg_decode_step
 

@@ -91,7 +91,9 @@ class Pages:
             seq_lens=torch.tensor(lens, dtype=torch.int32), is_decode=max(counts) == 1,
         )  # fmt: skip
 
-    def forward(self, meta: AttentionMetadata, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, meta: AttentionMetadata, ids: torch.Tensor, pos: torch.Tensor
+    ) -> torch.Tensor:
         with torch.inference_mode():
             return self.model(ids, pos, meta, self.k, self.v, "torch")
 
