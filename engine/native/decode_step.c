@@ -23,6 +23,9 @@
 
 #include "block_gemm.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -177,9 +180,7 @@ static void rotate_and_store(const PgModel *m, const PgLayer *L, const PgStep *s
     }
 }
 
-
-static inline __attribute__((always_inline)) float dot_body(const float *a, const float *b,
-                                                            int64_t n) {
+static float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
@@ -200,10 +201,9 @@ static inline __attribute__((always_inline)) void kv_rows(const float *cache,
 }
 
 /* Keys j0..j1 (j1 - j0 <= SPLIT) of token t's sequence for the G query heads of KV head kvh:
- * each key and value row is read once for all G heads. */
-static inline __attribute__((always_inline)) void attend_run_body(
-    const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t, int64_t kvh, int64_t run,
-    const float *qkv, const Partials *out) {
+ * each key and value row is read once for all G heads. Any head_dim, any CPU. */
+static void attend_run_generic(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
+                               int64_t kvh, int64_t run, const float *qkv, const Partials *out) {
     int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads, ps = m->page_size;
     int64_t G = Hq / Hkv, stride = Hkv * D, j0 = run * SPLIT;
     int64_t len = s->seq_lens[t], n = len - j0 < SPLIT ? len - j0 : SPLIT;
@@ -223,7 +223,7 @@ static inline __attribute__((always_inline)) void attend_run_body(
     for (int64_t j = 0; j < n; j++) {
         const float *k = rows[j];
         for (int64_t g = 0; g < G; g++) {
-            float score = dot_body(q + g * D, k, D) * m->scale;
+            float score = dot(q + g * D, k, D) * m->scale;
             scores[g][j] = score;
             best[g] = score > best[g] ? score : best[g];
         }
@@ -245,7 +245,6 @@ static inline __attribute__((always_inline)) void attend_run_body(
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
 #define AVX2_FN __attribute__((target("avx2,fma")))
 
 AVX2_FN static inline float hsum8(__m256 v) {
@@ -284,7 +283,7 @@ AVX2_FN static inline __m256 exp_neg8(__m256 x) {
     return _mm256_andnot_ps(under, e);
 }
 
-/* attend_run_body for D a multiple of 32: the G heads' scores key by key, then each head's
+/* attend_run_generic for D a multiple of 32: the G heads' scores key by key, then each head's
  * output 32 floats at a time in four registers over all keys (the value rows come from L1,
  * the output is stored once). */
 AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgStep *s,
@@ -352,10 +351,6 @@ AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const Pg
 }
 #endif
 
-static void attend_run_generic(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
-                               int64_t kvh, int64_t run, const float *qkv, const Partials *out) {
-    attend_run_body(m, L, s, t, kvh, run, qkv, out);
-}
 
 /* Token t's query head h: merge its runs' partial states into out [D]. */
 static void merge_runs(const PgModel *m, const PgStep *s, int64_t t, int64_t h,
@@ -396,13 +391,15 @@ static void product(const PgWeight *w, const Input *in, int64_t T, float *y, flo
     if (r.n0 < r.n1) pg_product_rows(&p, w->m != NULL, r.n0, r.n1, scratch, avx2);
 }
 
-/* One layer, run by every thread of the team (the barriers are the team's). */
-static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, int tid,
-                  int nthreads, int avx2) {
+/* One layer, run by every thread of the team (the barriers are the team's). Its MLP output is
+ * left in w->delta for the next layer (or the final norm) to add. */
+static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, int first,
+                  int tid, int nthreads, int avx2) {
     int64_t T = s->T, H = m->hidden, D = m->head_dim, Hq = m->num_heads, F = m->intermediate;
     float *scratch = w->scratch + tid * w->scratch_per_thread;
 #pragma omp single
     {
+        if (!first) add_rows(w->h, w->delta, T * H); /* the previous layer's MLP output */
         norm_rows(w->h, L->attn_norm, T, H, m->rms_eps, w->x);
         take_input(w->x, T, H, &w->in, avx2);
     }
@@ -450,8 +447,6 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
     }
     product(&L->down, &w->in, T, w->delta, scratch, tid, nthreads, avx2);
 #pragma omp barrier
-#pragma omp single
-    add_rows(w->h, w->delta, T * H);
 }
 
 static int64_t max3(int64_t a, int64_t b, int64_t c) {
@@ -505,9 +500,13 @@ int pg_decode_step(const PgModel *m, const PgStep *s, float *hidden, void *work,
 #else
         int tid = 0, team = 1;
 #endif
-        for (int64_t l = 0; l < m->num_layers; l++) layer(m, m->layers + l, s, &w, tid, team, avx2);
+        for (int64_t l = 0; l < m->num_layers; l++)
+            layer(m, m->layers + l, s, &w, l == 0, tid, team, avx2);
 #pragma omp single
-        norm_rows(w.h, m->final_norm, T, H, m->rms_eps, w.h);
+        {
+            add_rows(w.h, w.delta, T * H);
+            norm_rows(w.h, m->final_norm, T, H, m->rms_eps, w.h);
+        }
     }
     return PG_OK;
 }
