@@ -179,43 +179,50 @@ static float dot_floats_scalar(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
-static void q4_1_rows_scalar(const Problem *p, int64_t n0, int64_t n1, float *dw, float *mw) {
+/* Integer product of weight block b of row n with activation codes x (one block of 32). */
+static int32_t block_isum_scalar(const Problem *p, int q4_1, int64_t n, int64_t b,
+                                 const int16_t *x) {
+    int32_t isum = 0;
+    if (q4_1) {
+        const uint8_t *w = p->codes + (n * p->nb + b) * 16;
+        for (int j = 0; j < 16; j++) isum += (w[j] & 0x0f) * x[j] + (w[j] >> 4) * x[j + 16];
+    } else {
+        const int8_t *w = (const int8_t *)p->codes + n * p->K + b * QK;
+        for (int j = 0; j < QK; j++) isum += w[j] * x[j];
+    }
+    return isum;
+}
+
+static void rows_scalar(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *dw,
+                        float *mw) {
     for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *w = p->codes + n * p->nb * 16;
         row_scales_scalar(p->d + n * p->nb, p->nb, dw);
-        row_scales_scalar(p->m + n * p->nb, p->nb, mw);
+        if (q4_1) row_scales_scalar(p->m + n * p->nb, p->nb, mw);
         for (int64_t t = 0; t < p->T; t++) {
             const int16_t *x = p->xq + t * p->K;
             const float *xd = p->xd + t * p->nb;
             float acc = 0.0f;
-            for (int64_t b = 0; b < p->nb; b++) {
-                int32_t isum = 0;
-                for (int j = 0; j < 16; j++) {
-                    uint8_t byte = w[b * 16 + j];
-                    isum += (byte & 0x0f) * x[b * QK + j] + (byte >> 4) * x[b * QK + j + 16];
-                }
-                acc += dw[b] * xd[b] * (float)isum;
-            }
-            p->y[t * p->N + n] = acc + dot_floats_scalar(mw, p->xs + t * p->nb, p->nb);
+            for (int64_t b = 0; b < p->nb; b++)
+                acc += dw[b] * xd[b] * (float)block_isum_scalar(p, q4_1, n, b, x + b * QK);
+            if (q4_1) acc += dot_floats_scalar(mw, p->xs + t * p->nb, p->nb);
+            p->y[t * p->N + n] = acc;
         }
     }
 }
 
-static void q8_0_rows_scalar(const Problem *p, int64_t n0, int64_t n1, float *dw) {
-    for (int64_t n = n0; n < n1; n++) {
-        const int8_t *w = (const int8_t *)p->codes + n * p->K;
-        row_scales_scalar(p->d + n * p->nb, p->nb, dw);
-        for (int64_t t = 0; t < p->T; t++) {
-            const int16_t *x = p->xq + t * p->K;
-            const float *xd = p->xd + t * p->nb;
-            float acc = 0.0f;
-            for (int64_t b = 0; b < p->nb; b++) {
-                int32_t isum = 0;
-                for (int j = 0; j < QK; j++) isum += w[b * QK + j] * x[b * QK + j];
-                acc += dw[b] * xd[b] * (float)isum;
-            }
-            p->y[t * p->N + n] = acc;
+/* Weight block b of row n as 32 floats (the values every path multiplies by). */
+static void dequantize_block_scalar(const Problem *p, int q4_1, int64_t n, int64_t b, float *w) {
+    float d = half_to_float(p->d[n * p->nb + b]);
+    if (q4_1) {
+        const uint8_t *c = p->codes + (n * p->nb + b) * 16;
+        float m = half_to_float(p->m[n * p->nb + b]);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * (float)(c[j] & 0x0f) + m;
+            w[j + 16] = d * (float)(c[j] >> 4) + m;
         }
+    } else {
+        const int8_t *c = (const int8_t *)p->codes + n * p->K + b * QK;
+        for (int j = 0; j < QK; j++) w[j] = d * (float)c[j];
     }
 }
 
@@ -226,21 +233,9 @@ static void float_rows_scalar(const Problem *p, int q4_1, int64_t n0, int64_t n1
     for (int64_t n = n0; n < n1; n++) {
         for (int64_t t = 0; t < p->T; t++) p->y[t * p->N + n] = 0.0f;
         for (int64_t b = 0; b < p->nb; b++) {
-            float d = half_to_float(p->d[n * p->nb + b]);
-            if (q4_1) {
-                const uint8_t *c = p->codes + (n * p->nb + b) * 16;
-                float m = half_to_float(p->m[n * p->nb + b]);
-                for (int j = 0; j < 16; j++) {
-                    w[j] = d * (float)(c[j] & 0x0f) + m;
-                    w[j + 16] = d * (float)(c[j] >> 4) + m;
-                }
-            } else {
-                const int8_t *c = (const int8_t *)p->codes + n * p->K + b * QK;
-                for (int j = 0; j < QK; j++) w[j] = d * (float)c[j];
-            }
-            for (int64_t t = 0; t < p->T; t++) {
+            dequantize_block_scalar(p, q4_1, n, b, w);
+            for (int64_t t = 0; t < p->T; t++)
                 p->y[t * p->N + n] += dot_floats_scalar(w, p->xf + t * p->K + b * QK, QK);
-            }
         }
     }
 }
@@ -406,47 +401,28 @@ AVX2_INLINE void float_rows_avx2(const Problem *p, int q4_1, int64_t n0, int64_t
     }
 }
 
-AVX2 static void q4_1_float_rows_avx2(const Problem *p, int64_t n0, int64_t n1) {
-    float_rows_avx2(p, 1, n0, n1);
-}
-
-AVX2 static void q8_0_float_rows_avx2(const Problem *p, int64_t n0, int64_t n1) {
-    float_rows_avx2(p, 0, n0, n1);
-}
-
-AVX2 static void q4_1_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *dw, float *mw) {
-    rows_avx2(p, 1, n0, n1, dw, mw);
-}
-
-AVX2 static void q8_0_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *dw) {
-    rows_avx2(p, 0, n0, n1, dw, dw);
+/* The format and the path as constants, so each call below compiles to its own loop. */
+AVX2 static void product_rows_avx2(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *dw,
+                                   float *mw) {
+    if (p->xf && q4_1) float_rows_avx2(p, 1, n0, n1);
+    else if (p->xf) float_rows_avx2(p, 0, n0, n1);
+    else if (q4_1) rows_avx2(p, 1, n0, n1, dw, mw);
+    else rows_avx2(p, 0, n0, n1, dw, dw);
 }
 #endif
 
 void pg_product_rows(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *scratch,
                      int avx2) {
     float *dw = scratch, *mw = scratch + TILE_N * p->nb;
-    if (p->xf) {
-#if PG_X86
-        if (avx2) {
-            if (q4_1) q4_1_float_rows_avx2(p, n0, n1);
-            else q8_0_float_rows_avx2(p, n0, n1);
-            return;
-        }
-#endif
-        float_rows_scalar(p, q4_1, n0, n1);
-        return;
-    }
 #if PG_X86
     if (avx2) {
-        if (q4_1) q4_1_rows_avx2(p, n0, n1, dw, mw);
-        else q8_0_rows_avx2(p, n0, n1, dw);
+        product_rows_avx2(p, q4_1, n0, n1, dw, mw);
         return;
     }
 #endif
     (void)avx2;
-    if (q4_1) q4_1_rows_scalar(p, n0, n1, dw, mw);
-    else q8_0_rows_scalar(p, n0, n1, dw);
+    if (p->xf) float_rows_scalar(p, q4_1, n0, n1);
+    else rows_scalar(p, q4_1, n0, n1, dw, mw);
 }
 
 /* Quantize x, then split the output rows across `nthreads` in runs of TILE_N rows (each
@@ -504,63 +480,30 @@ int pg_q8_0_matmul(const int8_t *codes, const uint16_t *d, int64_t N, int64_t K,
  * W as float32 [N, K] (row-major): for many activation rows (prefill) a float GEMM on the
  * dequantized weight beats the per-block integer products. Same values as the products use. */
 
-static void q4_1_dequantize_rows(const Problem *p, int64_t n0, int64_t n1, float *out) {
-    for (int64_t n = n0; n < n1; n++) {
-        for (int64_t b = 0; b < p->nb; b++) {
-            const uint8_t *w = p->codes + (n * p->nb + b) * 16;
-            float d = half_to_float(p->d[n * p->nb + b]), m = half_to_float(p->m[n * p->nb + b]);
-            float *o = out + n * p->K + b * QK;
-            for (int j = 0; j < 16; j++) {
-                o[j] = d * (float)(w[j] & 0x0f) + m;
-                o[j + 16] = d * (float)(w[j] >> 4) + m;
-            }
-        }
-    }
-}
-
-static void q8_0_dequantize_rows(const Problem *p, int64_t n0, int64_t n1, float *out) {
-    for (int64_t n = n0; n < n1; n++) {
-        for (int64_t b = 0; b < p->nb; b++) {
-            const int8_t *w = (const int8_t *)p->codes + n * p->K + b * QK;
-            float d = half_to_float(p->d[n * p->nb + b]);
-            float *o = out + n * p->K + b * QK;
-            for (int j = 0; j < QK; j++) o[j] = d * (float)w[j];
-        }
-    }
+static void dequantize_rows_scalar(const Problem *p, int q4_1, int64_t n0, int64_t n1,
+                                   float *out) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t b = 0; b < p->nb; b++)
+            dequantize_block_scalar(p, q4_1, n, b, out + n * p->K + b * QK);
 }
 
 #if PG_X86
-AVX2 static void q4_1_dequantize_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *out) {
-    const __m128i low = _mm_set1_epi8(0x0f);
+AVX2_INLINE void store_blocks_avx2(const Problem *problem, int q4_1, int64_t n0, int64_t n1,
+                                   float *out) {
+    const Problem local = *problem, *p = &local; /* the stores to out cannot touch a local copy */
     for (int64_t n = n0; n < n1; n++) {
         for (int64_t b = 0; b < p->nb; b++) {
-            __m128i raw = _mm_loadu_si128((const __m128i *)(p->codes + (n * p->nb + b) * 16));
-            __m128i q[2] = {_mm_and_si128(raw, low), _mm_and_si128(_mm_srli_epi16(raw, 4), low)};
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(p->d[n * p->nb + b]));
-            __m256 m = _mm256_set1_ps(_cvtsh_ss(p->m[n * p->nb + b]));
-            float *o = out + n * p->K + b * QK;
-            for (int h = 0; h < 2; h++) { /* elements 0..15, then 16..31 */
-                __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q[h]));
-                __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q[h], 8)));
-                _mm256_storeu_ps(o + 16 * h, _mm256_fmadd_ps(d, a, m));
-                _mm256_storeu_ps(o + 16 * h + 8, _mm256_fmadd_ps(d, c, m));
-            }
+            __m256 w[4];
+            dequantize_block_avx2(p, q4_1, n, b, w);
+            for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + n * p->K + b * QK + 8 * i, w[i]);
         }
     }
 }
 
-AVX2 static void q8_0_dequantize_rows_avx2(const Problem *p, int64_t n0, int64_t n1, float *out) {
-    for (int64_t n = n0; n < n1; n++) {
-        for (int64_t b = 0; b < p->nb; b++) {
-            const int8_t *w = (const int8_t *)p->codes + n * p->K + b * QK;
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(p->d[n * p->nb + b]));
-            float *o = out + n * p->K + b * QK;
-            for (int j = 0; j < QK; j += 8) {
-                __m128i q = _mm_loadl_epi64((const __m128i *)(w + j));
-                _mm256_storeu_ps(o + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
-            }
-        }
-    }
+AVX2 static void dequantize_rows_avx2(const Problem *p, int q4_1, int64_t n0, int64_t n1,
+                                      float *out) {
+    if (q4_1) store_blocks_avx2(p, 1, n0, n1, out);
+    else store_blocks_avx2(p, 0, n0, n1, out);
 }
 #endif
 
@@ -574,12 +517,12 @@ static int dequantize(Problem *p, float *out, int nthreads, int avx2, int q4_1) 
         int64_t chunk = (p->N + nthreads - 1) / nthreads;
         int64_t n0 = c * chunk, n1 = n0 + chunk < p->N ? n0 + chunk : p->N;
 #if PG_X86
-        if (avx2 && q4_1) q4_1_dequantize_rows_avx2(p, n0, n1, out);
-        else if (avx2) q8_0_dequantize_rows_avx2(p, n0, n1, out);
-        else
+        if (avx2) {
+            dequantize_rows_avx2(p, q4_1, n0, n1, out);
+            continue;
+        }
 #endif
-        if (q4_1) q4_1_dequantize_rows(p, n0, n1, out);
-        else q8_0_dequantize_rows(p, n0, n1, out);
+        dequantize_rows_scalar(p, q4_1, n0, n1, out);
     }
     return PG_OK;
 }
