@@ -33,13 +33,6 @@
 
 #include "block_gemm.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define PG_X86 1
-#else
-#define PG_X86 0
-#endif
-
 #define XMAX 32767.0f /* activation codes are int16 in -XMAX..XMAX */
 
 /* ---------------------------------------------------------------- portable helpers */
@@ -241,16 +234,6 @@ static void float_rows_scalar(const Problem *p, int q4_1, int64_t n0, int64_t n1
 }
 
 #if PG_X86
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
-
-AVX2_INLINE float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 AVX2 static void row_scales_avx2(const uint16_t *h, int64_t nb, float *out) {
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8)
@@ -263,7 +246,7 @@ AVX2 static float dot_floats_avx2(const float *a, const float *b, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float sum = hsum_ps(acc);
+    float sum = pg_hsum8(acc);
     for (; i < n; i++) sum += a[i] * b[i];
     return sum;
 }
@@ -307,7 +290,7 @@ AVX2_INLINE void tile_avx2(const Problem *p, int q4_1, int64_t n0, int rn, int64
         }
     }
     for (int r = 0; r < rn; r++) {
-        float y = hsum_ps(acc[r]);
+        float y = pg_hsum8(acc[r]);
         if (q4_1) y += dot_floats_avx2(mw + r * nb, p->xs + t * nb, nb);
         p->y[t * p->N + n0 + r] = y;
     }
@@ -381,7 +364,7 @@ AVX2_INLINE void float_tile_avx2(const Problem *p, int q4_1, int64_t n, int64_t 
             acc[i] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), a);
         }
     }
-    for (int i = 0; i < tn; i++) p->y[(t0 + i) * p->N + n] = hsum_ps(acc[i]);
+    for (int i = 0; i < tn; i++) p->y[(t0 + i) * p->N + n] = pg_hsum8(acc[i]);
 }
 
 AVX2_INLINE void float_rows_avx2(const Problem *p, int q4_1, int64_t n0, int64_t n1) {

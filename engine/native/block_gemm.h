@@ -4,6 +4,16 @@
 
 #include <stdint.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PG_X86 1
+/* AVX2 code is compiled per function and chosen at run time (pg_cpu_has_avx2). */
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+#else
+#define PG_X86 0
+#endif
+
 #define QK 32     /* inputs per weight block */
 #define TILE_N 4  /* weight rows that share one activation block */
 #define TILE_F 8  /* activation rows that share one dequantized weight block (float tiles) */
@@ -52,5 +62,15 @@ static inline RowRange pg_row_share(int64_t N, int tid, int nthreads) {
     RowRange r = {n0 < N ? n0 : N, n1 < N ? n1 : N};
     return r;
 }
+
+#if PG_X86
+/* The sum of a vector's eight lanes. */
+AVX2_INLINE float pg_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
 
 #endif

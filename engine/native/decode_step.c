@@ -23,9 +23,6 @@
 
 #include "block_gemm.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -244,26 +241,17 @@ static void attend_run_generic(const PgModel *m, const PgLayer *L, const PgStep 
     }
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-#define AVX2_FN __attribute__((target("avx2,fma")))
-
-AVX2_FN static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
+#if PG_X86
 #define PREFETCH 8 /* key rows fetched ahead */
 
-AVX2_FN static inline void prefetch_row(const float *row, int64_t D) {
+AVX2_INLINE void prefetch_row(const float *row, int64_t D) {
     for (int64_t i = 0; i < D; i += 16) _mm_prefetch((const char *)(row + i), _MM_HINT_T0);
 }
 
 /* e^x for x <= 0 (softmax weights), 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by its
  * degree-6 Taylor polynomial (relative error < 2e-7), times 2^n through the exponent bits.
  * Lanes below -87 give 0 (e^-87 is under float's smallest normal). */
-AVX2_FN static inline __m256 exp_neg8(__m256 x) {
+AVX2_INLINE __m256 exp_neg8(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.0f);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     x = _mm256_max_ps(x, lo);
@@ -286,7 +274,7 @@ AVX2_FN static inline __m256 exp_neg8(__m256 x) {
 /* attend_run_generic for D a multiple of 32: the G heads' scores key by key, then each head's
  * output 32 floats at a time in four registers over all keys (the value rows come from L1,
  * the output is stored once). */
-AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgStep *s,
+AVX2 static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgStep *s,
                                     int64_t t, int64_t kvh, int64_t run, const float *qkv,
                                     const Partials *out) {
     int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads, ps = m->page_size;
@@ -311,7 +299,7 @@ AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const Pg
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k + i), a0);
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i + 8), _mm256_loadu_ps(k + i + 8), a1);
             }
-            scores[g][j] = hsum8(_mm256_add_ps(a0, a1)) * m->scale;
+            scores[g][j] = pg_hsum8(_mm256_add_ps(a0, a1)) * m->scale;
         }
     }
     for (int64_t g = 0; g < G; g++) {
@@ -325,7 +313,7 @@ AVX2_FN static void attend_run_avx2(const PgModel *m, const PgLayer *L, const Pg
             _mm256_storeu_ps(p + j, e);
             sum8 = _mm256_add_ps(sum8, e);
         }
-        total = hsum8(sum8);
+        total = pg_hsum8(sum8);
         for (; j < n; j++) {
             p[j] = expf(p[j] - best);
             total += p[j];
@@ -416,7 +404,7 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
         int64_t run = item / T, t = item % T;
         if (run * SPLIT >= s->seq_lens[t]) continue;
         for (int64_t kvh = 0; kvh < Hkv; kvh++) {
-#if defined(__x86_64__) || defined(__i386__)
+#if PG_X86
             if (avx2 && m->head_dim % 32 == 0) {
                 attend_run_avx2(m, L, s, t, kvh, run, w->qkv, &w->att);
                 continue;
