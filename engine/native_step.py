@@ -27,6 +27,7 @@ from torch.autograd import profiler
 from engine.attention_metadata import AttentionMetadata
 from engine.model import PROJECTIONS, LlamaModel
 from engine.native import BlockGemm, native_gemm
+from engine.native.block_gemm import NEED_WORKSPACE, check_status
 from engine.native_linear import FLOAT_GEMM_ROWS, BlockLinear
 from engine.quant_blocks import Q4_1Blocks
 
@@ -34,8 +35,6 @@ from engine.quant_blocks import Q4_1Blocks
 # per-op path's float GEMM on dequantized weights is faster than the integer products.
 MAX_DECODE_ROWS = FLOAT_GEMM_ROWS - 1
 _P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_ERRORS = {1: "bad shape or index", 2: "out of memory", 3: "the CPU has no AVX2/FMA/F16C"}
-_NEED_WORKSPACE = 4
 
 
 class _Weight(ctypes.Structure):
@@ -162,13 +161,11 @@ class NativeDecoder:
         )  # fmt: skip
         threads = torch.get_num_threads()
         status = self._call(step, hidden, threads)
-        if status == _NEED_WORKSPACE:  # the size it needs is in _workspace_bytes now
+        if status == NEED_WORKSPACE:  # the size it needs is in _workspace_bytes now
             self._workspace = torch.empty(self._workspace_bytes.value, dtype=torch.uint8)
             status = self._call(step, hidden, threads)
-        if status:
-            raise RuntimeError(f"native decode step failed: {_ERRORS.get(status, status)}")
+        check_status(status, "decode step")
         return hidden
-
 
     def _call(self, step: _Step, hidden: Tensor, threads: int) -> int:
         self._workspace_bytes.value = self._workspace.numel()

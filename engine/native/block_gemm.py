@@ -18,7 +18,9 @@ from torch import Tensor
 from engine.native.build import NativeSettings, load_library
 from engine.quant_blocks import QK, Q4_1Blocks, Q8_0Blocks
 
-_ERRORS = {1: "bad shape", 2: "out of memory", 3: "the CPU has no AVX2/FMA/F16C"}
+# The C functions' status codes (block_gemm.h); 4, a workspace too small, is handled by callers.
+_ERRORS = {1: "bad shape or index", 2: "out of memory", 3: "the CPU has no AVX2/FMA/F16C"}
+NEED_WORKSPACE = 4
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
@@ -48,7 +50,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_decode_step.restype = _INT
 
 
-def _check(status: int, what: str) -> None:
+def check_status(status: int, what: str) -> None:
+    """Raise RuntimeError naming `what` unless a native call returned 0."""
     if status != 0:
         raise RuntimeError(f"native {what} failed: {_ERRORS.get(status, status)}")
 
@@ -110,7 +113,7 @@ class BlockGemm:
         run = self._q4_1 if isinstance(w.blocks, Q4_1Blocks) else self._q8_0
         status = run(*w.args, x.data_ptr(), x.shape[0], y.data_ptr(), threads, self.avx2)
         if status:
-            _check(status, "matmul")
+            check_status(status, "matmul")
         return y
 
     def decode_step_function(self) -> Callable[..., int]:
@@ -136,7 +139,7 @@ class BlockGemm:
             status = self._lib.pg_q8_0_dequantize(
                 w.codes.data_ptr(), w.scales.data_ptr(), n, k, out.data_ptr(), threads, self.avx2
             )
-        _check(status, "dequantization")
+        check_status(status, "dequantization")
         return out
 
     def quantize_activations(self, x: Tensor) -> QuantizedActivations:
@@ -150,7 +153,7 @@ class BlockGemm:
         status = self._lib.pg_quantize_activations(
             x.data_ptr(), t, k, codes.data_ptr(), scales.data_ptr(), sums.data_ptr(), self.avx2
         )
-        _check(status, "activation quantization")
+        check_status(status, "activation quantization")
         return QuantizedActivations(codes, scales, sums)
 
 
