@@ -19,9 +19,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import orjson
@@ -38,6 +38,7 @@ from gateway.request_record import record
 from gateway.request_state import CLIENT_CLOSED, Gateway, RouteSpec, Ticket
 from gateway.sse_response import close_stream, internal_error, streaming_response
 from gateway.types import (
+    REQUEST_SENT,
     ApiError,
     BackendError,
     ChatRequest,
@@ -129,7 +130,9 @@ async def _start(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> S
     """Admit, prepare and start the backend stream up to its first item."""
     assert gw.admission is not None
     ticket.slot = await gw.admission.acquire(ticket.tenant)
-    req = await _prepare(gw, request, ticket, raw)
+    req, lint_after = await _prepare(gw, request, ticket, raw)
+    if lint_after is not None:
+        return await _start_then_lint(gw, ticket, req, lint_after)
     stream = gw.backend.stream(req)
     try:
         first = await _first(stream)
@@ -140,7 +143,16 @@ async def _start(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> S
     return req, stream, first
 
 
-async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> ChatRequest:
+class _LintJob(NamedTuple):
+    """Report-mode lint left until the request is on its way upstream."""
+
+    body: dict[str, Any]
+    size: int
+
+
+async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes
+                   ) -> tuple[ChatRequest, _LintJob | None]:
+    """The validated, linted (or to be linted: the job) and prepared request."""
     mode = request_mode(request.headers.get(MODE_HEADER), gw.config.lint_mode)
     ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
     if len(raw) > INLINE_PARSE_BYTES:  # a large body is parsed and validated off the loop
@@ -149,43 +161,100 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) ->
         body, req = _parse(gw.config, ticket, raw, ctx)
     if not _lint_fits(gw.config, body, len(raw)):
         mode = "off"
-    req, lint_ids = await _cpu_work(gw, len(raw), body, req, ticket, mode, ctx)
+    if mode == "report" and _lint_can_wait(gw, req):
+        req = await _cpu_work(gw, len(raw), _prepare_only, gw, req)
+        ticket.req = req
+        return req, _LintJob(body, len(raw))
+    req = await _cpu_work(gw, len(raw), _lint_and_prepare, gw, body, req, ticket, mode)
     ticket.req = req
-    for rule in lint_ids:
-        gw.metrics.lint_findings.inc(rule=rule)
-    return req
+    return req, None
 
 
-async def _cpu_work(gw: Gateway, size: int, body: dict[str, Any], req: ChatRequest,
-                    ticket: Ticket, mode: Any, ctx: ParseContext
-                    ) -> tuple[ChatRequest, tuple[str, ...]]:
-    """`_lint_and_prepare` on the loop for a body of at most `inline_prepare_bytes` while
-    prompt_lint's lock is free (the work is shorter than a thread hop), else in a worker
-    thread (a lock held elsewhere must never block the loop)."""
+def _lint_can_wait(gw: Gateway, req: ChatRequest) -> bool:
+    """Report-mode lint changes nothing that is sent, so it can run while an upstream works,
+    unless the upstream body carries the prompt family (api.openai.com's cache key)."""
+    backend = gw.backend
+    return isinstance(backend, PreparingBackend) and not backend.family_in_body(req)
+
+
+async def _start_then_lint(gw: Gateway, ticket: Ticket, req: ChatRequest, job: _LintJob
+                           ) -> Started:
+    """Start the backend stream, lint once the request is sent (or its first item is back,
+    for a backend that does not say), then wait for the first item."""
+    sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    token = REQUEST_SENT.set(lambda: sent.done() or sent.set_result(None))
+    try:
+        stream = gw.backend.stream(req)
+        first = asyncio.ensure_future(_first(stream))
+    finally:
+        REQUEST_SENT.reset(token)
+    try:
+        await asyncio.wait((first, sent), return_when=asyncio.FIRST_COMPLETED)
+        req = await _cpu_work(gw, job.size, _lint_report, gw, job.body, req, ticket)
+        ticket.req = req
+        return req, stream, await first
+    except BaseException:
+        first.cancel()
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(BaseException):
+                await first
+            await close_stream(stream)
+        raise
+    finally:
+        sent.cancel()
+
+
+async def _cpu_work(gw: Gateway, size: int, work: Callable[..., ChatRequest], *args: Any
+                    ) -> ChatRequest:
+    """`work(*args)` under prompt_lint's lock: on the loop for a body of at most
+    `inline_prepare_bytes` while the lock is free (the work is shorter than a thread hop),
+    else in a worker thread (a lock held elsewhere must never block the loop)."""
     if size <= gw.config.inline_prepare_bytes and MEMO_LOCK.acquire(blocking=False):
         try:
-            return _lint_and_prepare(gw, body, req, ticket, mode, ctx)
+            return work(*args)
         finally:
             MEMO_LOCK.release()
-    return await anyio.to_thread.run_sync(_lint_and_prepare, gw, body, req, ticket, mode, ctx)
+    return await anyio.to_thread.run_sync(_locked, work, *args)
+
+
+def _locked(work: Callable[..., ChatRequest], *args: Any) -> ChatRequest:
+    with MEMO_LOCK:
+        return work(*args)
 
 
 def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket,
-                      mode: Any, ctx: ParseContext) -> tuple[ChatRequest, tuple[str, ...]]:
-    """All of a request's CPU work in one call (one hop off the event loop, or inline for a
-    small body): lint, the re-parse of a rewritten body, and the backend's `prepare` (tokenize
-    and pack once for the shadow caches); under prompt_lint's lock (its learners and memos are
-    process-wide and not thread-safe)."""
+                      mode: Any) -> ChatRequest:
+    """A request's CPU work before it is sent, in one call (one hop off the event loop, or
+    inline for a small body): lint, the re-parse of a rewritten body, and the backend's
+    `prepare` (tokenize and pack once for the shadow caches); under prompt_lint's lock (its
+    learners and memos are process-wide and not thread-safe)."""
+    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
+    if outcome.changed:
+        ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
+        req = ticket.route.parse(outcome.body, ctx)
+    req = _with_lint(gw, req, outcome.lint_ids, outcome.family)
+    return _prepare_only(gw, req)
+
+
+def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
+    """The tenant's upstream salt and the backend's `prepare`, without lint."""
     assert gw.salter is not None
-    with MEMO_LOCK:
-        outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
-        if outcome.changed:
-            req = ticket.route.parse(outcome.body, ctx)
-        req = replace(req, lint_ids=outcome.lint_ids, family=outcome.family,
-                      upstream_salt=gw.salter.salt(req.namespace))
-        if isinstance(gw.backend, PreparingBackend):
-            req = gw.backend.prepare(req)
-    return req, outcome.lint_ids
+    req = replace(req, upstream_salt=gw.salter.salt(req.namespace))
+    return gw.backend.prepare(req) if isinstance(gw.backend, PreparingBackend) else req
+
+
+def _lint_report(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket
+                 ) -> ChatRequest:
+    """Report-mode lint of a request already sent: its findings on the request record."""
+    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, "report")
+    return _with_lint(gw, req, outcome.lint_ids, outcome.family)
+
+
+def _with_lint(gw: Gateway, req: ChatRequest, lint_ids: tuple[str, ...], family: str | None
+               ) -> ChatRequest:
+    for rule in lint_ids:
+        gw.metrics.lint_findings.inc(rule=rule)
+    return replace(req, lint_ids=lint_ids, family=family)
 
 
 def _parse(config: GatewayConfig, ticket: Ticket, raw: bytes, ctx: ParseContext

@@ -7,7 +7,8 @@ the route renders that stream back in the client's own format.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -183,3 +184,16 @@ class PreparingBackend(Protocol):
     def prepare(self, req: ChatRequest) -> ChatRequest:
         """`req` with its precomputed parts filled in (never changes what is served)."""
         ...
+
+    def family_in_body(self, req: ChatRequest) -> bool:
+        """True when what is sent for `req` depends on lint's prompt family (an upstream
+        whose cache key is derived from it): lint must then finish before `stream`."""
+        ...
+
+
+#: Set by the gateway around `Backend.stream` for a request whose report-mode lint waits until
+#: the request is on its way: a backend that sends over the network calls it once the request
+#: bytes are handed to the socket (the gateway lints while the upstream works). A backend that
+#: never calls it is linted for after its first item, which is as correct, only not overlapped.
+REQUEST_SENT: ContextVar[Callable[[], None] | None] = ContextVar("prefixgate_request_sent",
+                                                                 default=None)

@@ -17,21 +17,27 @@ interface and sends through one pooled `aiohttp.ClientSession`:
 - bodies stream through undecoded (httpx decodes `content-encoding` as it would for its own
   transport); the certificate store is certifi's, as httpx's;
 - aiohttp's failures are raised as the httpx exceptions the backends already map
-  (`gateway.backends.upstream_http.transport_error`).
+  (`gateway.backends.upstream_http.transport_error`);
+- the gateway's `REQUEST_SENT` callback (gateway.types), when set, is called once the body is
+  handed to the socket, so that report-mode lint runs while the upstream works.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import aiohttp
 import certifi
 import httpx
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.helpers import get_env_proxy_for_url
+from aiohttp.payload import BytesPayload
 from yarl import URL
+
+from gateway.types import REQUEST_SENT
 
 
 class _Proxy(NamedTuple):
@@ -86,6 +92,27 @@ class _ResponseStream(httpx.AsyncByteStream):
             self._response.close()
 
 
+class _SignallingBody(BytesPayload):
+    """A request body that calls `sent` once its bytes are written to the transport."""
+
+    def __init__(self, body: bytes, sent: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(body, **kwargs)
+        self._sent = sent
+
+    async def write_with_length(self, writer: AbstractStreamWriter,
+                                content_length: int | None) -> None:
+        await super().write_with_length(writer, content_length)
+        self._sent()
+
+
+def _payload(body: bytes) -> bytes | _SignallingBody | None:
+    """What aiohttp sends: the bytes, or a body that signals `REQUEST_SENT` once written."""
+    sent = REQUEST_SENT.get()
+    if not body:
+        return None
+    return _SignallingBody(body, sent) if sent is not None else body
+
+
 def _timeout(request: httpx.Request) -> aiohttp.ClientTimeout:
     """aiohttp's timeouts from httpx's `timeout` extension (None: no limit)."""
     t: dict[str, float | None] = request.extensions.get("timeout") or {}
@@ -138,7 +165,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         proxy = self._proxy(request.url)
         with _mapped_errors(request, reading=False):
             response = await session.request(
-                request.method, str(request.url), data=body or None, headers=headers,
+                request.method, str(request.url), data=_payload(body), headers=headers,
                 timeout=_timeout(request), allow_redirects=False, proxy=proxy.url,
                 proxy_auth=proxy.auth)
         return httpx.Response(response.status, headers=list(response.raw_headers),

@@ -196,6 +196,11 @@ class OpenAIUpstream(UpstreamBackend):
             headers["authorization"] = f"Bearer {self.options.api_key}"
         return headers
 
+    def family_in_body(self, req: ChatRequest) -> bool:
+        """api.openai.com (or `derive_prompt_cache_key`): the tenant's `prompt_cache_key` is
+        scoped by the prompt family."""
+        return _wants_cache_key(self.options)
+
     def _request(self, req: ChatRequest) -> httpx.Request:
         path, body = build_body(req, self.options)
         return self._post(self._urls[path], dumps_body(body))

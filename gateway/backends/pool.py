@@ -126,6 +126,9 @@ class ReplicaPool:
         """`req` with its shadow-cache tokens (call under prompt_lint's lock, off the loop)."""
         return dataclasses.replace(req, shadow_prompt=request_prompt(req))
 
+    def family_in_body(self, req: ChatRequest) -> bool:
+        return any(r.backend.family_in_body(req) for r in self.router.replicas)
+
     async def aclose(self) -> None:
         for r in self.router.replicas:
             await r.backend.aclose()
@@ -335,6 +338,9 @@ class ProviderPools:
 
     def prepare(self, req: ChatRequest) -> ChatRequest:
         return self._pool(req).prepare(req)
+
+    def family_in_body(self, req: ChatRequest) -> bool:
+        return self._pool(req).family_in_body(req)
 
     def bind_metrics(self, registry: Registry) -> None:
         for pool in self.pools.values():

@@ -92,6 +92,10 @@ class UpstreamBackend(ABC):
         """Upstreams do not expose their KV pool."""
         return None
 
+    def family_in_body(self, req: ChatRequest) -> bool:
+        """Whether the body sent for `req` depends on its prompt family (see subclasses)."""
+        return False
+
     async def aclose(self) -> None:
         """Close the pooled HTTP client."""
         await self._client.aclose()
