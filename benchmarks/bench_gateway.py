@@ -7,7 +7,9 @@
    and at 32 concurrent clients. Through the gateway each request is parsed, linted (report
    mode, and lint off for comparison), tokenized (prompt_lint's layout), looked up in the shadow
    caches, proxied, and recorded. LiteLLM's proxy on the same upstream is a side row when it is
-   installed in its own venv (see `benchmarks/gateway_servers.py`). Targets: at 1 client p50
+   installed in its own venv (see `benchmarks/gateway_servers.py`). A bare pass-through proxy
+   (`benchmarks/bare_proxy.py`: the same uvicorn and aiohttp, none of the gateway's work) is
+   the floor row: what one more Python HTTP hop costs here. Targets: at 1 client p50
    added <= 1 ms and p99 added <= 5 ms; at 32 clients >= 0.8x the upstream's own throughput.
 2. Routing. A multi-session agent trace (sessions run concurrently, turns in order) over 4 fake
    replicas that really cache and prefill one prompt at a time (simulated time per uncached
@@ -44,6 +46,7 @@ from benchmarks.gateway_llama import find_binary, llama_table, run_llama  # noqa
 from benchmarks.gateway_routing import routing_table, run_routing  # noqa: E402
 from benchmarks.gateway_servers import (  # noqa: E402
     LITELLM_KEY,
+    bare_proxy,
     cpu_ms,
     fake_upstream,
     gateway_server,
@@ -65,9 +68,10 @@ SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worke
          "httptools): the fake upstream (no caching), prefixgate serve --upstream openai=... "
          "(lint report; a body up to 64 KiB is linted and tokenized on the event loop, a larger "
          "one in one worker-thread call; its upstream client: httpx's interface over aiohttp), "
+         "the bare proxy (benchmarks/bare_proxy.py: uvicorn + aiohttp, forwarding only), "
          "LiteLLM's proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
          f"{os.cpu_count()} CPUs shared by all")
-MODES = ["direct", "gateway", "gateway_lint_off"]  # + "litellm" when LiteLLM is available
+MODES = ["direct", "bare_proxy", "gateway", "gateway_lint_off"]  # + "litellm" when installed
 IN_PROCESS_MODES = ("direct", "gateway", "gateway_lint_off")
 
 
@@ -91,6 +95,8 @@ def _target(mode: str, urls: dict[str, str]) -> tuple[str, dict[str, str]]:
         return f"{urls['direct']}/v1/chat/completions", {}
     if mode == "litellm":
         return f"{urls['litellm']}/v1/chat/completions", {"authorization": f"Bearer {LITELLM_KEY}"}
+    if mode == "bare_proxy":
+        return f"{urls['bare_proxy']}/v1/chat/completions", {}
     headers = {"x-prefixgate-lint-mode": "off"} if mode == "gateway_lint_off" else {}
     return f"{urls['gateway']}/v1/chat/completions", headers
 
@@ -191,7 +197,8 @@ def run_latency(quick: bool, litellm: str | None) -> dict[str, Any]:
         inproc, cpu = asyncio.run(in_process(bodies, Path(tmp)))
         up = stack.enter_context(fake_upstream())
         gw = stack.enter_context(gateway_server(up, Path(tmp) / "b.db"))
-        urls = {"direct": up, "gateway": gw.url}
+        urls = {"direct": up, "gateway": gw.url,
+                "bare_proxy": stack.enter_context(bare_proxy(up))}
         if executable is not None:
             urls["litellm"] = stack.enter_context(litellm_proxy(executable, up, Path(tmp)))
         asyncio.run(one_client(urls, bodies[: min(10, n)]))  # warm-up: caches, connections
@@ -367,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"targets: 1 client p50 added {c1['p50_ms']:.2f} ms (<= 1), p99 added "
               f"{c1['p99_ms']:.2f} ms (<= 5); 32 clients {ratio:.2f}x the upstream's "
               "throughput (>= 0.8)")
+        floor = lat["c1"]["bare_proxy_added"]
+        print(f"bare pass-through proxy (the floor of one Python hop here): p50 added "
+              f"{floor['p50_ms']:.2f} ms; the gateway's own share "
+              f"{c1['p50_ms'] - floor['p50_ms']:+.2f} ms")
         if "litellm_added" in lat["c1"]:
             ll = lat["c1"]["litellm_added"]
             print(f"LiteLLM proxy, same upstream: p50 added {ll['p50_ms']:.2f} ms, p99 added "

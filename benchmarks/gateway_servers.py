@@ -1,4 +1,5 @@
-"""Server processes for the gateway benchmark: the fake upstream, the gateway, LiteLLM's proxy.
+"""Server processes for the gateway benchmark: the fake upstream, the gateway, a bare
+pass-through proxy (the floor: `benchmarks/bare_proxy.py`), LiteLLM's proxy.
 
 Each is a context manager that starts a process on 127.0.0.1, waits until it answers, and stops
 it on exit. LiteLLM is optional and lives in its own virtual environment (never the project's):
@@ -99,6 +100,15 @@ def gateway_server(upstream: str, db: Path) -> Iterator[Server]:
            "--lint-mode", "report", "--log-level", "warning"]
     with process(cmd, f"http://127.0.0.1:{port}/healthz", _env()) as proc:
         yield Server(f"http://127.0.0.1:{port}", proc.pid)
+
+
+@contextlib.contextmanager
+def bare_proxy(upstream: str) -> Iterator[str]:
+    """`benchmarks/bare_proxy.py` in front of `upstream`; its base URL."""
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bare_proxy.py"), str(port), upstream]
+    with process(cmd, f"http://127.0.0.1:{port}/healthz", _env()):
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager

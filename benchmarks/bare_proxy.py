@@ -1,0 +1,79 @@
+"""The floor for any Python proxy on this stack: a pass-through with no work of its own.
+
+A raw ASGI app on uvicorn (uvloop, httptools), one worker, forwarding each request body
+unchanged to the upstream over one pooled aiohttp session and its answer back unchanged: the
+same server and client libraries the gateway uses, none of the gateway's work (no parsing,
+lint, tokenizing, routing, records or metrics). bench_gateway measures it beside the gateway,
+so the latency a proxy hop itself costs here (two more processes woken, two more HTTP
+exchanges) is told apart from the gateway's own.
+
+    python benchmarks/bare_proxy.py PORT UPSTREAM_BASE_URL
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import aiohttp
+import uvicorn
+
+_HOP_HEADERS = (b"content-type",)
+
+
+class BareProxy:
+    """ASGI: `/healthz` answers 200; anything else is forwarded to `upstream` as a POST."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["path"] == "/healthz":
+            await _answer(send, 200, [], b"ok")
+        else:
+            await self._forward(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.session = aiohttp.ClientSession(auto_decompress=False)
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.session is not None:
+                    await self.session.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert self.session is not None
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        headers = {k.decode(): v.decode() for k, v in scope["headers"] if k in _HOP_HEADERS}
+        async with self.session.post(self.upstream + scope["path"], data=b"".join(chunks),
+                                     headers=headers) as response:
+            body = await response.read()
+            kept = [(k, v) for k, v in response.raw_headers if k.lower() in _HOP_HEADERS]
+            await _answer(send, response.status, kept, body)
+
+
+async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]],
+                  body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main(argv: list[str]) -> None:
+    port, upstream = int(argv[0]), argv[1]
+    uvicorn.run(BareProxy(upstream), host="127.0.0.1", port=port, loop="uvloop",
+                http="httptools", log_level="warning")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
