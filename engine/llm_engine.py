@@ -61,7 +61,8 @@ class Engine:
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(
-            self.loaded, self.num_pages, config.page_size, config.device, config.kernel_backend
+            self.loaded, self.num_pages, config.page_size, config.device, config.kernel_backend,
+            config.kv_torch_dtype,
         )
         self.sampler = Sampler()
         self.grammar = GrammarCompiler(self.tokenizer, sorted(self.tokenizer.special_token_ids))
@@ -88,6 +89,7 @@ class Engine:
         return pages_for_budget(
             c.memory_budget_bytes or DEFAULT_MEMORY_BUDGET, shape_from_config(self.loaded.config),
             weights, dtype_bytes, c.page_size, c.max_num_batched_tokens, c.max_num_seqs,
+            c.kv_torch_dtype.itemsize,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ requests

@@ -45,6 +45,7 @@ class ModelRunner:
         page_size: int,
         device: str,
         kernel_backend: str = "auto",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = loaded.model
         self.page_size = page_size
@@ -54,7 +55,8 @@ class ModelRunner:
                 f"the model's {self.model.quantization!r} weights are a CPU format; load it "
                 "with quantization='none' and dtype float16 or bfloat16 for CUDA"
             )
-        dtype = self.model.embed.dtype  # the model dtype (quantised weights keep fp32 activations)
+        # the model dtype (quantised weights keep fp32 activations), unless a storage dtype is given
+        dtype = kv_dtype or self.model.embed.dtype
         self.kv_cache = KVCache(loaded.config, num_pages, page_size, dtype, self.device)
         requested = None if kernel_backend == "auto" else kernel_backend
         first_cache = self.kv_cache.k[0]

@@ -8,7 +8,9 @@ final norm) to C: one OpenMP region with the products split by output rows and a
 (`engine.native_linear`); the LM head stays a `Q8_0Linear` call on the result.
 
 It serves decode steps (one new token per sequence) of up to `MAX_DECODE_ROWS` sequences of a
-float32 CPU model whose projections are all native blocks (`quantization="int8"`/`"int4"`);
+float32 CPU model whose projections are all native blocks (`quantization="int8"`/`"int4"`), over
+a float32 or float16 KV cache (K and V rounded to the nearest half when stored, as the torch
+path's `.to(torch.float16)`);
 `ModelRunner` falls back to `LlamaModel.forward` for anything else (prefill, verify steps,
 large batches, fp16/none, no compiler). `PREFIXGATE_NATIVE_STEP=off` turns it off.
 """
@@ -34,6 +36,8 @@ from engine.quant_blocks import Q4_1Blocks
 # Up to this many sequences a decode step runs natively; from FLOAT_GEMM_ROWS rows on the
 # per-op path's float GEMM on dequantized weights is faster than the integer products.
 MAX_DECODE_ROWS = FLOAT_GEMM_ROWS - 1
+# The KV cache dtypes the native step reads and writes (float16: `kv_cache_dtype="float16"`).
+KV_DTYPES = (torch.float32, torch.float16)
 _P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
@@ -53,7 +57,8 @@ class _Model(ctypes.Structure):
     _fields_ = [
         ("num_layers", _I64), ("hidden", _I64), ("num_heads", _I64), ("num_kv_heads", _I64),
         ("head_dim", _I64), ("intermediate", _I64), ("num_pages", _I64), ("page_size", _I64),
-        ("max_position", _I64), ("interleaved", _I64), ("rms_eps", _F), ("scale", _F),
+        ("max_position", _I64), ("interleaved", _I64), ("kv_half", _I64), ("rms_eps", _F),
+        ("scale", _F),
         ("cos_sin", _P), ("final_norm", _P), ("layers", ctypes.POINTER(_Layer)),
     ]  # fmt: skip
 
@@ -102,10 +107,12 @@ class NativeDecoder:
             raise ValueError("native decode needs a float32 CPU model on native block weights")
         c, k0 = model.config, k_caches[0]
         for cache in (*k_caches, *v_caches):
-            if cache.dtype != torch.float32 or not cache.is_contiguous() or not cache.is_cpu:
-                raise ValueError("native decode needs contiguous float32 CPU KV caches")
-            if cache.shape != k0.shape or tuple(cache.shape[2:]) != (c.num_kv_heads, c.head_dim):
-                raise ValueError(f"KV caches of mismatched shapes: {tuple(cache.shape)}")
+            if cache.dtype not in KV_DTYPES or not cache.is_contiguous() or not cache.is_cpu:
+                raise ValueError("native decode needs contiguous float32 or float16 CPU KV caches")
+            if cache.dtype != k0.dtype or cache.shape != k0.shape or (
+                    tuple(cache.shape[2:]) != (c.num_kv_heads, c.head_dim)):
+                raise ValueError(f"KV caches of mismatched shapes or dtypes: {tuple(cache.shape)} "
+                                 f"{cache.dtype}")
         if len(k_caches) != c.num_layers or len(v_caches) != c.num_layers:
             raise ValueError(f"expected {c.num_layers} K and V caches")
         layers = (_Layer * c.num_layers)()
@@ -119,7 +126,8 @@ class NativeDecoder:
         self._model_struct = _Model(
             c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
             c.intermediate_size, k0.shape[0], k0.shape[1], model.cos_sin.shape[0],
-            int(c.rope_layout == "interleaved"), c.rms_eps, c.head_dim**-0.5,
+            int(c.rope_layout == "interleaved"), int(k0.dtype == torch.float16), c.rms_eps,
+            c.head_dim**-0.5,
             _float_vector(model.cos_sin), _float_vector(model.norm), layers,
         )  # fmt: skip
         self._model_address = ctypes.addressof(self._model_struct)
@@ -201,6 +209,6 @@ def native_decoder(
     gemm = native_gemm()
     if gemm is None or not native_step_enabled() or not supports_model(model):
         return None
-    if k_caches[0].dtype != torch.float32 or not k_caches[0].is_cpu:
+    if k_caches[0].dtype not in KV_DTYPES or not k_caches[0].is_cpu:
         return None
     return NativeDecoder(model, gemm, k_caches, v_caches)

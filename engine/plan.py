@@ -153,11 +153,14 @@ def pages_for_budget(
     page_size: int,
     max_batched_tokens: int,
     max_num_seqs: int,
+    kv_dtype_bytes: int | None = None,
 ) -> int:
-    """KV pages that fit in `budget` after the weights and the overhead; ValueError if none."""
+    """KV pages that fit in `budget` after the weights and the overhead; ValueError if none.
+    `dtype_bytes`: the activations' element size; `kv_dtype_bytes` the cache's (None: the same).
+    """
     overhead = overhead_bytes(shape, dtype_bytes, max_batched_tokens, max_num_seqs)
     left = budget - weight_bytes - overhead
-    page_bytes = kv_bytes_per_token(shape, dtype_bytes) * page_size
+    page_bytes = kv_bytes_per_token(shape, kv_dtype_bytes or dtype_bytes) * page_size
     if left < page_bytes:
         raise ValueError(
             f"memory budget of {budget / MIB:.0f} MiB leaves no room for the KV cache: weights "

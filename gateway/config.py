@@ -292,7 +292,7 @@ ENGINE_ENV_ALIASES: dict[str, str] = {"PREFIXGATE_MODEL_PATH": "model"}
 """Older names kept for engine fields (read before the PREFIXGATE_ENGINE_* name)."""
 ENGINE_FLAG_ALIASES: dict[str, str] = {
     "model": "--model", "num_pages": "--num-pages", "device": "--device",
-    "quantization": "--quantization",
+    "quantization": "--quantization", "kv_cache_dtype": "--kv-cache-dtype",
 }
 """Short `prefixgate serve` flags kept beside `--engine-<field>` for these engine fields."""
 

@@ -18,6 +18,7 @@ from .checks import (
     check_cu_seqlens_values,
     check_heads,
     check_kv_cache,
+    check_kv_storage,
     check_last_dim_contiguous,
     check_same_device,
     check_same_dtype,
@@ -39,7 +40,7 @@ def _check_attention_inputs(
     check_tensor("q", q, 3, FLOAT_DTYPES)
     check_tensor("seq_lens", seq_lens, 1)
     _, _, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
-    check_same_dtype(q=q, k_cache=k_cache)
+    check_kv_storage("q", q, k_cache)
     check_same_device(q=q, k_cache=k_cache, block_table=block_table, seq_lens=seq_lens)
     check_last_dim_contiguous(q=q)
     if q.shape[2] != head_dim:
@@ -93,6 +94,7 @@ def paged_decode_attention(
         )
     from . import triton_attention
 
+    check_same_dtype(q=q, k_cache=k_cache)  # Triton reads the cache in the activations' dtype
     return triton_attention.paged_decode_attention(
         q, k_cache, v_cache, block_table, seq_lens, float(scale)
     )
@@ -141,6 +143,7 @@ def paged_prefill_attention(
         )
     from . import triton_attention
 
+    check_same_dtype(q=q, k_cache=k_cache)
     longest = plan.max_new_tokens if plan is not None else None
     return triton_attention.paged_prefill_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, float(scale), longest
@@ -166,7 +169,8 @@ def store_kv(
     num_pages, page_size, num_kv_heads, head_dim = check_kv_cache(k_cache, v_cache)
     check_tensor("slot_mapping", slot_mapping, 1, (torch.int32, torch.int64))
     check_same_device(k=k, v=v, k_cache=k_cache, slot_mapping=slot_mapping)
-    check_same_dtype(k=k, v=v, k_cache=k_cache)
+    check_same_dtype(k=k, v=v)
+    check_kv_storage("k", k, k_cache)
     check_last_dim_contiguous(k=k, v=v)
     expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
     for name, t in (("k", k), ("v", v)):
@@ -183,4 +187,5 @@ def store_kv(
         return
     from . import triton_ops
 
+    check_same_dtype(k=k, k_cache=k_cache)
     triton_ops.store_kv(k, v, k_cache, v_cache, slot_mapping)

@@ -44,6 +44,23 @@ def check_same_dtype(**tensors: torch.Tensor) -> None:
         raise TypeError(f"tensors must share one dtype, got {listing}")
 
 
+def kv_storage_ok(activations: torch.dtype, cache: torch.Tensor) -> bool:
+    """Whether a KV cache may hold these activations: in their own dtype, or float16 for
+    float32 activations on CPU (the torch path converts on store and after each read)."""
+    if activations == cache.dtype:
+        return True
+    return activations == torch.float32 and cache.dtype == torch.float16 and not cache.is_cuda
+
+
+def check_kv_storage(name: str, t: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """Check that ``k_cache`` may hold ``t``'s dtype (see ``kv_storage_ok``)."""
+    if not kv_storage_ok(t.dtype, k_cache):
+        raise TypeError(
+            f"{name} is {t.dtype}, the KV cache {k_cache.dtype}: a cache holds its activations' "
+            "dtype (or float16 for float32 activations on CPU)"
+        )
+
+
 def check_last_dim_contiguous(**tensors: torch.Tensor) -> None:
     """Check that the last dimension of each tensor has stride 1 (kernels load rows)."""
     for name, t in tensors.items():

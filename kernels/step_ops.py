@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from . import torch_attention, torch_ops
-from .checks import FLOAT_DTYPES, check_heads, check_kv_cache, check_same_device
+from .checks import FLOAT_DTYPES, check_heads, check_kv_cache, check_same_device, kv_storage_ok
 from .plan import AttentionPlan, RotaryPlan
 
 
@@ -268,7 +268,7 @@ def _check_geometry(
         )
     if geometry.rms_eps <= 0 or geometry.scale <= 0:
         raise ValueError(f"rms_eps and scale must be > 0, got {geometry[3:]}")
-    if dtype not in FLOAT_DTYPES or dtype != k_cache.dtype:
+    if dtype not in FLOAT_DTYPES or not kv_storage_ok(dtype, k_cache):
         raise TypeError(f"activations are {dtype}, the KV cache is {k_cache.dtype}")
 
 
@@ -302,6 +302,9 @@ def plan_step(
     _check_geometry(geometry, k_caches[0], rotary, dtype)
     check_same_device(k_cache=k_caches[0], positions=rotary.positions)
     if attention.backend == "triton":
+        if dtype != k_caches[0].dtype:
+            raise TypeError(f"the Triton path reads a cache of the activations' dtype {dtype}, "
+                            f"got {k_caches[0].dtype}")
         return TritonStepOps(attention, rotary, geometry)
     return _torch_step_ops(attention, rotary, geometry, dtype, k_caches)
 

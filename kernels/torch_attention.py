@@ -1,5 +1,9 @@
 """Fast torch paged attention: the CPU runtime path (and the GPU baseline in benchmarks).
 
+A float16 cache of float32 activations (``EngineConfig(kv_cache_dtype="float16")``) is read as
+float16 and converted to float32 right after the read (the copy a gather makes anyway, or one
+more for a view); every product runs in float32.
+
 Pages are gathered through the block table into dense K/V, then attention runs in
 ``scaled_dot_product_attention``. On CPU the gather writes into a per-thread workspace that
 is reused across calls: a fresh 100 MB tensor per call costs more in page faults than the
@@ -175,6 +179,7 @@ def _decode_padded(
     num_kv_heads = k_cache.shape[2]
     k, v = gather_kv(k_cache, v_cache, plan.pages)  # [B, pages * page_size, Hkv, D]
     k, v = k[:, : plan.padded_len].transpose(1, 2), v[:, : plan.padded_len].transpose(1, 2)
+    k, v = _in_dtype(k, q.dtype), _in_dtype(v, q.dtype)
     qg = q.view(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [B, Hkv, G, D]
     out = F.scaled_dot_product_attention(
         qg, k, v, attn_mask=plan.mask, scale=scale
@@ -186,14 +191,21 @@ def _decode_padded(
 
 
 def _sequence_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqPages
+    k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqPages, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's cached K and V as [Hkv, L, D]: a view of the cache when its pages are
-    consecutive (no copy), else gathered."""
+    """One sequence's cached K and V as [Hkv, L, D] in ``dtype``: a view of the cache when its
+    pages are consecutive and it holds ``dtype`` (no copy), else gathered (or converted)."""
     if seq.first_page >= 0:  # one strided view per cache (the caches are contiguous)
-        return _token_view(k_cache, seq), _token_view(v_cache, seq)
-    k, v = gather_kv(k_cache, v_cache, seq.pages)  # [count * page, Hkv, D]
-    return k[: seq.length].transpose(0, 1), v[: seq.length].transpose(0, 1)
+        k, v = _token_view(k_cache, seq), _token_view(v_cache, seq)
+    else:
+        k, v = gather_kv(k_cache, v_cache, seq.pages)  # [count * page, Hkv, D]
+        k, v = k[: seq.length].transpose(0, 1), v[: seq.length].transpose(0, 1)
+    return _in_dtype(k, dtype), _in_dtype(v, dtype)
+
+
+def _in_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` read in the activations' dtype (a float16 cache of float32 activations)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _token_view(cache: torch.Tensor, seq: SeqPages) -> torch.Tensor:
@@ -211,7 +223,7 @@ def _attend_one(
     """q_row [Hq, D] over one sequence's cached tokens -> [Hkv, G, D]."""
     num_q_heads, head_dim = q_row.shape
     num_kv_heads = k_cache.shape[2]
-    k, v = _sequence_kv(k_cache, v_cache, seq)  # [Hkv, L, D]
+    k, v = _sequence_kv(k_cache, v_cache, seq, q_row.dtype)  # [Hkv, L, D]
     qg = q_row.view(num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [Hkv, G, D]
     if q_row.dtype == torch.float32 and not q_row.is_cuda:
         # A few query rows per KV head: two small bmm's beat SDPA's per-call setup on CPU.
@@ -261,8 +273,9 @@ def serial_decode(reads: DecodeReadPlan, k_cache: torch.Tensor) -> bool:
 
 def padded_page_limit(k_cache: torch.Tensor) -> int | None:
     """The most pages a padded decode gather may copy per call: no limit off CPU float32; on
-    CPU float32 the pages of ``PADDED_GATHER_BYTES`` of K and V (see the module doc)."""
-    if k_cache.device.type != "cpu" or k_cache.dtype != torch.float32:
+    CPU float32 (or a float16 cache of float32 activations) the pages of ``PADDED_GATHER_BYTES``
+    of K and V (see the module doc)."""
+    if k_cache.device.type != "cpu" or k_cache.dtype not in (torch.float32, torch.float16):
         return None
     page_bytes = 2 * k_cache[0].numel() * k_cache.element_size()  # one page of K and of V
     return PADDED_GATHER_BYTES // page_bytes
@@ -307,7 +320,7 @@ def _attend_few(
     n, num_q_heads, head_dim = q_new.shape
     num_kv_heads = k_cache.shape[2]
     group, length = num_q_heads // num_kv_heads, seq.length
-    k, v = _sequence_kv(k_cache, v_cache, seq)  # [Hkv, L, D]
+    k, v = _sequence_kv(k_cache, v_cache, seq, q_new.dtype)  # [Hkv, L, D]
     qg = q_new.view(n, num_kv_heads, group, head_dim).permute(1, 0, 2, 3)  # [Hkv, n, G, D]
     scores = torch.bmm(qg.reshape(num_kv_heads, n * group, head_dim), k.transpose(1, 2))
     scores = scores.mul_(scale).view(num_kv_heads, n, group, length)  # [Hkv, n, G, L]
@@ -341,7 +354,8 @@ def paged_prefill_attention(
             out[start:end] = _attend_few(q[start:end], k_cache, v_cache, seq, scale)
             continue
         k, v = gather_kv(k_cache, v_cache, block_table[b, : -(-total // page_size)])
-        out[start:end] = _causal_sdpa(q[start:end], k[:total], v[:total], scale)
+        k, v = _in_dtype(k[:total], q.dtype), _in_dtype(v[:total], q.dtype)
+        out[start:end] = _causal_sdpa(q[start:end], k, v, scale)
     return out
 
 

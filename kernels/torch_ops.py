@@ -50,6 +50,7 @@ def store_kv(
     kept: KeptSlots | None = None,
 ) -> None:
     """Scatter k, v [T, Hkv, D] into the flat slots of the caches; negative slots are skipped.
+    The caches hold k's dtype, or float16 (k and v are then rounded to it).
 
     ``kept``: ``kept_slots(slot_mapping)`` computed once for the step (None: computed here).
     """
@@ -57,6 +58,8 @@ def store_kv(
     slots, keep = kept if kept is not None else kept_slots(slot_mapping)
     if keep is not None:
         k, v = k[keep], v[keep]
+    if k.dtype != k_cache.dtype:  # a float16 cache of float32 activations: rounded on store
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 

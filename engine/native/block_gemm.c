@@ -44,25 +44,6 @@
 
 /* ---------------------------------------------------------------- portable helpers */
 
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exponent = (h >> 10) & 0x1fu;
-    uint32_t mantissa = h & 0x3ffu;
-    uint32_t bits;
-    if (exponent == 0) {
-        float sub = (float)mantissa * (1.0f / 16777216.0f); /* mantissa * 2^-24, exact */
-        memcpy(&bits, &sub, sizeof bits);
-        bits |= sign;
-    } else if (exponent == 31) {
-        bits = sign | 0x7f800000u | (mantissa << 13);
-    } else {
-        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-    }
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
 int pg_cpu_has_avx2(void) {
 #if PG_X86 && defined(__GNUC__)
     static int known = -1;
@@ -138,6 +119,10 @@ static void quantize_row_avx2(const float *x, int64_t nb, int16_t *q, float *xd,
 
 int pg_float_tile_rows(void) { return FLOAT_TILE_ROWS; }
 
+void pg_halves_from_floats(const float *x, int64_t n, uint16_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = pg_float_to_half(x[i]);
+}
+
 void pg_quantize_row(const float *x, int64_t nb, int16_t *q, float *xd, float *xs, int avx2) {
 #if PG_X86
     if (avx2) {
@@ -170,7 +155,7 @@ int pg_quantize_activations(const float *x, int64_t T, int64_t K, int16_t *q, fl
 
 
 static void row_scales_scalar(const uint16_t *h, int64_t nb, float *out) {
-    for (int64_t b = 0; b < nb; b++) out[b] = half_to_float(h[b]);
+    for (int64_t b = 0; b < nb; b++) out[b] = pg_half_to_float(h[b]);
 }
 
 static float dot_floats_scalar(const float *a, const float *b, int64_t n) {
@@ -212,10 +197,10 @@ static void rows_scalar(const Problem *p, int q4_1, int64_t n0, int64_t n1, floa
 
 /* Weight block b of row n as 32 floats (the values every path multiplies by). */
 static void dequantize_block_scalar(const Problem *p, int q4_1, int64_t n, int64_t b, float *w) {
-    float d = half_to_float(p->d[n * p->nb + b]);
+    float d = pg_half_to_float(p->d[n * p->nb + b]);
     if (q4_1) {
         const uint8_t *c = p->codes + (n * p->nb + b) * 16;
-        float m = half_to_float(p->m[n * p->nb + b]);
+        float m = pg_half_to_float(p->m[n * p->nb + b]);
         for (int j = 0; j < 16; j++) {
             w[j] = d * (float)(c[j] & 0x0f) + m;
             w[j + 16] = d * (float)(c[j] >> 4) + m;

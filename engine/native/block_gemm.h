@@ -3,6 +3,7 @@
 #define PG_BLOCK_GEMM_H
 
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -38,6 +39,50 @@ typedef struct {
 } Problem;
 
 int pg_cpu_has_avx2(void);
+
+/* IEEE half <-> float, portable (any CPU). */
+static inline float pg_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu;
+    uint32_t mantissa = h & 0x3ffu;
+    uint32_t bits;
+    if (exponent == 0) {
+        float sub = (float)mantissa * (1.0f / 16777216.0f); /* mantissa * 2^-24, exact */
+        memcpy(&bits, &sub, sizeof bits);
+        bits |= sign;
+    } else if (exponent == 31) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* f rounded to the nearest half (ties to even), as torch's .to(torch.float16): overflow gives
+ * infinity, NaN stays NaN, values under the smallest subnormal's half give signed zero. */
+static inline uint16_t pg_float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds past 65504 */
+    if (a < 0x38800000u) { /* under 2^-14: a subnormal half (units of 2^-24) or zero */
+        if (a < 0x33000000u) return (uint16_t)sign; /* under 2^-25 */
+        uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(a >> 23);
+        uint32_t q = mant >> shift, rest = mant & ((1u << shift) - 1u), tie = 1u << (shift - 1);
+        q += rest > tie || (rest == tie && (q & 1u));
+        return (uint16_t)(sign | q);
+    }
+    uint32_t h = ((a >> 23) - 112u) << 10 | (a & 0x7fffffu) >> 13, rest = a & 0x1fffu;
+    h += rest > 0x1000u || (rest == 0x1000u && (h & 1u)); /* a carry may raise the exponent */
+    return (uint16_t)(sign | h);
+}
+
+/* out[i] = the half nearest x[i] (pg_float_to_half), for n values. */
+void pg_halves_from_floats(const float *x, int64_t n, uint16_t *out);
 
 static inline int pg_float_tiles(int64_t T) { return T >= FLOAT_TILE_ROWS; }
 

@@ -48,6 +48,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     # model, step, hidden, workspace, workspace bytes (in/out), threads, avx2
     lib.pg_decode_step.argtypes = [_P, _P, _P, _P, ctypes.POINTER(_I64), _INT, _INT]
     lib.pg_decode_step.restype = _INT
+    lib.pg_halves_from_floats.argtypes, lib.pg_halves_from_floats.restype = [_P, _I64, _P], None
 
 
 def check_status(status: int, what: str) -> None:
@@ -140,6 +141,13 @@ class BlockGemm:
                 w.codes.data_ptr(), w.scales.data_ptr(), n, k, out.data_ptr(), threads, self.avx2
             )
         check_status(status, "dequantization")
+        return out
+
+    def halves(self, x: Tensor) -> Tensor:
+        """x float32 rounded to float16 as the native step stores K and V (for tests)."""
+        x = x.detach().to(torch.float32).contiguous().cpu()
+        out = torch.empty(x.shape, dtype=torch.float16)
+        self._lib.pg_halves_from_floats(x.data_ptr(), x.numel(), out.data_ptr())
         return out
 
     def quantize_activations(self, x: Tensor) -> QuantizedActivations:

@@ -1,5 +1,6 @@
 /* One decode step of a Llama-family model in one call: every layer, for T sequences with one
- * new token each, on block-quantized weights (block_gemm.c) and a float32 paged KV cache.
+ * new token each, on block-quantized weights (block_gemm.c) and a paged KV cache of float32 or
+ * of float16 (kv_half: K and V rounded to the nearest half when stored, widened when read).
  *
  * Per layer, for hidden states h [T, H] (the residual stream):
  *   x = rms_norm(h) * attn_norm;  [q k v] = x @ Wqkv^T;  rotate q, k;  store k, v at the slots;
@@ -37,13 +38,14 @@ typedef struct {
 typedef struct {
     const float *attn_norm, *ffn_norm; /* [H] */
     PgWeight qkv, o, gate_up, down;    /* [(Hq+2Hkv)D, H], [H, HqD], [2F, H], [H, F] */
-    float *k_cache, *v_cache;          /* [pages, page_size, Hkv, D] */
+    void *k_cache, *v_cache;           /* [pages, page_size, Hkv, D] float, or half (kv_half) */
 } PgLayer;
 
 typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate;
     int64_t num_pages, page_size, max_position;
     int64_t interleaved; /* rotary pairs (2i, 2i+1); else (i, i + D/2) */
+    int64_t kv_half;     /* the caches hold IEEE halves (else floats) */
     float rms_eps, scale;
     const float *cos_sin;    /* [max_position, D]: cos of the D/2 angles, then their sin */
     const float *final_norm; /* [H] */
@@ -169,30 +171,50 @@ static void rotate_and_store(const PgModel *m, const PgLayer *L, const PgStep *s
     for (int64_t h = 0; h < Hq + Hkv; h++) rotate(row + h * D, angles, D, (int)m->interleaved);
     int64_t slot = s->slots[t];
     if (slot < 0) return;
-    float *k = L->k_cache + slot * Hkv * D, *v = L->v_cache + slot * Hkv * D;
     const float *kn = row + Hq * D, *vn = row + (Hq + Hkv) * D;
+    if (m->kv_half) {
+        uint16_t *k = (uint16_t *)L->k_cache + slot * Hkv * D;
+        uint16_t *v = (uint16_t *)L->v_cache + slot * Hkv * D;
+        for (int64_t i = 0; i < Hkv * D; i++) {
+            k[i] = pg_float_to_half(kn[i]);
+            v[i] = pg_float_to_half(vn[i]);
+        }
+        return;
+    }
+    float *k = (float *)L->k_cache + slot * Hkv * D, *v = (float *)L->v_cache + slot * Hkv * D;
     for (int64_t i = 0; i < Hkv * D; i++) {
         k[i] = kn[i];
         v[i] = vn[i];
     }
 }
 
-static float dot(const float *a, const float *b, int64_t n) {
+/* Element i of a cache row (float, or half when `half`). */
+static inline float kv_at(const char *row, int64_t i, int half) {
+    return half ? pg_half_to_float(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+static float dot(const float *a, const char *row, int64_t n, int half) {
     float sum = 0.0f;
+    if (!half) {
+        const float *b = (const float *)row;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+        for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+        return sum;
+    }
+    for (int64_t i = 0; i < n; i++) sum += a[i] * kv_at(row, i, 1);
     return sum;
 }
 
-/* Rows j0..j0+n of token t's K or V cache (pages of ps rows of `stride` floats): row j at
- * rows[j - j0]. One table lookup per page, not per row. */
-static inline __attribute__((always_inline)) void kv_rows(const float *cache,
+/* Rows j0..j0+n of token t's K or V cache (pages of ps rows, `stride` bytes from one row to the
+ * next, one head's row `offset` bytes into it): row j at rows[j - j0]. One table lookup per
+ * page, not per row. */
+static inline __attribute__((always_inline)) void kv_rows(const void *cache, int64_t offset,
                                                           const int32_t *table, int64_t j0,
                                                           int64_t n, int64_t ps, int64_t stride,
-                                                          const float **rows) {
+                                                          const char **rows) {
     for (int64_t j = 0; j < n;) {
         int64_t page = (j0 + j) / ps, off = (j0 + j) % ps;
-        const float *base = cache + ((int64_t)table[page] * ps + off) * stride;
+        const char *base = (const char *)cache + ((int64_t)table[page] * ps + off) * stride + offset;
         for (int64_t i = 0; off + i < ps && j < n; i++, j++) rows[j] = base + i * stride;
     }
 }
@@ -202,37 +224,34 @@ static inline __attribute__((always_inline)) void kv_rows(const float *cache,
 static void attend_run_generic(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
                                int64_t kvh, int64_t run, const float *qkv, const Partials *out) {
     int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads, ps = m->page_size;
-    int64_t G = Hq / Hkv, stride = Hkv * D, j0 = run * SPLIT;
+    int half = (int)m->kv_half;
+    int64_t G = Hq / Hkv, es = half ? 2 : 4, stride = Hkv * D * es, j0 = run * SPLIT;
     int64_t len = s->seq_lens[t], n = len - j0 < SPLIT ? len - j0 : SPLIT;
     const int32_t *table = s->block_table + t * s->table_width;
     const float *q = qkv + t * (Hq + 2 * Hkv) * D + kvh * G * D; /* its G heads of D */
-    const float *kc = L->k_cache + kvh * D, *vc = L->v_cache + kvh * D;
     float scores[MAX_GROUP][SPLIT], best[MAX_GROUP], total[MAX_GROUP];
     float *state[MAX_GROUP];
-    const float *rows[SPLIT];
+    const char *rows[SPLIT];
     for (int64_t g = 0; g < G; g++) {
         state[g] = out->part + ((t * Hq + kvh * G + g) * out->runs + run) * (2 + D);
         best[g] = -INFINITY;
         total[g] = 0.0f;
         for (int64_t i = 0; i < D; i++) state[g][2 + i] = 0.0f;
     }
-    kv_rows(kc, table, j0, n, ps, stride, rows);
+    kv_rows(L->k_cache, kvh * D * es, table, j0, n, ps, stride, rows);
     for (int64_t j = 0; j < n; j++) {
-        const float *k = rows[j];
         for (int64_t g = 0; g < G; g++) {
-            float score = dot(q + g * D, k, D) * m->scale;
+            float score = dot(q + g * D, rows[j], D, half) * m->scale;
             scores[g][j] = score;
             best[g] = score > best[g] ? score : best[g];
         }
     }
-    kv_rows(vc, table, j0, n, ps, stride, rows);
+    kv_rows(L->v_cache, kvh * D * es, table, j0, n, ps, stride, rows);
     for (int64_t j = 0; j < n; j++) {
-        const float *v = rows[j];
         for (int64_t g = 0; g < G; g++) {
             float p = expf(scores[g][j] - best[g]), *o = state[g] + 2;
             total[g] += p;
-#pragma omp simd
-            for (int64_t i = 0; i < D; i++) o[i] += p * v[i];
+            for (int64_t i = 0; i < D; i++) o[i] += p * kv_at(rows[j], i, half);
         }
     }
     for (int64_t g = 0; g < G; g++) {
@@ -244,8 +263,14 @@ static void attend_run_generic(const PgModel *m, const PgLayer *L, const PgStep 
 #if PG_X86
 #define PREFETCH 8 /* key rows fetched ahead */
 
-AVX2_INLINE void prefetch_row(const float *row, int64_t D) {
-    for (int64_t i = 0; i < D; i += 16) _mm_prefetch((const char *)(row + i), _MM_HINT_T0);
+AVX2_INLINE void prefetch_row(const char *row, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(row + i, _MM_HINT_T0);
+}
+
+/* Elements i..i+7 of a cache row as floats (widened from halves when `half`). */
+AVX2_INLINE __m256 load8(const char *row, int64_t i, int half) {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    return _mm256_loadu_ps((const float *)row + i);
 }
 
 /* e^x for x <= 0 (softmax weights), 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by its
@@ -273,31 +298,31 @@ AVX2_INLINE __m256 exp_neg8(__m256 x) {
 
 /* attend_run_generic for D a multiple of 32: the G heads' scores key by key, then each head's
  * output 32 floats at a time in four registers over all keys (the value rows come from L1,
- * the output is stored once). */
-AVX2 static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgStep *s,
-                                    int64_t t, int64_t kvh, int64_t run, const float *qkv,
-                                    const Partials *out) {
+ * the output is stored once). Called with a constant `half`: one loop per cache dtype. */
+AVX2_INLINE void attend_run_avx2_body(const PgModel *m, const PgLayer *L, const PgStep *s,
+                                      int64_t t, int64_t kvh, int64_t run, const float *qkv,
+                                      const Partials *out, int half) {
     int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads, ps = m->page_size;
-    int64_t G = Hq / Hkv, stride = Hkv * D, j0 = run * SPLIT;
+    int64_t G = Hq / Hkv, es = half ? 2 : 4, stride = Hkv * D * es, j0 = run * SPLIT;
     int64_t len = s->seq_lens[t], n = len - j0 < SPLIT ? len - j0 : SPLIT;
     const int32_t *table = s->block_table + t * s->table_width;
     const float *q = qkv + t * (Hq + 2 * Hkv) * D + kvh * G * D;
     float scores[MAX_GROUP][SPLIT];
-    const float *rows[SPLIT], *vrows[SPLIT];
-    kv_rows(L->k_cache + kvh * D, table, j0, n, ps, stride, rows);
-    kv_rows(L->v_cache + kvh * D, table, j0, n, ps, stride, vrows);
+    const char *rows[SPLIT], *vrows[SPLIT];
+    kv_rows(L->k_cache, kvh * D * es, table, j0, n, ps, stride, rows);
+    kv_rows(L->v_cache, kvh * D * es, table, j0, n, ps, stride, vrows);
     for (int64_t j = 0; j < n; j++) {
-        /* rows are D floats at a stride of Hkv * D, in pages: ask for the key PREFETCH rows
+        /* rows are D elements at a stride of Hkv * D, in pages: ask for the key PREFETCH rows
          * ahead and this row's value (read after the scores) while the dots run */
-        if (j + PREFETCH < n) prefetch_row(rows[j + PREFETCH], D);
-        prefetch_row(vrows[j], D);
-        const float *k = rows[j];
+        if (j + PREFETCH < n) prefetch_row(rows[j + PREFETCH], D * es);
+        prefetch_row(vrows[j], D * es);
+        const char *k = rows[j];
         for (int64_t g = 0; g < G; g++) {
             const float *qg = q + g * D;
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             for (int64_t i = 0; i < D; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k + i), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i + 8), _mm256_loadu_ps(k + i + 8), a1);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), load8(k, i, half), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i + 8), load8(k, i + 8, half), a1);
             }
             scores[g][j] = pg_hsum8(_mm256_add_ps(a0, a1)) * m->scale;
         }
@@ -321,12 +346,12 @@ AVX2 static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgSte
         for (int64_t c = 0; c < D; c += 32) {
             __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
             for (int64_t j = 0; j < n; j++) {
-                const float *v = vrows[j] + c;
+                const char *v = vrows[j];
                 __m256 pj = _mm256_set1_ps(p[j]);
-                o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), o0);
-                o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), o1);
-                o2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), o2);
-                o3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), o3);
+                o0 = _mm256_fmadd_ps(pj, load8(v, c, half), o0);
+                o1 = _mm256_fmadd_ps(pj, load8(v, c + 8, half), o1);
+                o2 = _mm256_fmadd_ps(pj, load8(v, c + 16, half), o2);
+                o3 = _mm256_fmadd_ps(pj, load8(v, c + 24, half), o3);
             }
             _mm256_storeu_ps(state + 2 + c, o0);
             _mm256_storeu_ps(state + 2 + c + 8, o1);
@@ -336,6 +361,12 @@ AVX2 static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgSte
         state[0] = best;
         state[1] = total;
     }
+}
+
+AVX2 static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
+                                 int64_t kvh, int64_t run, const float *qkv, const Partials *out) {
+    if (m->kv_half) attend_run_avx2_body(m, L, s, t, kvh, run, qkv, out, 1);
+    else attend_run_avx2_body(m, L, s, t, kvh, run, qkv, out, 0);
 }
 #endif
 

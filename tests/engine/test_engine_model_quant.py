@@ -157,13 +157,15 @@ def _paged_greedy(
 
 
 def _paged_greedy_steps(
-    model: LlamaModel, prompt: list[int], steps: int
+    model: LlamaModel, prompt: list[int], steps: int, kv_dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, list[int], torch.Tensor]:
     """`_paged_greedy` plus the logits that chose each token [steps, vocab] (row 0 is the
-    prefill's last row; the others come from one-token decode steps)."""
+    prefill's last row; the others come from one-token decode steps), over a KV cache of
+    `kv_dtype`."""
     c = model.config
     pages = -(-(len(prompt) + steps) // 16)
-    k = [torch.zeros(pages, 16, c.num_kv_heads, c.head_dim) for _ in range(c.num_layers)]
+    shape = (pages, 16, c.num_kv_heads, c.head_dim)
+    k = [torch.zeros(shape, dtype=kv_dtype) for _ in range(c.num_layers)]
     v = [torch.zeros_like(t) for t in k]
     table = torch.arange(pages, dtype=torch.int32)[None]
 
@@ -237,18 +239,23 @@ def fp32_prompts(loaded_model: LoadedModel) -> list[list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("torch_single_thread")
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize(("quantization", "kv_dtype"), [
+    ("int8", torch.float32), ("int4", torch.float32), ("int4", torch.float16),
+], ids=["int8", "int4", "int4-kv16"])
 def test_integer_model_quality_against_fp32(
-    loaded_model: LoadedModel, fp32_prompts: list[list[int]], quantization: str
+    loaded_model: LoadedModel, fp32_prompts: list[list[int]], quantization: str,
+    kv_dtype: torch.dtype,
 ) -> None:
     """Loaded as serving loads it: prompt logits and every decode step's logits within the
     stated tolerance of fp32, and a 128-token greedy continuation that fp32 itself would
-    (nearly) have chosen token by token (scored teacher-forced by fp32)."""
+    (nearly) have chosen token by token (scored teacher-forced by fp32). A float16 KV cache
+    (`kv_cache_dtype="float16"`) keeps int4 within int4's bounds (observed max 0.043, mean
+    0.003, every token fp32's choice)."""
     model = load_model(quantization=quantization).model  # type: ignore[arg-type]
     fp32 = loaded_model.model
     assert model.streamed_weight_bytes() < 0.55 * fp32.streamed_weight_bytes()
     for prompt in fp32_prompts:
-        logits, tokens, step_logits = _paged_greedy_steps(model, prompt, CONTINUATION)
+        logits, tokens, step_logits = _paged_greedy_steps(model, prompt, CONTINUATION, kv_dtype)
         ref_all, _ = _paged_greedy(fp32, prompt + tokens[:-1], 1)  # fp32 over prompt + output
         ref_next = ref_all[len(prompt) - 1 :]  # fp32 logits for each continuation token
         diff = torch.cat([logits - ref_all[: len(prompt)], step_logits - ref_next]).abs()

@@ -52,15 +52,16 @@ def _model(head_dim: int, layout: str, quantization: str) -> LlamaModel:
 class Pages:
     """Caches with shuffled page tables for a few sequences, filled by the torch path."""
 
-    def __init__(self, model: LlamaModel, lengths: list[int], seed: int) -> None:
+    def __init__(self, model: LlamaModel, lengths: list[int], seed: int,
+                 kv_dtype: torch.dtype = torch.float32) -> None:
         c = model.config
         need = [n // PAGE_SIZE + 1 for n in lengths]
         pages = sum(need) + 2
         order = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).int()
         self.tables = list(order[: sum(need)].split(need))
         shape = (pages, PAGE_SIZE, c.num_kv_heads, c.head_dim)
-        self.k = [torch.zeros(shape) for _ in range(c.num_layers)]
-        self.v = [torch.zeros(shape) for _ in range(c.num_layers)]
+        self.k = [torch.zeros(shape, dtype=kv_dtype) for _ in range(c.num_layers)]
+        self.v = [torch.zeros(shape, dtype=kv_dtype) for _ in range(c.num_layers)]
         self.model, self.lengths = model, lengths
         ids = torch.Generator().manual_seed(seed + 1)
         for seq, n in enumerate(lengths):
@@ -105,19 +106,21 @@ class Pages:
         return meta, ids, torch.tensor(self.lengths)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["kv32", "kv16"])
 @pytest.mark.parametrize("avx2", [True, False], ids=["avx2", "scalar"])
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 @pytest.mark.parametrize(("head_dim", "layout"), [(32, "interleaved"), (16, "half")])
 def test_native_step_equals_the_torch_path(
-    avx2: bool, quantization: str, head_dim: int, layout: str
+    avx2: bool, quantization: str, head_dim: int, layout: str, kv_dtype: torch.dtype
 ) -> None:
+    """Over a float32 cache, or a float16 one (K and V rounded when stored, by both paths)."""
     lib = load_library()
     assert lib is not None
     if avx2 and not BlockGemm.best(lib).avx2:
         pytest.skip("CPU without AVX2")
     model = _model(head_dim, layout, quantization)
     # contexts: none, within one page, past one run of 128 keys, past two runs
-    pages = Pages(model, [0, 5, 130, 300], seed=head_dim)
+    pages = Pages(model, [0, 5, 130, 300], seed=head_dim, kv_dtype=kv_dtype)
     reference = pages.copy()
     native = NativeDecoder(model, BlockGemm(lib, avx2=avx2), pages.k, pages.v)
     for step in range(3):  # consecutive steps read what the previous ones stored
@@ -128,8 +131,26 @@ def test_native_step_equals_the_torch_path(
         want = reference.forward(meta, ids, pos)
         torch.testing.assert_close(got, want, atol=HIDDEN_ATOL, rtol=0)
         for mine, theirs in zip(pages.k + pages.v, reference.k + reference.v, strict=True):
-            torch.testing.assert_close(mine, theirs, atol=1e-3, rtol=1e-3)
+            assert mine.dtype == kv_dtype
+            torch.testing.assert_close(mine.float(), theirs.float(), atol=1e-3, rtol=1e-3)
         pages.lengths = reference.lengths = [n + 1 for n in pages.lengths]
+
+
+def test_halves_are_stored_rounded_as_torch_rounds() -> None:
+    """The C rounding of K and V to float16 is torch's `.to(torch.float16)`, bit for bit: over
+    every magnitude a cache meets, ties, subnormals, overflow and the special values."""
+    gemm = native_gemm()
+    assert gemm is not None
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.tensor([1e-9, 1e-7, 3e-5, 1e-3, 0.1, 1.0, 30.0, 1e3, 3e4, 7e4])
+    x = (torch.randn(len(scales), 20000, generator=gen) * scales[:, None]).flatten()
+    ties = torch.arange(1, 2049, dtype=torch.float32) * 2**-11 + 2**-12  # halfway to 2 ulps
+    special = torch.tensor([0.0, -0.0, 65504.0, 65519.0, 65520.0, -1e6, 2**-25, 2**-24 * 1.5,
+                            2**-24 * 2.5, 2**-14, 6.1e-5, 1e-45, float("inf"), -float("inf")])
+    values = torch.cat([x, ties, -ties, special])
+    got, want = gemm.halves(values), values.to(torch.float16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert gemm.halves(torch.tensor([float("nan")])).isnan().all()
 
 
 def test_negative_slot_is_not_stored_and_bad_indices_are_refused() -> None:

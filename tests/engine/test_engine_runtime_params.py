@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -60,6 +61,9 @@ def test_sampling_params_normalise_stop() -> None:
         ({"max_model_len": 0}, "max_model_len"),
         ({"dtype": "int3"}, "dtype"),
         ({"num_pages": 4, "memory_budget_bytes": 1 << 30}, "num_pages or memory_budget_bytes"),
+        ({"kv_cache_dtype": "int8"}, "kv_cache_dtype"),
+        ({"kv_cache_dtype": "float16", "device": "cuda"}, "kv_cache_dtype='auto'"),
+        ({"kv_cache_dtype": "float16", "dtype": "bfloat16"}, "CPU option for float32"),
     ],
 )
 def test_bad_engine_config_names_the_field(kwargs: dict, field: str) -> None:
@@ -132,6 +136,16 @@ def test_pages_for_budget_fill_what_is_left() -> None:
     assert plan.total <= budget < plan.total + 16 * 46_080
     with pytest.raises(ValueError, match="no room for the KV cache"):
         pages_for_budget(500 << 20, SMOLLM2, 538_060_032, 4, 16, 512, 16)
+    # a float16 cache of float32 activations: the same room holds twice the pages
+    half = pages_for_budget(budget, SMOLLM2, 538_060_032, 4, 16, 512, 16, kv_dtype_bytes=2)
+    assert half == 2 * pages or half == 2 * pages + 1
+
+
+def test_kv_cache_dtype_picks_the_cache_dtype() -> None:
+    assert EngineConfig().kv_torch_dtype == torch.float32
+    assert EngineConfig(kv_cache_dtype="float16").kv_torch_dtype == torch.float16
+    assert EngineConfig(dtype="bfloat16").kv_torch_dtype == torch.bfloat16
+    assert EngineConfig(dtype="float16", kv_cache_dtype="float16").kv_torch_dtype == torch.float16
 
 
 def test_size_parsers() -> None:

@@ -172,7 +172,7 @@ def test_bad_inputs_give_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     args = (batch.k_cache, batch.v_cache, batch.block_table, batch.seq_lens, batch.scale)
     with pytest.raises(ValueError, match="multiple of KV heads"):
         kernels.paged_decode_attention(batch.q[:, :5], *args)
-    with pytest.raises(TypeError, match="share one dtype"):
+    with pytest.raises(TypeError, match="the KV cache torch.float32"):
         kernels.paged_decode_attention(batch.q.half(), *args)
     with pytest.raises(TypeError, match="block_table must have dtype"):
         kernels.paged_decode_attention(batch.q, batch.k_cache, batch.v_cache,
