@@ -15,7 +15,9 @@ Side by side in one run, on the same GGUF (SmolLM2-135M-Instruct from the wheel)
 Reported: total wall time, prompt tokens computed vs total, mean TTFT, mean TPOT, output
 tokens/s; then the rows of `engine_rows`: single-stream decode TPOT per weight format beside
 its memory-bandwidth floor (streamed weight bytes / copy bandwidth measured in this run),
-1/4/8-stream decode tokens/s and cold prefill at 1k/4k/8k tokens, llama.cpp beside each.
+1/4/8-stream decode tokens/s, decode TPOT after 4k and 8k-token prompts (the engine's float32
+and float16 KV caches) and cold prefill at 1k/4k/8k tokens, llama.cpp beside each. The engine's
+KV cache is `--kv-cache-dtype` (default float16, as `make serve` and as llama.cpp's).
 Every system runs with the same thread count (`--threads`, default: every core).
 
     pip install -e '.[bench]'    # llama-cpp-python: compiles llama.cpp (~10-40 min)
@@ -40,8 +42,10 @@ from typing import Any
 import torch
 from engine_rows import (
     LlamaCpp,
+    context_rows,
     decode_rows,
     format_rows,
+    kv_for,
     open_llama_cpp,
     prefill_rows,
     stream_rows,
@@ -165,9 +169,11 @@ class Trace:
 
 # --------------------------------------------------------------------------- engine
 def run_engine(
-    loaded: LoadedModel, caching: bool, sessions: int, turns: int, gen: int
+    loaded: LoadedModel, caching: bool, sessions: int, turns: int, gen: int, kv: str = "auto"
 ) -> SystemResult:
-    eng = Engine(EngineConfig(enable_prefix_caching=caching, num_pages=1024), model=loaded)
+    config = EngineConfig(enable_prefix_caching=caching, num_pages=1024,
+                          kv_cache_dtype=kv_for(loaded, kv))  # type: ignore[arg-type]
+    eng = Engine(config, model=loaded)
     trace = Trace(sessions, turns, loaded.tokenizer)
     params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
     owner: dict[str, Session] = {}
@@ -279,14 +285,15 @@ def run_llama_cpp(
 
 
 def paired_trace(
-    loaded: LoadedModel, lcpp: LlamaCpp | None, missing: str, shape: tuple[int, int, int]
+    loaded: LoadedModel, lcpp: LlamaCpp | None, missing: str, shape: tuple[int, int, int],
+    kv: str = "auto",
 ) -> tuple[SystemResult, SystemResult]:
     """The cached engine and llama.cpp on the trace in A B B A order; each keeps its faster run.
 
     Both systems then see the same machine load on average even when it drifts (a shared
     2-core machine: other work slows two-thread runs many times over, see the load column)."""
     def engine() -> SystemResult:
-        return run_engine(loaded, True, *shape)
+        return run_engine(loaded, True, *shape, kv)
 
     def llama() -> SystemResult:
         return run_llama_cpp(lcpp, missing, loaded.tokenizer, *shape)
@@ -352,6 +359,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-trace", action="store_true", help="only the micro rows")
     parser.add_argument("--tokens", type=int, default=None,
                         help="generated tokens per decode row (default 64; --quick 16)")
+    parser.add_argument("--kv-cache-dtype", default="float16", choices=["auto", "float16"],
+                        help="the engine's KV cache (default float16, as `make serve`; "
+                             "llama.cpp's is float16; the long-context rows show both)")
+    parser.add_argument("--contexts", type=int, nargs="+", default=None,
+                        help="decode-after-a-long-prompt sizes (default 4000 8000; --quick 1024)")
     parser.add_argument("--prefill", type=int, nargs="+", default=None,
                         help="prefill prompt sizes (default 1024 4096 8000; --quick 512 1024)")
     return parser
@@ -366,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[SystemResult] = []
     if not args.skip_trace:
         # the engine and llama.cpp back to back, so the headline ratio sees one machine load
-        results = [*paired_trace(loaded, lcpp, missing, (sessions, turns, gen)),
-                   run_engine(loaded, False, sessions, turns, gen)]  # fmt: skip
+        kv = args.kv_cache_dtype
+        results = [*paired_trace(loaded, lcpp, missing, (sessions, turns, gen), kv),
+                   run_engine(loaded, False, sessions, turns, gen, kv)]  # fmt: skip
         if not args.skip_transformers:
             results.append(run_transformers(loaded.tokenizer, sessions, turns, gen))
         print(format_table(results), flush=True)
@@ -375,13 +388,16 @@ def main(argv: list[str] | None = None) -> int:
     sizes = tuple(args.prefill or ((512, 1024) if args.quick else (1024, 4096, 8000)))
     variants = {q: loaded if q == args.quantization else load_model(None, quantization=q)
                 for q in QUANTIZATIONS}  # fmt: skip
-    rows = decode_rows(variants, lcpp, tokens)
+    contexts = tuple(args.contexts or ((1024,) if args.quick else (4000, 8000)))
+    rows = decode_rows(variants, lcpp, tokens, args.kv_cache_dtype)
     del variants
-    rows += stream_rows(loaded, lcpp, tokens)
-    rows += prefill_rows(loaded, lcpp, sizes)
+    rows += stream_rows(loaded, lcpp, tokens, args.kv_cache_dtype)
+    rows += context_rows(loaded, lcpp, tokens, contexts)
+    rows += prefill_rows(loaded, lcpp, sizes, args.kv_cache_dtype)
     table = format_table(results) + "\n\n" + format_rows(rows)
     print(f"\ntrace: {sessions} sessions x {turns} turns, {gen} generated tokens per turn; "
-          f"engine weights: {args.quantization}; threads (every system): {args.threads}; "
+          f"engine weights: {args.quantization}, KV cache {args.kv_cache_dtype}; "
+          f"threads (every system): {args.threads}; "
           f"llama.cpp: {'yes' if lcpp else missing}")
     print(table)
     ratio = speedups(results) if results else {}
@@ -391,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "trace": {"sessions": sessions, "turns": turns, "generated_tokens": gen,
-                  "quick": args.quick, "engine_quantization": args.quantization},
+                  "quick": args.quick, "engine_quantization": args.quantization,
+                  "engine_kv_cache_dtype": args.kv_cache_dtype},
         "machine": {"platform": platform.platform(), "threads": args.threads,
                     "load_average": list(os.getloadavg())},
         "systems": [asdict(r) for r in results],

@@ -73,24 +73,30 @@ def text_ids(loaded: LoadedModel, n: int, salt: int = 0) -> list[int]:
     return ids[:n]
 
 
-def _engine(loaded: LoadedModel, pages: int, seqs: int = 8, budget: int = 512) -> Engine:
+def _engine(loaded: LoadedModel, pages: int, seqs: int = 8, budget: int = 512,
+            kv: str = "auto") -> Engine:
     config = EngineConfig(num_pages=pages, max_num_seqs=seqs, enable_prefix_caching=False,
-                          max_num_batched_tokens=budget)  # fmt: skip
+                          max_num_batched_tokens=budget, kv_cache_dtype=kv)  # type: ignore[arg-type]
     return Engine(config, model=loaded)
 
 
-def engine_decode(loaded: LoadedModel, streams: int, tokens: int) -> float:
+def kv_for(loaded: LoadedModel, kv: str) -> str:
+    """`kv` where the weight format allows it (a float16 cache needs float32 activations)."""
+    return kv if loaded.model.dtype == torch.float32 else "auto"
+
+
+def engine_decode(loaded: LoadedModel, streams: int, tokens: int, kv: str = "auto") -> float:
     """Aggregate decode tokens/s of `streams` concurrent greedy streams (32-token prompts)."""
-    eng = _engine(loaded, pages=streams * (-(-(32 + tokens) // 16)) + 8)
+    eng = _engine(loaded, pages=streams * (-(-(32 + tokens) // 16)) + 8, kv=kv_for(loaded, kv))
     eng.generate([text_ids(loaded, 8, 99)], SamplingParams(max_tokens=4, temperature=0.0))
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     outs = eng.generate([text_ids(loaded, 32, i) for i in range(streams)], params)
     return sum(1.0 / o.tpot for o in outs)
 
 
-def engine_prefill(loaded: LoadedModel, n: int) -> float:
+def engine_prefill(loaded: LoadedModel, n: int, kv: str = "auto") -> float:
     """Cold prefill tokens/s of one `n`-token prompt (time to first token)."""
-    eng = _engine(loaded, pages=-(-(n + 16) // 16) + 4, seqs=1)
+    eng = _engine(loaded, pages=-(-(n + 16) // 16) + 4, seqs=1, kv=kv_for(loaded, kv))
     eng.generate([text_ids(loaded, 16, 98)], SamplingParams(max_tokens=1, temperature=0.0))
     out = eng.generate([text_ids(loaded, n, 1)], SamplingParams(max_tokens=1, temperature=0.0))
     return n / out[0].ttft
@@ -133,7 +139,7 @@ def open_llama_cpp(threads: int) -> tuple[LlamaCpp | None, str]:
 
 
 def decode_rows(
-    variants: dict[str, LoadedModel], lcpp: LlamaCpp | None, tokens: int
+    variants: dict[str, LoadedModel], lcpp: LlamaCpp | None, tokens: int, kv: str = "auto"
 ) -> list[Row]:
     """Single-stream TPOT per weight format beside its floor (weights / copy bandwidth)."""
     bandwidth = copy_bandwidth()
@@ -142,7 +148,7 @@ def decode_rows(
     rows = []
     for name, loaded in variants.items():
         prompt = text_ids(loaded, 32, 7)
-        tpot = 1.0 / engine_decode(loaded, 1, tokens)
+        tpot = 1.0 / engine_decode(loaded, 1, tokens, kv)
         floor = streamed_bytes(loaded) / bandwidth
         rows.append(Row(f"decode TPOT, {name}", "ms/token", 1e3 * tpot, floor=1e3 * floor,
                         note=f"{streamed_bytes(loaded) / 1e6:.0f} MB, copy "
@@ -156,12 +162,13 @@ def decode_rows(
     return [report(row) for row in rows]
 
 
-def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int) -> list[Row]:
+def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
+                kv: str = "auto") -> list[Row]:
     """1/4/8 concurrent decode streams: aggregate tokens/s (llama.cpp: sequential streams)."""
     rows = []
     one = None
     for streams in (1, 4, 8):
-        rate = engine_decode(loaded, streams, tokens)
+        rate = engine_decode(loaded, streams, tokens, kv)
         one = one or rate
         row = Row(f"decode, {streams} streams", "tok/s", rate,
                   note=f"{rate / one:.2f}x one stream")  # fmt: skip
@@ -172,14 +179,41 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int) -> list
     return rows
 
 
-def prefill_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, sizes: tuple[int, ...]) -> list[Row]:
+def prefill_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, sizes: tuple[int, ...],
+                 kv: str = "auto") -> list[Row]:
     """Cold prefill tokens/s of one prompt of each size, same token ids for both."""
     rows = []
     for n in sizes:
-        row = Row(f"prefill {n} tokens", "tok/s", engine_prefill(loaded, n))
+        row = Row(f"prefill {n} tokens", "tok/s", engine_prefill(loaded, n, kv))
         if lcpp is not None:
             row.llama_cpp = lcpp.prefill(text_ids(loaded, n, 1))
         rows.append(report(row))
+    return rows
+
+
+def engine_context_tpot(loaded: LoadedModel, prompt: list[int], tokens: int, kv: str) -> float:
+    """Seconds per generated token after `prompt` (one greedy stream, cold cache)."""
+    eng = _engine(loaded, pages=-(-(len(prompt) + tokens) // 16) + 4, seqs=1,
+                  kv=kv_for(loaded, kv))
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    return eng.generate([prompt], params)[0].tpot
+
+
+def context_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
+                 contexts: tuple[int, ...]) -> list[Row]:
+    """Decode TPOT after a long prompt (agents decode at the end of long contexts, where
+    attention reads the whole KV cache every token), the engine's float32 and float16 caches
+    beside llama.cpp (whose cache is float16), the same token ids."""
+    rows = []
+    for n in contexts:
+        prompt = text_ids(loaded, n, 5)
+        lc = 1e3 * lcpp.tpot(prompt, tokens) if lcpp is not None else None
+        for kv, name in (("auto", "float32"), ("float16", "float16")):
+            if kv_for(loaded, kv) != kv:
+                continue
+            tpot = engine_context_tpot(loaded, prompt, tokens, kv)
+            rows.append(report(Row(f"decode TPOT after {n} tokens, KV {name}", "ms/token",
+                                   1e3 * tpot, llama_cpp=lc, note="llama.cpp KV float16")))
     return rows
 
 

@@ -182,7 +182,7 @@ async def _start_then_lint(gw: Gateway, ticket: Ticket, req: ChatRequest, job: _
     """Start the backend stream, lint once the request is sent (or its first item is back,
     for a backend that does not say), then wait for the first item."""
     sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    token = REQUEST_SENT.set(lambda: sent.done() or sent.set_result(None))
+    token = REQUEST_SENT.set(lambda: _settle(sent))
     try:
         stream = gw.backend.stream(req)
         first = asyncio.ensure_future(_first(stream))
@@ -202,6 +202,11 @@ async def _start_then_lint(gw: Gateway, ticket: Ticket, req: ChatRequest, job: _
         raise
     finally:
         sent.cancel()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _cpu_work(gw: Gateway, size: int, work: Callable[..., ChatRequest], *args: Any

@@ -60,6 +60,10 @@ class ReplicaBackend(Protocol):
         """Text deltas, then one Final."""
         ...
 
+    def family_in_body(self, req: ChatRequest) -> bool:
+        """Whether the body sent for `req` depends on its prompt family."""
+        ...
+
     async def aclose(self) -> None:
         """Release the backend's resources."""
         ...
