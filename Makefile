@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/prefixgate serve --host $(HOST) --port $(PORT) --quantization int4
+	$(BIN)/prefixgate serve --host $(HOST) --port $(PORT) --quantization int4 --kv-cache-dtype float16
 
 test: $(STAMP)
 	@if [ "$${CI:-}" = true ]; then .ci/system-deps; fi

@@ -44,11 +44,10 @@ class EngineConfig:
         `engine.linear`. Needs dtype float32 and device "cpu": on CUDA
         the weights stay plain float16/bfloat16/float32 for the Triton path. CPU decode streams
         every weight once per step, so fewer weight bytes is a faster decode.
-    kv_cache_dtype: storage of the KV cache: "auto" (the model dtype) or "float16" (half the
-        bytes of a float32 model's cache: twice the tokens in the same memory and half the bytes
-        decode attention reads per token; K and V are rounded to float16 when stored and read
-        back as float32). "float16" is a CPU option for float32 models; on CUDA the cache is the
-        model dtype.
+    kv_cache_dtype: KV cache storage, "auto" (the model dtype) or "float16" (CPU, float32 model).
+        float16 holds twice the tokens of a float32 cache in the same memory and halves the
+        bytes decode attention reads per token; K and V are rounded to float16 when stored and
+        read back as float32. On CUDA the cache is the model dtype.
     page_size: tokens per KV page (the radix cache's page size too).
     num_pages: KV pages in the pool; None = sized from `memory_budget_bytes`.
     memory_budget_bytes: total memory for weights + KV cache + overhead (used when num_pages
