@@ -8,6 +8,7 @@ llama.cpp runs through its Python binding, which drives one sequence at a time: 
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -139,22 +140,32 @@ def open_llama_cpp(threads: int) -> tuple[LlamaCpp | None, str]:
 
 
 def decode_rows(
-    variants: dict[str, LoadedModel], lcpp: LlamaCpp | None, tokens: int, kv: str = "auto"
+    variants: dict[str, LoadedModel], lcpp: LlamaCpp | None, tokens: int, kv: str = "auto",
+    repeats: int = 3,
 ) -> list[Row]:
-    """Single-stream TPOT per weight format beside its floor (weights / copy bandwidth)."""
+    """Single-stream TPOT per weight format beside its floor (weights / copy bandwidth).
+    Every format and llama.cpp run `repeats` times in turn (A B C .. A B C ..), each keeping
+    its median, so a drift in the machine's load reaches every system alike."""
     bandwidth = copy_bandwidth()
     gguf_bytes = default_model_path().stat().st_size
+    runs: dict[str, list[float]] = {name: [] for name in variants}
+    llama: list[float] = []
     prompt: list[int] = []
+    for _ in range(repeats):
+        for name, loaded in variants.items():
+            prompt = text_ids(loaded, 32, 7)
+            runs[name].append(1.0 / engine_decode(loaded, 1, tokens, kv))
+        if lcpp is not None:
+            llama.append(lcpp.tpot(prompt, tokens))
     rows = []
     for name, loaded in variants.items():
-        prompt = text_ids(loaded, 32, 7)
-        tpot = 1.0 / engine_decode(loaded, 1, tokens, kv)
         floor = streamed_bytes(loaded) / bandwidth
-        rows.append(Row(f"decode TPOT, {name}", "ms/token", 1e3 * tpot, floor=1e3 * floor,
+        rows.append(Row(f"decode TPOT, {name}", "ms/token", 1e3 * statistics.median(runs[name]),
+                        floor=1e3 * floor,
                         note=f"{streamed_bytes(loaded) / 1e6:.0f} MB, copy "
-                             f"{bandwidth / 1e9:.1f} GB/s"))  # fmt: skip
-    if lcpp is not None and rows:
-        lc = 1e3 * lcpp.tpot(prompt, tokens)
+                             f"{bandwidth / 1e9:.1f} GB/s; median of {repeats}"))  # fmt: skip
+    if llama:
+        lc = 1e3 * statistics.median(llama)
         lc_floor = 1e3 * gguf_bytes / bandwidth
         for row in rows:
             row.llama_cpp = lc
@@ -163,17 +174,23 @@ def decode_rows(
 
 
 def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
-                kv: str = "auto") -> list[Row]:
-    """1/4/8 concurrent decode streams: aggregate tokens/s (llama.cpp: sequential streams)."""
+                kv: str = "auto", repeats: int = 3) -> list[Row]:
+    """1/4/8 concurrent decode streams: aggregate tokens/s (llama.cpp: sequential streams),
+    each the median of `repeats` runs taken in turn with llama.cpp's."""
     rows = []
     one = None
     for streams in (1, 4, 8):
-        rate = engine_decode(loaded, streams, tokens, kv)
+        rates, llama = [], []
+        for _ in range(repeats):
+            rates.append(engine_decode(loaded, streams, tokens, kv))
+            if lcpp is not None:
+                llama.append(1.0 / lcpp.tpot(text_ids(loaded, 32, streams), tokens))
+        rate = statistics.median(rates)
         one = one or rate
         row = Row(f"decode, {streams} streams", "tok/s", rate,
-                  note=f"{rate / one:.2f}x one stream")  # fmt: skip
-        if lcpp is not None:
-            row.llama_cpp = 1.0 / lcpp.tpot(text_ids(loaded, 32, streams), tokens)
+                  note=f"{rate / one:.2f}x one stream; median of {repeats}")  # fmt: skip
+        if llama:
+            row.llama_cpp = statistics.median(llama)
             row.note += "; llama.cpp one at a time"
         rows.append(report(row))
     return rows

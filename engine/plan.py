@@ -29,6 +29,7 @@ Q8_0_BYTES = 34 / 32
 PROJECTION_BYTES = {"fp16": 2.0, "int8": Q8_0_BYTES, "int4": 20 / 32}
 HEAD_BYTES = {"fp16": 2.0, "int8": Q8_0_BYTES, "int4": Q8_0_BYTES}
 PLAN_QUANTIZATIONS = ("none", *PROJECTION_BYTES)
+SERVE_KV_CACHE_DTYPE = "float16"  # `make serve`'s --kv-cache-dtype
 SERVE_QUANTIZATION = "int4"  # what `make serve` runs
 RUNTIME_OVERHEAD = 64 << 20  # interpreter, torch, tokenizer, allocator slack
 MIB = 1 << 20
@@ -129,16 +130,21 @@ def plan_memory(
     max_batched_tokens: int = 512,
     max_num_seqs: int = 16,
     quantization: str = "none",
+    kv_cache_dtype: str = "auto",
 ) -> MemoryPlan:
     """Memory for `batch` sequences of `context_len` tokens of `shape` in `dtype`, weights
-    stored as `quantization`."""
+    stored as `quantization`, the KV cache in `kv_cache_dtype` ("auto": `dtype`)."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     if context_len <= 0 or batch <= 0:
         raise ValueError(f"context_len and batch must be positive, got {context_len}, {batch}")
     nbytes = DTYPE_BYTES[dtype]
     weights = weight_bytes(shape, dtype, quantization)
-    per_token = kv_bytes_per_token(shape, nbytes)
+    kv_dtype = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    if kv_dtype not in DTYPE_BYTES:
+        raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(DTYPE_BYTES)}, "
+                         f"got {kv_cache_dtype!r}")
+    per_token = kv_bytes_per_token(shape, DTYPE_BYTES[kv_dtype])
     tokens = context_len * batch
     kv = per_token * tokens
     overhead = overhead_bytes(shape, nbytes, max_batched_tokens, max_num_seqs)
@@ -223,6 +229,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES))
     p.add_argument("--quantization", default=SERVE_QUANTIZATION, choices=PLAN_QUANTIZATIONS,
                    help=f"weight format (default {SERVE_QUANTIZATION}: what `make serve` runs)")
+    p.add_argument("--kv-cache-dtype", default=SERVE_KV_CACHE_DTYPE, choices=("auto", "float16"),
+                   help=f"KV cache storage (default {SERVE_KV_CACHE_DTYPE}: what `make serve` "
+                        "runs; auto: --dtype)")
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence")
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
     p.add_argument("--max-batched-tokens", type=int, default=512)
@@ -272,18 +281,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shape = _manual_shape(args) or _shape_from_model(args.model)
         quantization = "none" if args.dtype != "float32" else args.quantization
+        kv = "auto" if args.dtype != "float32" else args.kv_cache_dtype
         plan = plan_memory(shape, args.dtype, args.context, args.batch, args.max_batched_tokens,
-                           quantization=quantization)  # fmt: skip
+                           quantization=quantization, kv_cache_dtype=kv)  # fmt: skip
     except (ValueError, FileNotFoundError) as exc:
         print(f"prefixgate plan: {exc}", file=sys.stderr)
         return 2
     result: dict[str, object] = {"model": shape.name, "dtype": args.dtype,
-                                 "quantization": quantization, **plan._asdict()}  # fmt: skip
+                                 "quantization": quantization, "kv_cache_dtype": kv,
+                                 **plan._asdict()}  # fmt: skip
     if args.budget is not None:
         try:
+            kv_bytes = plan.kv_bytes_per_token // kv_bytes_per_token(shape, 1)
             result["pages_for_budget"] = pages_for_budget(
                 args.budget, shape, plan.weights, DTYPE_BYTES[args.dtype], args.page_size,
-                args.max_batched_tokens, 16,
+                args.max_batched_tokens, 16, kv_bytes,
             )  # fmt: skip
         except ValueError as exc:
             result["pages_for_budget"] = f"none: {exc}"

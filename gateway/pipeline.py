@@ -5,12 +5,17 @@ x-prefixgate-* headers. An ApiError before the first delta becomes an error resp
 client's format; after it (streaming) an SSE error event. Once the body is read, a disconnect is
 watched for at every stage (admission queue, lint, prefill, decode): a client that goes away
 cancels the backend stream, which aborts the engine request (status 499 in the record).
-Admission (gateway.admission) runs before any work. A request's CPU work (lint, then the
-backend's `prepare`: tokenizing for the shadow caches) is one call, made in a worker thread so
-the event loop only routes, except for a body of at most `GatewayConfig.inline_prepare_bytes`
-(64 KiB) while prompt_lint's lock is free: that work is shorter than the thread hop itself
-(bench_gateway, 4k-token requests) and runs on the loop. A lock held by a worker thread never
-blocks the loop: the request then takes the worker thread too.
+Admission (gateway.admission) runs before any work. A request's CPU work is lint and the
+backend's `prepare` (tokenizing for the shadow caches). Report-mode lint changes nothing that is
+sent, so for an upstream pool it waits until the request is on its way (the backend's transport
+calls `REQUEST_SENT` once the body is on the socket) and runs while the upstream works; its
+findings still reach the response headers and the record. Rewrite mode, and an upstream whose
+body carries the prompt family (api.openai.com's `prompt_cache_key`), lint before sending. Each
+piece of that work is one call made in a worker thread so the event loop only routes, except for
+a body of at most `GatewayConfig.inline_prepare_bytes` (64 KiB) while prompt_lint's lock is free:
+that work is shorter than the thread hop itself (bench_gateway, 4k-token requests) and runs on
+the loop. A lock held by a worker thread never blocks the loop: the request then takes the
+worker thread too.
 """
 
 from __future__ import annotations

@@ -178,8 +178,9 @@ class Backend(Protocol):
 class PreparingBackend(Protocol):
     """A backend with CPU work to do per request before `stream` (upstream pools: tokenize
     and pack the prompt for the shadow caches). The gateway calls `prepare` under prompt_lint's
-    lock right after lint (in a worker thread, or on the event loop for a small body: see
-    gateway.pipeline), and streams the request it returns."""
+    lock (in a worker thread, or on the event loop for a small body: see gateway.pipeline),
+    after lint or, for report-mode lint that can wait (`family_in_body` False), before it, and
+    streams the request it returns."""
 
     def prepare(self, req: ChatRequest) -> ChatRequest:
         """`req` with its precomputed parts filled in (never changes what is served)."""

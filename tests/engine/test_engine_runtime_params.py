@@ -163,10 +163,12 @@ def test_plan_cli_counts_the_default_gguf_parameters(capsys: pytest.CaptureFixtu
     assert main(["--context", "1024", "--json", "--quantization", "none"]) == 0
     out = capsys.readouterr().out
     assert f'"weights": {n_elements * 4}' in out
-    assert main(["--context", "1024", "--json"]) == 0  # default: int4, what `make serve` runs
+    assert main(["--context", "1024", "--json"]) == 0  # default: what `make serve` runs
     out = capsys.readouterr().out
     assert '"quantization": "int4"' in out and f'"weights": {n_elements * 4}' not in out
-    assert f'"kv_cache": {46_080 * 1024}' in out
+    assert '"kv_cache_dtype": "float16"' in out and f'"kv_cache": {23_040 * 1024}' in out
+    assert main(["--context", "1024", "--json", "--kv-cache-dtype", "auto"]) == 0
+    assert f'"kv_cache": {46_080 * 1024}' in capsys.readouterr().out
     assert main(["--params", "7B", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
                  "--dtype", "bfloat16", "--context", "4096", "--batch", "2"]) == 0  # fmt: skip
     table = capsys.readouterr().out
