@@ -141,11 +141,12 @@ def open_llama_cpp(threads: int) -> tuple[LlamaCpp | None, str]:
 
 def decode_rows(
     variants: dict[str, LoadedModel], lcpp: LlamaCpp | None, tokens: int, kv: str = "auto",
-    repeats: int = 3,
+    repeats: int = 5,
 ) -> list[Row]:
     """Single-stream TPOT per weight format beside its floor (weights / copy bandwidth).
-    Every format and llama.cpp run `repeats` times in turn (A B C .. A B C ..), each keeping
-    its median, so a drift in the machine's load reaches every system alike."""
+    Every format and llama.cpp run `repeats` times in turn (A B C .. L, A B C .. L), each keeping
+    its median; the note adds the median of the per-round ratios, in which a drift of the
+    machine's load between rounds cancels (one run of 64 tokens moves +-15% here)."""
     bandwidth = copy_bandwidth()
     gguf_bytes = default_model_path().stat().st_size
     runs: dict[str, list[float]] = {name: [] for name in variants}
@@ -167,9 +168,11 @@ def decode_rows(
     if llama:
         lc = 1e3 * statistics.median(llama)
         lc_floor = 1e3 * gguf_bytes / bandwidth
-        for row in rows:
+        for row, name in zip(rows, variants, strict=True):
+            paired = statistics.median(a / b for a, b in zip(llama, runs[name], strict=True))
             row.llama_cpp = lc
-            row.note += f"; llama.cpp floor {lc_floor:.1f} ms ({gguf_bytes / 1e6:.0f} MB GGUF)"
+            row.note += (f"; paired {paired:.2f}x; llama.cpp floor {lc_floor:.1f} ms "
+                         f"({gguf_bytes / 1e6:.0f} MB GGUF)")  # fmt: skip
     return [report(row) for row in rows]
 
 
