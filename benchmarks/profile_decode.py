@@ -36,6 +36,7 @@ def step_ms(engine: Engine, steps: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--quantization", default="fp16", choices=QUANTIZATIONS)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float16"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--streams", type=int, default=1)
     p.add_argument("--steps", type=int, default=10)
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     config = EngineConfig(quantization=args.quantization, num_pages=64 * args.streams,
-                          max_num_seqs=max(args.streams, 1), enable_prefix_caching=False)
+                          max_num_seqs=max(args.streams, 1), enable_prefix_caching=False,
+                          kv_cache_dtype=args.kv_cache_dtype)
     engine = Engine(config)
     params = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
     for i in range(args.streams):
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.steps):
             engine.step()
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows)
-    print(f"quantization={args.quantization} threads={args.threads} streams={args.streams} "
+    print(f"quantization={args.quantization} kv={args.kv_cache_dtype} threads={args.threads} "
+          f"streams={args.streams} "
           f"steps={args.steps} median step {median:.1f} ms (unprofiled) "
           f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(table)
