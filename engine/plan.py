@@ -109,6 +109,15 @@ def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
     return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes
 
 
+def kv_element_bytes(dtype: str, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one KV cache element: `kv_cache_dtype`'s, or ("auto") the model `dtype`'s."""
+    kv_dtype = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    if kv_dtype not in DTYPE_BYTES:
+        raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(DTYPE_BYTES)}, "
+                         f"got {kv_cache_dtype!r}")
+    return DTYPE_BYTES[kv_dtype]
+
+
 def overhead_bytes(
     shape: ModelShape, dtype_bytes: int, max_batched_tokens: int, max_num_seqs: int
 ) -> int:
@@ -140,11 +149,7 @@ def plan_memory(
         raise ValueError(f"context_len and batch must be positive, got {context_len}, {batch}")
     nbytes = DTYPE_BYTES[dtype]
     weights = weight_bytes(shape, dtype, quantization)
-    kv_dtype = dtype if kv_cache_dtype == "auto" else kv_cache_dtype
-    if kv_dtype not in DTYPE_BYTES:
-        raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(DTYPE_BYTES)}, "
-                         f"got {kv_cache_dtype!r}")
-    per_token = kv_bytes_per_token(shape, DTYPE_BYTES[kv_dtype])
+    per_token = kv_bytes_per_token(shape, kv_element_bytes(dtype, kv_cache_dtype))
     tokens = context_len * batch
     kv = per_token * tokens
     overhead = overhead_bytes(shape, nbytes, max_batched_tokens, max_num_seqs)
@@ -292,10 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                                  **plan._asdict()}  # fmt: skip
     if args.budget is not None:
         try:
-            kv_bytes = plan.kv_bytes_per_token // kv_bytes_per_token(shape, 1)
             result["pages_for_budget"] = pages_for_budget(
                 args.budget, shape, plan.weights, DTYPE_BYTES[args.dtype], args.page_size,
-                args.max_batched_tokens, 16, kv_bytes,
+                args.max_batched_tokens, 16, kv_element_bytes(args.dtype, kv),
             )  # fmt: skip
         except ValueError as exc:
             result["pages_for_budget"] = f"none: {exc}"

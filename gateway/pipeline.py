@@ -195,7 +195,7 @@ async def _start_then_lint(gw: Gateway, ticket: Ticket, req: ChatRequest, job: _
         REQUEST_SENT.reset(token)
     try:
         await asyncio.wait((first, sent), return_when=asyncio.FIRST_COMPLETED)
-        req = await _cpu_work(gw, job.size, _lint_report, gw, job.body, req, ticket)
+        req = await _cpu_work(gw, job.size, _lint, gw, job.body, req, ticket, "report")
         ticket.req = req
         return req, stream, await first
     except BaseException:
@@ -235,15 +235,10 @@ def _locked(work: Callable[..., ChatRequest], *args: Any) -> ChatRequest:
 def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket,
                       mode: Any) -> ChatRequest:
     """A request's CPU work before it is sent, in one call (one hop off the event loop, or
-    inline for a small body): lint, the re-parse of a rewritten body, and the backend's
+    inline for a small body): lint (and the re-parse of a rewritten body), then the backend's
     `prepare` (tokenize and pack once for the shadow caches); under prompt_lint's lock (its
     learners and memos are process-wide and not thread-safe)."""
-    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
-    if outcome.changed:
-        ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
-        req = ticket.route.parse(outcome.body, ctx)
-    req = _with_lint(gw, req, outcome.lint_ids, outcome.family)
-    return _prepare_only(gw, req)
+    return _prepare_only(gw, _lint(gw, body, req, ticket, mode))
 
 
 def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
@@ -253,18 +248,17 @@ def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
     return gw.backend.prepare(req) if isinstance(gw.backend, PreparingBackend) else req
 
 
-def _lint_report(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket
-                 ) -> ChatRequest:
-    """Report-mode lint of a request already sent: its findings on the request record."""
-    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, "report")
-    return _with_lint(gw, req, outcome.lint_ids, outcome.family)
-
-
-def _with_lint(gw: Gateway, req: ChatRequest, lint_ids: tuple[str, ...], family: str | None
-               ) -> ChatRequest:
-    for rule in lint_ids:
+def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, mode: Any
+          ) -> ChatRequest:
+    """`req` with its lint findings and family (re-parsed when rewrite mode changed the body);
+    the findings counted in the metrics."""
+    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
+    if outcome.changed:
+        ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
+        req = ticket.route.parse(outcome.body, ctx)
+    for rule in outcome.lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
-    return replace(req, lint_ids=lint_ids, family=family)
+    return replace(req, lint_ids=outcome.lint_ids, family=outcome.family)
 
 
 def _parse(config: GatewayConfig, ticket: Ticket, raw: bytes, ctx: ParseContext

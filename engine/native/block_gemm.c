@@ -269,8 +269,8 @@ AVX2_INLINE void tile_avx2(const Problem *p, int q4_1, int64_t n0, int rn, int64
     const int64_t nb = p->nb;
     __m256 acc[TILE_N];
     for (int r = 0; r < rn; r++) acc[r] = _mm256_setzero_ps();
-    const int64_t row_bytes = q4_1 ? nb * 16 : p->K, line_blocks = q4_1 ? 4 : 2;
-    const int64_t ahead = n0 + PF_TILES * TILE_N; /* the first row to prefetch */
+    const int64_t block_bytes = q4_1 ? QK / 2 : QK, row_bytes = nb * block_bytes;
+    const int64_t line_blocks = 64 / block_bytes, ahead = n0 + PF_TILES * TILE_N;
     const int prefetch = rn == TILE_N && ahead + TILE_N <= p->N;
     for (int64_t b = 0; b < nb; b++) {
         const int16_t *x = p->xq + t * p->K + b * QK;
@@ -278,8 +278,8 @@ AVX2_INLINE void tile_avx2(const Problem *p, int q4_1, int64_t n0, int rn, int64
         __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + 16)); /* 16..31 */
         if (prefetch && b % line_blocks == 0) /* one 64-byte line of codes per row */
             for (int r = 0; r < TILE_N; r++)
-                _mm_prefetch((const char *)(p->codes + (ahead + r) * row_bytes + b * QK / 2 *
-                                            (q4_1 ? 1 : 2)), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p->codes + (ahead + r) * row_bytes + b * block_bytes),
+                             _MM_HINT_T0);
         for (int r = 0; r < rn; r++) {
             __m256i w0, w1;
             unpack_block_avx2(p, q4_1, n0 + r, b, &w0, &w1);

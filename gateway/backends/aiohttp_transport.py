@@ -107,9 +107,9 @@ class _SignallingBody(BytesPayload):
 
 def _payload(body: bytes) -> bytes | _SignallingBody | None:
     """What aiohttp sends: the bytes, or a body that signals `REQUEST_SENT` once written."""
-    sent = REQUEST_SENT.get()
     if not body:
         return None
+    sent = REQUEST_SENT.get()
     return _SignallingBody(body, sent) if sent is not None else body
 
 

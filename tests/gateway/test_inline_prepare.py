@@ -65,10 +65,10 @@ async def test_inline_path_serves_and_records_what_the_thread_path_does(
         tmp_path: Path, hops: list[str]) -> None:
     threaded = await _serve_trace(tmp_path / "threaded", 0)
     # report mode: tokenizing before the request is sent, lint after (two hops each)
-    assert hops.count("_prepare_only") == 8 and hops.count("_lint_report") == 8
+    assert hops.count("_prepare_only") == 8 and hops.count("_lint") == 8
     hops.clear()
     inline = await _serve_trace(tmp_path / "inline", 64 << 10)
-    assert not {"_prepare_only", "_lint_report"} & set(hops)  # every body was small enough
+    assert not {"_prepare_only", "_lint"} & set(hops)  # every body was small enough
     assert inline == threaded
     assert all(status == 200 for status, _, _ in inline["answers"])
     assert any(h["x-prefixgate-lint"] for _, _, h in inline["answers"])  # lint really ran
