@@ -6,16 +6,19 @@ client's format; after it (streaming) an SSE error event. Once the body is read,
 watched for at every stage (admission queue, lint, prefill, decode): a client that goes away
 cancels the backend stream, which aborts the engine request (status 499 in the record).
 Admission (gateway.admission) runs before any work. A request's CPU work is lint and the
-backend's `prepare` (tokenizing for the shadow caches). Report-mode lint changes nothing that is
-sent, so for an upstream pool it waits until the request is on its way (the backend's transport
-calls `REQUEST_SENT` once the body is on the socket) and runs while the upstream works; its
-findings still reach the response headers and the record. Rewrite mode, and an upstream whose
-body carries the prompt family (api.openai.com's `prompt_cache_key`), lint before sending. Each
-piece of that work is one call made in a worker thread so the event loop only routes, except for
-a body of at most `GatewayConfig.inline_prepare_bytes` (64 KiB) while prompt_lint's lock is free:
-that work is shorter than the thread hop itself (bench_gateway, 4k-token requests) and runs on
-the loop. A lock held by a worker thread never blocks the loop: the request then takes the
-worker thread too.
+backend's `prepare` (tokenizing for the shadow caches); as much of it as the sent body does not
+depend on runs while the upstream works (gateway.overlap). Report-mode lint changes nothing
+that is sent, so for an upstream pool it waits until the request is on its way (the backend's
+transport calls `REQUEST_SENT` once the body is on the socket); its findings still reach the
+response headers and the record. Rewrite mode, and an upstream whose body carries the prompt
+family (api.openai.com's `prompt_cache_key`), lint before sending. A one-replica pool tokenizes
+while its upstream works as well (`ReplicaPool.sends_before_tokens`). Each piece of that work is
+one call made in a worker thread so the event loop only routes, except for a body of at most
+`GatewayConfig.inline_prepare_bytes` (64 KiB) while prompt_lint's lock is free: that work is
+shorter than the thread hop itself (bench_gateway, 4k-token requests) and runs on the loop. A
+lock held by a worker thread never blocks the loop: the request then takes the worker thread
+too. A whole (non-streamed) answer is sent before its bookkeeping: the backend stream is closed
+and the record written once the response is on its way.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -39,11 +42,11 @@ from gateway.body import INLINE_BYTES, cap_max_tokens, parse_body
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
 from gateway.lint_stage import MODE_HEADER, request_mode
+from gateway.overlap import cpu_work, first_while_sent
 from gateway.request_record import record
 from gateway.request_state import CLIENT_CLOSED, Gateway, RouteSpec, Ticket
 from gateway.sse_response import close_stream, internal_error, streaming_response
 from gateway.types import (
-    REQUEST_SENT,
     ApiError,
     BackendError,
     ChatRequest,
@@ -53,7 +56,6 @@ from gateway.types import (
 )
 from gateway.usage_report import SUMMARY_FIELD, prefixgate_headers, summary
 from gateway.validate import ParseContext
-from prompt_lint.memo import LOCK as MEMO_LOCK
 
 log = logging.getLogger("prefixgate.gateway")
 INLINE_PARSE_BYTES = INLINE_BYTES  # bodies above this are parsed in a worker thread
@@ -186,50 +188,27 @@ async def _start_then_lint(gw: Gateway, ticket: Ticket, req: ChatRequest, job: _
                            ) -> Started:
     """Start the backend stream, lint once the request is sent (or its first item is back,
     for a backend that does not say), then wait for the first item."""
-    sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    token = REQUEST_SENT.set(lambda: _settle(sent))
+    stream = gw.backend.stream(req)
+
+    async def lint() -> ChatRequest:
+        linted = await _cpu_work(gw, job.size, _lint, gw, job.body, req, ticket, "report")
+        ticket.req = linted
+        return linted
+
     try:
-        stream = gw.backend.stream(req)
-        first = asyncio.ensure_future(_first(stream))
-    finally:
-        REQUEST_SENT.reset(token)
-    try:
-        await asyncio.wait((first, sent), return_when=asyncio.FIRST_COMPLETED)
-        req = await _cpu_work(gw, job.size, _lint, gw, job.body, req, ticket, "report")
-        ticket.req = req
-        return req, stream, await first
+        first, req = await first_while_sent(lambda: _first(stream), lint)
     except BaseException:
-        first.cancel()
         with anyio.CancelScope(shield=True):
-            with contextlib.suppress(BaseException):
-                await first
             await close_stream(stream)
         raise
-    finally:
-        sent.cancel()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+    return req, stream, first
 
 
 async def _cpu_work(gw: Gateway, size: int, work: Callable[..., ChatRequest], *args: Any
                     ) -> ChatRequest:
-    """`work(*args)` under prompt_lint's lock: on the loop for a body of at most
-    `inline_prepare_bytes` while the lock is free (the work is shorter than a thread hop),
-    else in a worker thread (a lock held elsewhere must never block the loop)."""
-    if size <= gw.config.inline_prepare_bytes and MEMO_LOCK.acquire(blocking=False):
-        try:
-            return work(*args)
-        finally:
-            MEMO_LOCK.release()
-    return await anyio.to_thread.run_sync(_locked, work, *args)
-
-
-def _locked(work: Callable[..., ChatRequest], *args: Any) -> ChatRequest:
-    with MEMO_LOCK:
-        return work(*args)
+    """`work(*args)` under prompt_lint's lock, inline for a body of at most
+    `inline_prepare_bytes` (gateway.overlap.cpu_work)."""
+    return await cpu_work(size, gw.config.inline_prepare_bytes, work, *args)
 
 
 def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket,
@@ -301,6 +280,8 @@ async def _json_response(
     gw: Gateway, request: Request, ticket: Ticket, req: ChatRequest,
     first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
 ) -> Response:
+    """The whole answer as JSON; the backend stream is closed and the record written once the
+    response is on its way (or its send failed), off the path to the client."""
     try:
         final = await _until_final(request, first, stream)
     except ApiError as err:
@@ -313,20 +294,45 @@ async def _json_response(
     if final is None:
         record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
         return Response(status_code=CLIENT_CLOSED)
-    record(gw, ticket, 200, final)
-    body = ticket.route.render(req, final, int(time.time()))
-    body[SUMMARY_FIELD] = summary(final.usage)
-    headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
-    return FastJSONResponse(body, headers=headers)
+
+    async def finish() -> None:
+        await close_stream(stream)
+        record(gw, ticket, 200, final)
+
+    try:
+        body = ticket.route.render(req, final, int(time.time()))
+        body[SUMMARY_FIELD] = summary(final.usage)
+        headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
+        return _ThenFinish(body, finish, headers=headers)
+    except Exception as exc:  # noqa: BLE001
+        await close_stream(stream)
+        return _error_response(gw, ticket, internal_error(exc))
+
+
+class _ThenFinish(FastJSONResponse):
+    """A JSON response that runs `finish` once its bytes are sent, or its send failed
+    (shielded from cancellation): a request's bookkeeping never delays its answer."""
+
+    def __init__(self, content: Any, finish: Callable[[], Awaitable[None]], **kwargs: Any
+                 ) -> None:
+        super().__init__(content, **kwargs)
+        self._finish = finish
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._finish()
 
 
 async def _until_final(
     request: Request, first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final]
 ) -> Final | None:
     """Drain the stream to its Final; None when the client disconnected first (the backend
-    stream is then cancelled, which aborts the engine request)."""
+    stream is then cancelled, which aborts the engine request). The stream is closed here
+    unless its Final came back (the caller closes it after answering)."""
     if isinstance(first, Final):  # a non-streaming upstream: the answer is already here
-        await close_stream(stream)
         return first
 
     async def drain() -> Final:
@@ -337,6 +343,7 @@ async def _until_final(
 
     task = asyncio.ensure_future(drain())
     watcher: asyncio.Future[Any] = asyncio.ensure_future(_wait_disconnect(request))
+    final: Final | None = None
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
@@ -344,14 +351,16 @@ async def _until_final(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             return None
-        return task.result()
+        final = task.result()
+        return final
     except StopAsyncIteration:
         raise BackendError(502, "backend ended without a result") from None
     finally:
         watcher.cancel()
         if not task.done():
             task.cancel()
-        await close_stream(stream)
+        if final is None:
+            await close_stream(stream)
 
 
 async def _wait_disconnect(request: Request) -> None:

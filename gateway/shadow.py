@@ -65,6 +65,9 @@ def as_prompt(tokens: Sequence[int] | PackedTokens | Prompt) -> Prompt:
     return Prompt(tokens if isinstance(tokens, PackedTokens) else PackedTokens(tokens))
 
 
+NO_PROMPT = as_prompt(())  # what a router scores before a prompt's tokens are known
+
+
 def _layout(req: ChatRequest) -> tuple[array[int], tuple[int, ...]]:
     """int32 token ids (an array: 4 bytes an id) and the breakpoint offsets."""
     counter = shared_counter(ENCODING)
@@ -138,12 +141,15 @@ class CacheModel(Protocol):
 
     `match_length` is the routing score (the prefix this replica would reuse);
     `predict` the hit the replica should report (0 under the provider's minimum);
-    `upstream_fields` body fields that steer the upstream's cache (llama.cpp: `id_slot`);
+    `upstream_fields` body fields that steer the upstream's cache (llama.cpp: `id_slot`), and
+    `steers` whether there can be any (when not, the body sent does not depend on the prompt's
+    tokens);
     `record` is called once the replica has prefilled the prompt; `learn` when the replica
     reported `reported` cached tokens where `predicted` were expected (both in shadow tokens).
     """
 
     config: ShadowConfig
+    steers: bool
 
     def match_length(self, prompt: Prompt, namespace: str) -> int: ...
     def predict(self, prompt: Prompt, namespace: str) -> int: ...
@@ -163,6 +169,8 @@ def missed(config: ShadowConfig, prompt: Prompt, predicted: int, reported: int) 
 
 class ShadowCache:
     """A radix tree with LRU eviction: what vLLM and SGLang (and OpenAI's rule) cache."""
+
+    steers = False
 
     def __init__(self, config: ShadowConfig | None = None) -> None:
         self.config = config or ShadowConfig()

@@ -140,6 +140,7 @@ class SlotShadow:
 
     #: a request continues a slot's conversation when it reuses this share of what it holds
     CONTINUES = 0.9
+    steers = True  # id_slot and cache_prompt
 
     def __init__(self, config: ShadowConfig | None = None,
                  clock: Callable[[], float] = time.monotonic, *, similarity: float = 0.1,
@@ -252,6 +253,8 @@ class SlotShadow:
 
 class BreakpointShadow:
     """Anthropic's cache: prefixes ending at breakpoints, each alive for `ttl_s` after use."""
+
+    steers = False
 
     def __init__(self, config: ShadowConfig | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -24,9 +24,11 @@ from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import UpstreamOptions, is_replica_fault
+from gateway.body import INLINE_BYTES, text_chars
 from gateway.config import AUTO_KIND, UPSTREAM_KINDS
 from gateway.metrics import Registry
-from gateway.shadow import CacheModel, Prompt, request_prompt
+from gateway.overlap import cpu_work, first_while_sent
+from gateway.shadow import NO_PROMPT, CacheModel, Prompt, request_prompt
 from gateway.shadow_models import SlotShadow, cache_model_for
 from gateway.types import Backend, BackendError, ChatRequest, Final, TextDelta, Usage
 from gateway.upstream_detect import detect_kind, kind_from_host, log_detection
@@ -88,7 +90,7 @@ class ReplicaPool:
     def __init__(
         self, kind: str, backends: Sequence[UpstreamBackend], *,
         router: RouterConfig | None = None, shadow: Sequence[CacheModel] | None = None,
-        metrics: Registry | None = None,
+        metrics: Registry | None = None, inline_bytes: int = INLINE_BYTES,
     ) -> None:
         if not backends:
             raise ValueError("a replica pool needs at least one upstream")
@@ -102,6 +104,7 @@ class ReplicaPool:
         self.router = Router([Replica(n, b, m)
                               for n, b, m in zip(names, backends, models, strict=True)], router)
         self.metrics: PoolMetrics | None = None
+        self.inline_bytes = inline_bytes  # late tokenizing: on the loop up to this size
         self._probed = kind not in ("llamacpp", AUTO_KIND)
         self._probe_lock = anyio.Lock()
         # a generic kind: learn the server from its responses too
@@ -123,8 +126,17 @@ class ReplicaPool:
         return None
 
     def prepare(self, req: ChatRequest) -> ChatRequest:
-        """`req` with its shadow-cache tokens (call under prompt_lint's lock, off the loop)."""
+        """`req` with its shadow-cache tokens (call under prompt_lint's lock, off the loop);
+        unchanged when the pool sends before tokenizing (`sends_before_tokens`)."""
+        if self.sends_before_tokens():
+            return req
         return dataclasses.replace(req, shadow_prompt=request_prompt(req))
+
+    def sends_before_tokens(self) -> bool:
+        """One replica whose cache model steers nothing: neither the route nor the body depends
+        on the prompt's tokens, so they are computed while the upstream works."""
+        replicas = self.router.replicas
+        return self._probed and len(replicas) == 1 and not replicas[0].shadow.steers
 
     def family_in_body(self, req: ChatRequest) -> bool:
         return any(r.backend.family_in_body(req) for r in self.router.replicas)
@@ -138,13 +150,13 @@ class ReplicaPool:
             await self._probe()
         # tokenized and packed once for every replica, off the event loop: by `prepare` in
         # the gateway's lint call, else here in a worker thread (prompt_lint's shared memos
-        # are guarded by one lock)
+        # are guarded by one lock), or, for a pool that sends first, while the upstream works
         prompt = req.shadow_prompt
-        if prompt is None:
+        if prompt is None and not self.sends_before_tokens():
             prompt = await anyio.to_thread.run_sync(_prompt_of, req)
         tried: set[str] = set()
         while True:
-            route = self.router.choose(prompt, req.namespace, tried)
+            route = self.router.choose(prompt or NO_PROMPT, req.namespace, tried)
             if route is None:
                 raise BackendError(503, "no upstream replica is available",
                                    kind="upstream_unavailable")
@@ -192,32 +204,32 @@ class ReplicaPool:
                     r.shadow.resize(slots)
 
     async def _attempt(
-        self, req: ChatRequest, prompt: Prompt, route: Route
+        self, req: ChatRequest, prompt: Prompt | None, route: Route
     ) -> AsyncGenerator[TextDelta | Final, None]:
         replica, ns = route.replica, req.namespace
-        # the router scored the prompt with this replica's model already (predict's answer)
-        predicted = route.matched if route.matched >= replica.shadow.config.min_cached_tokens else 0
-        fields = replica.shadow.upstream_fields(prompt, ns)
-        if fields:
-            req = dataclasses.replace(req, upstream_fields={**req.upstream_fields, **fields})
-        if self.metrics:
-            self.metrics.routes.inc(replica=replica.name, reason=route.reason)
+        if prompt is not None:
+            fields = replica.shadow.upstream_fields(prompt, ns)
+            if fields:
+                req = dataclasses.replace(req, upstream_fields={**req.upstream_fields, **fields})
         replica.inflight += 1
-        first = True
         try:
             async with aclosing(replica.backend.stream(req)) as upstream:
-                async for item in upstream:
-                    if first:  # the upstream has prefilled the prompt by now
-                        replica.shadow.record(prompt, ns)
+                item, prompt, route = await self._head(upstream, req, prompt, route)
+                # the router scored the prompt with this replica's model (predict's answer)
+                matched = route.matched
+                predicted = matched if matched >= replica.shadow.config.min_cached_tokens else 0
+                if item is not None:  # the upstream has prefilled the prompt by now
+                    replica.shadow.record(prompt, ns)
+                    if not isinstance(item, Final):
+                        item = dataclasses.replace(item, usage=head_usage(item.usage, prompt,
+                                                                          predicted))
+                while item is not None:
                     if isinstance(item, Final):
                         replica.mark_ok()
                         replica.served += 1
                         item = self._complete(item, replica, prompt, ns, predicted)
-                    elif first:
-                        item = dataclasses.replace(item, usage=head_usage(item.usage, prompt,
-                                                                          predicted))
-                    first = False
                     yield item
+                    item = await _next(upstream)
         except BackendError as err:
             if is_replica_fault(err):
                 replica.mark_failed(self.router.config)
@@ -226,6 +238,31 @@ class ReplicaPool:
             raise
         finally:
             replica.inflight -= 1
+
+    async def _head(self, upstream: AsyncGenerator[TextDelta | Final, None], req: ChatRequest,
+                    prompt: Prompt | None, route: Route
+                    ) -> tuple[TextDelta | Final | None, Prompt, Route]:
+        """The upstream's first item (None: it sent none), the prompt's tokens and the route
+        scored with them; tokens left for later (prompt None) are computed once the request
+        is on its way, while the upstream works."""
+        if prompt is not None:
+            self._count(route)
+            return await _next(upstream), prompt, route
+
+        async def tokens() -> tuple[Prompt, Route]:
+            size = text_chars(req.messages, req.prompt)
+            late = await cpu_work(size, self.inline_bytes, request_prompt, req)
+            # one replica (sends_before_tokens): choosing again scores the same one
+            scored = self.router.choose(late, req.namespace) or route
+            self._count(scored)
+            return late, scored
+
+        item, (late, scored) = await first_while_sent(lambda: _next(upstream), tokens)
+        return item, late, scored
+
+    def _count(self, route: Route) -> None:
+        if self.metrics:
+            self.metrics.routes.inc(replica=route.replica.name, reason=route.reason)
 
     def _detected(self, replica: Replica) -> None:
         """A replica of the generic `openai` kind that answers like llama.cpp's server gets
@@ -272,6 +309,11 @@ def final_usage(usage: Usage, prompt: Prompt, predicted: int) -> Usage:
         cached_tokens=usage.cached_tokens if reported else scaled,
         cached_source="reported" if reported else "predicted",
         estimated=usage.estimated or not usage.prompt_tokens)
+
+
+async def _next(stream: AsyncGenerator[TextDelta | Final, None]) -> TextDelta | Final | None:
+    """The stream's next item, None at its end."""
+    return await anext(stream, None)
 
 
 def _model_kind(kind: str) -> str:
@@ -389,7 +431,9 @@ def build_upstream_backend(
         key = config.upstream_api_keys.get(kind) or config.upstream_api_keys.get(api)
         options = UpstreamOptions(url=spec.url, api_key=key, timeout_s=config.upstream_timeout_s)
         by_kind.setdefault(kind, []).append(make_upstream(kind, options))
-    pools = {k: ReplicaPool(k, b, router=router, metrics=metrics) for k, b in by_kind.items()}
+    pools = {k: ReplicaPool(k, b, router=router, metrics=metrics,
+                            inline_bytes=config.inline_prepare_bytes)
+             for k, b in by_kind.items()}
     if len(pools) == 1:
         return next(iter(pools.values()))
     return ProviderPools(pools)

@@ -1,7 +1,10 @@
-"""Report-mode lint runs while the upstream works: after the request is on the socket, before
-its answer is awaited; the response and its record carry the same findings as a lint that ran
-first. Rewrite mode and an upstream whose body carries the prompt family (api.openai.com's
-cache key) still lint before anything is sent.
+"""A request's own CPU work overlaps its upstream call. Report-mode lint runs while the upstream
+works: after the request is on the socket, before its answer is awaited; the response and its
+record carry the same findings as a lint that ran first. Rewrite mode and an upstream whose body
+carries the prompt family (api.openai.com's cache key) still lint before anything is sent. A
+one-replica pool tokenizes for its shadow cache while the upstream works too (prefix routing
+over several replicas needs the tokens first), and the record is written once the client holds
+its answer.
 
 The upstream is a real server (a thread) and the gateway's upstream client its real aiohttp
 transport. The lint stage waits (a bounded wait) for the upstream to have received the body:
@@ -10,19 +13,28 @@ lint that runs after sending sees it arrive; lint that runs first sees nothing a
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from gateway import pipeline
 from gateway.agent_trace import agent_trace
-from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends import pool as pool_module
+from gateway.backends.pool import ReplicaPool, in_upstream_tokens, make_upstream
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.lint_stage import LintStage
+from gateway.parse_openai import parse_chat
+from gateway.shadow import ShadowCache, request_prompt
+from gateway.validate import ParseContext
+from tests.support import serve
 
 from .gateway_fakes import asgi_client
-from .upstream_helpers import fake_replicas, gateway_app, records, serving
+from .upstream_helpers import fake_replicas, gateway_app, pool_over, records, serving
 
 SALT = "s" * 32
 
@@ -112,3 +124,103 @@ async def test_lint_that_shapes_the_body_runs_before_it_is_sent(
     assert seen == [False]  # nothing had been sent while lint ran
     assert r.status_code == 200 and r.headers["x-prefixgate-lint"]
     assert rows[0].lint_ids == r.headers["x-prefixgate-lint"]
+
+
+# ---------------------------------------------------------------- tokens while the upstream works
+
+
+def _waiting_tokens(monkeypatch: pytest.MonkeyPatch, arrived: threading.Event,
+                    wait_s: float) -> list[bool]:
+    """Make the pool's tokenizing first wait up to `wait_s` for the upstream to hold the body;
+    returns whether it did, per call (whichever path, early or late, tokenizes)."""
+    seen: list[bool] = []
+
+    def tokens(req: Any) -> Any:
+        seen.append(arrived.wait(wait_s))
+        return request_prompt(req)
+
+    monkeypatch.setattr(pool_module, "request_prompt", tokens)
+    return seen
+
+
+async def _session(tmp_path: Path, apps: list[Any], arrived: threading.Event, turns: int
+                   ) -> tuple[list[Any], list[Any]]:
+    """`turns` turns of one agent session through a gateway over real servers for `apps`
+    (lint off); the responses and the records."""
+    bodies = [t.body for t in agent_trace(sessions=1, turns=turns, seed=5)]
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(serving(_noting_arrival(app, arrived))).url for app in apps]
+        backends = [make_upstream("openai", UpstreamOptions(url=f"{url}/v1", name=f"r{i}"))
+                    for i, url in enumerate(urls)]
+        app = gateway_app(tmp_path, ReplicaPool("openai", backends), salt_secret=SALT)
+        out = []
+        async with asgi_client(app) as http:
+            for body in bodies:
+                arrived.clear()
+                out.append(await http.post("/v1/chat/completions", json=body))
+        rows = records(app)
+        app.state.store.close()
+        await app.state.backend.aclose()
+    return out, rows
+
+
+async def test_one_replica_pool_tokenizes_once_the_upstream_holds_the_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    arrived = threading.Event()
+    seen = _waiting_tokens(monkeypatch, arrived, 10.0)
+    responses, rows = await _session(tmp_path, fake_replicas(1), arrived, 2)
+    assert seen == [True, True]  # both requests were on the socket before tokenizing began
+    assert [r.status_code for r in responses] == [200, 200]
+    # the prediction is the one a shadow cache computes from the same tokens, in the
+    # upstream's units (the first turn's prompt recorded, the second's prefix matched)
+    bodies = [t.body for t in agent_trace(sessions=1, turns=2, seed=5)]
+    ctx = ParseContext("ref", "default", ("*",))
+    prompts = [request_prompt(parse_chat(b, ctx)) for b in bodies]
+    shadow = ShadowCache()
+    shadow.record(prompts[0], rows[0].tenant)
+    matched = shadow.match_length(prompts[1], rows[0].tenant)
+    assert matched > 0
+    expected = in_upstream_tokens(matched, len(prompts[1]), rows[1].prompt_tokens)
+    assert rows[1].predicted_cached_tokens == expected
+    assert rows[1].reported_cached_tokens and rows[1].reported_cached_tokens > 0
+    assert responses[1].headers["x-prefixgate-cached-tokens"] == str(rows[1].cached_tokens)
+
+
+async def test_prefix_routing_tokenizes_before_choosing_a_replica(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    arrived = threading.Event()
+    seen = _waiting_tokens(monkeypatch, arrived, 0.3)
+    responses, rows = await _session(tmp_path, fake_replicas(2), arrived, 1)
+    assert seen == [False]  # the route needs the tokens: nothing was sent yet
+    assert responses[0].status_code == 200 and len(rows) == 1
+
+
+# ---------------------------------------------------------------- bookkeeping after the answer
+
+
+def test_the_record_is_written_after_the_client_has_the_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record waits (bounded) for the client to hold the response: written first, the
+    response could not arrive until the wait gave up."""
+    answered = threading.Event()
+    waited: list[bool] = []
+    original = pipeline.record
+
+    def record(*args: Any, **kwargs: Any) -> None:
+        waited.append(answered.wait(10.0))
+        original(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "record", record)
+    body = agent_trace(sessions=1, turns=1, seed=5)[0].body
+    app = gateway_app(tmp_path, pool_over(fake_replicas(1)), salt_secret=SALT)
+    with serve(app) as gateway, httpx.Client(timeout=30.0) as client:
+        r = client.post(f"{gateway.url}/v1/chat/completions", json=body)
+        answered.set()
+        deadline = time.monotonic() + 10.0
+        while not records(app) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        rows = records(app)
+    assert r.status_code == 200
+    assert waited == [True]
+    assert len(rows) == 1 and rows[0].status == 200
+    assert rows[0].prompt_tokens == r.json()["usage"]["prompt_tokens"]
