@@ -73,6 +73,8 @@ SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worke
          f"{os.cpu_count()} CPUs shared by all")
 MODES = ["direct", "bare_proxy", "gateway", "gateway_lint_off"]  # + "litellm" when installed
 IN_PROCESS_MODES = ("direct", "gateway", "gateway_lint_off")
+# a GPU server's time to first token for a 4k-token prompt whose prefix it holds: about this
+SLOW_UPSTREAM_MS = 20.0
 
 
 # ---------------------------------------------------------------- added latency
@@ -117,13 +119,15 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def one_client(urls: dict[str, str], bodies: list[bytes]) -> dict[str, list[float]]:
+async def one_client(urls: dict[str, str], bodies: list[bytes],
+                     modes: list[str] | None = None) -> dict[str, list[float]]:
     """Each body sent once per mode, modes interleaved and rotated (side by side)."""
-    out: dict[str, list[float]] = {m: [] for m in MODES}
+    modes = modes or MODES
+    out: dict[str, list[float]] = {m: [] for m in modes}
     async with httpx.AsyncClient(timeout=60.0) as client:
         for i, body in enumerate(tqdm(bodies, desc="1 client", leave=False)):
-            for k in range(len(MODES)):
-                mode = MODES[(i + k) % len(MODES)]
+            for k in range(len(modes)):
+                mode = modes[(i + k) % len(modes)]
                 url, headers = _target(mode, urls)
                 out[mode].append(await _timed(client, url, headers, body))
     return out
@@ -204,11 +208,28 @@ def run_latency(quick: bool, litellm: str | None) -> dict[str, Any]:
         asyncio.run(one_client(urls, bodies[: min(10, n)]))  # warm-up: caches, connections
         single = asyncio.run(one_client(urls, bodies))
         multi = asyncio.run(many_clients(urls, bodies, 32, 2 if quick else 4, gw.pid))
+    slow = slow_upstream(bodies)
     return {"requests": n, "mean_prompt_tokens": round(mean_tokens), "stages": stages,
             "setup": SETUP,
             "in_process": _summary(inproc, None), "cpu_ms_per_request": cpu,
             "c1": _summary(single, None), "c32": _summary(multi["latencies"], multi["rps"]),
-            "gateway_server_cpu_ms_per_request": multi["gateway_cpu_ms"]}
+            "gateway_server_cpu_ms_per_request": multi["gateway_cpu_ms"],
+            "c1_slow_upstream": {"upstream_delay_ms": SLOW_UPSTREAM_MS,
+                                 **_summary(slow, None)}}
+
+
+def slow_upstream(bodies: list[bytes]) -> dict[str, list[float]]:
+    """One client again, in front of a fake upstream that answers `SLOW_UPSTREAM_MS` after it
+    has read a request: the gateway's work that waits for the send (report-mode lint, the
+    shadow's tokens) then overlaps the upstream's time, as it does against a real server."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        up = stack.enter_context(fake_upstream(SLOW_UPSTREAM_MS))
+        urls = {"direct": up,
+                "gateway": stack.enter_context(gateway_server(up, Path(tmp) / "s.db")).url,
+                "bare_proxy": stack.enter_context(bare_proxy(up))}
+        modes = [m for m in MODES if m in urls or m == "gateway_lint_off"]
+        asyncio.run(one_client(urls, bodies[:10], modes))  # warm-up
+        return asyncio.run(one_client(urls, bodies, modes))
 
 
 def _stage_ms(fn: Any, items: list[Any]) -> dict[str, float]:
@@ -233,7 +254,9 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
     lint = LintStage()
     shadows = [ShadowCache() for _ in range(4)]
     options = UpstreamOptions(url="http://127.0.0.1:1/v1")
-    prompts = [request_prompt(r) for r in reqs[:10]]  # warm, as a running gateway is
+    for r in reqs[:10]:  # warm, as a running gateway is; then each request once, in order:
+        request_prompt(r)  # its earlier turns' messages are memoized, its new ones are not
+    tokenize = _stage_ms(request_prompt, reqs[10:])
     prompts = [request_prompt(r) for r in reqs]
     from gateway.backends.openai_upstream import build_body
 
@@ -246,7 +269,7 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
         "json decode + parse/validate": _stage_ms(lambda b: parse_chat(
             parse_json_object(b), ctx), bodies),
         "lint (report)": _stage_ms(lambda p: lint.run(p, "openai", "bench", "report"), parsed),
-        "tokenize + pack once (prompt_lint layout)": _stage_ms(request_prompt, reqs),
+        "tokenize + pack once (prompt_lint layout)": tokenize,
         "shadow lookup x4 + record": _stage_ms(shadow_ops, prompts),
         "upstream body + JSON encode": _stage_ms(
             lambda r: json.dumps(build_body(r, options)[1]).encode(), reqs),
@@ -314,18 +337,28 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def latency_table(res: dict[str, Any]) -> str:
     rows = []
-    for conc in ("c1", "c32", "in_process"):
+    for conc in ("c1", "c1_slow_upstream", "c32", "in_process"):
+        if conc not in res:
+            continue
         s = res[conc]
         for mode in [m for m in MODES if m in s]:
             added = s.get(f"{mode}_added", {"p50_ms": 0.0, "p99_ms": 0.0})
             rps = s[mode].get("requests_per_s")
-            label = "1 (ASGI)" if conc == "in_process" else conc[1:]
+            label = _clients_label(conc, s)
             rows.append([label, mode, f"{s[mode]['p50_ms']:.2f}", f"{s[mode]['p99_ms']:.2f}",
                          "-" if mode == "direct" else f"{added['p50_ms']:+.2f}",
                          "-" if mode == "direct" else f"{added['p99_ms']:+.2f}",
                          "-" if rps is None else f"{rps:.0f}"])
     header = ["clients", "path", "p50 ms", "p99 ms", "p50 added", "p99 added", "req/s"]
     return table(header, rows)
+
+
+def _clients_label(section: str, s: dict[str, Any]) -> str:
+    if section == "in_process":
+        return "1 (ASGI)"
+    if section == "c1_slow_upstream":
+        return f"1 ({s['upstream_delay_ms']:.0f} ms upstream)"
+    return section[1:]
 
 
 def stage_table(stages: dict[str, dict[str, float]]) -> str:
@@ -374,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"targets: 1 client p50 added {c1['p50_ms']:.2f} ms (<= 1), p99 added "
               f"{c1['p99_ms']:.2f} ms (<= 5); 32 clients {ratio:.2f}x the upstream's "
               "throughput (>= 0.8)")
+        slow = lat["c1_slow_upstream"]
+        gw_slow, bare_slow = slow["gateway_added"], slow["bare_proxy_added"]
+        print(f"upstream answering after {slow['upstream_delay_ms']:.0f} ms: 1 client p50 added "
+              f"{gw_slow['p50_ms']:.2f} ms, p99 added {gw_slow['p99_ms']:.2f} ms (bare proxy "
+              f"{bare_slow['p50_ms']:.2f} / {bare_slow['p99_ms']:.2f})")
         floor = lat["c1"]["bare_proxy_added"]
         print(f"bare pass-through proxy (the floor of one Python hop here): p50 added "
               f"{floor['p50_ms']:.2f} ms; the gateway's own share "

@@ -76,10 +76,12 @@ def _env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def fake_upstream() -> Iterator[str]:
-    """The fake OpenAI-compatible upstream without caching (answers at once); its base URL."""
+def fake_upstream(delay_ms: float = 0.0) -> Iterator[str]:
+    """The fake OpenAI-compatible upstream without caching (answers at once, or `delay_ms`
+    after reading a request); its base URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "gateway.fake_upstream", "--port", str(port), "--no-cache"]
+    cmd = [sys.executable, "-m", "gateway.fake_upstream", "--port", str(port), "--no-cache",
+           "--delay-ms", str(delay_ms)]
     with process(cmd, f"http://127.0.0.1:{port}/v1/models", _env()):
         yield f"http://127.0.0.1:{port}"
 

@@ -20,7 +20,9 @@ ROOT_FRAMES = ("gateway/cli.py", "gateway/serve.py")  # the process's own start-
 
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stats writer thread (SQLAlchemy batches)", ("prefixgate-stats",)),
-    ("lint + tokenize + prepare (worker thread)", ("_lint_and_prepare", "AnyIO worker")),
+    ("tokenize for the shadow caches", ("request_prompt",)),
+    ("lint (prompt_lint)", ("lint_stage.py", "prompt_lint/")),
+    ("worker thread (other)", ("AnyIO worker",)),
     ("metrics (prometheus_client)", ("gateway/metrics.py", "prometheus_client")),
     ("stats record (request path)", ("request_record.py",)),
     ("upstream HTTP client", ("httpx/", "httpcore/", "h11/", "aiohttp", "yarl/", "multidict",

@@ -220,10 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9001)
     parser.add_argument("--no-cache", action="store_true", help="skip tokenization")
+    parser.add_argument("--delay-ms", type=float, default=0.0,
+                        help="answer each request this long after reading it")
     args = parser.parse_args(argv)
     import uvicorn
 
-    config = FakeUpstreamConfig(cache=not args.no_cache, keep_bodies=False)
+    config = FakeUpstreamConfig(cache=not args.no_cache, keep_bodies=False,
+                                delay_s=args.delay_ms / 1000.0)
     uvicorn.run(create_fake_upstream(config), host=args.host, port=args.port, log_level="warning",
                 timeout_keep_alive=60)
     return 0
