@@ -62,6 +62,37 @@ def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * nbytes / best
 
 
+def matmul_rate(threads: int, repeats: int = 20) -> float:
+    """float32 multiply-add rate (FLOP/s) of torch's own matrix product at `threads` threads, on
+    a 64 x 576 by 576 x 3072 product (the model's MLP shape, enough rows for its best kernel):
+    what a batched decode step's projections can reach on this CPU in float32, best of
+    `repeats`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x, w = torch.randn(64, 576), torch.randn(3072, 576)
+        for _ in range(3):
+            x @ w.T
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x @ w.T
+            best = min(best, time.perf_counter() - t0)
+        return 2 * x.shape[0] * w.numel() / best
+    finally:
+        torch.set_num_threads(before)
+
+
+def token_flops(loaded: LoadedModel) -> int:
+    """Multiply-add FLOPs of one token's projections and LM head (attention over a short
+    context left out)."""
+    c = loaded.config
+    kv = c.num_kv_heads * c.head_dim
+    layer = c.hidden_size * (c.num_heads * c.head_dim * 2 + 2 * kv) \
+        + 3 * c.hidden_size * c.intermediate_size
+    return 2 * (c.num_layers * layer + c.vocab_size * c.hidden_size)
+
+
 def streamed_bytes(loaded: LoadedModel) -> int:
     """Weight bytes one decode step reads."""
     return int(loaded.model.streamed_weight_bytes())
@@ -182,6 +213,7 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
     each the median of `repeats` runs taken in turn with llama.cpp's."""
     rows = []
     one = None
+    ceiling = matmul_rate(torch.get_num_threads()) / token_flops(loaded)
     for streams in (1, 4, 8):
         rates, llama = [], []
         for _ in range(repeats):
@@ -192,6 +224,9 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
         one = one or rate
         row = Row(f"decode, {streams} streams", "tok/s", rate,
                   note=f"{rate / one:.2f}x one stream; median of {repeats}")  # fmt: skip
+        if streams > 1:  # batched steps are bound by multiply-adds, not by weight bytes
+            row.note += (f"; float32 compute ceiling {ceiling:.0f} tok/s = "
+                         f"{ceiling / one:.2f}x one stream")
         if llama:
             row.llama_cpp = statistics.median(llama)
             row.note += "; llama.cpp one at a time"
