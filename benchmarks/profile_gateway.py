@@ -11,7 +11,8 @@ front of the fake upstream's process, one client sending bench_gateway's request
 py-spy (`pip install py-spy`) sampling whichever gateway thread holds the GIL (a thread waiting
 for the GIL or in a lock counts as idle, so the samples are Python's CPU; tiktoken's encoder
 runs without the GIL and is under-counted). Prints the gateway's CPU ms per request (from
-/proc, kernel time included) split into the request path's parts in proportion to the samples
+/proc, kernel time included, over a pass without the profiler: py-spy's sampling costs the
+process CPU of its own) split into the request path's parts in proportion to the samples
 (benchmarks/spy_profile.py), and the busiest frames; writes the table to --out (default
 benchmarks/results/profile_gateway.txt).
 
@@ -98,14 +99,15 @@ def profile_server(bodies: list[bytes], lint: str, top: int) -> str:
             gateway_server(up, Path(tmp) / "p.db") as gw:
         url = f"{gw.url}/v1/chat/completions"
         asyncio.run(send_all(url, bodies[:20], headers))  # warm: caches, connections
+        start = cpu_ms(gw.pid)  # unprofiled: py-spy's sampling costs the process CPU too
+        asyncio.run(send_all(url, bodies, headers))
+        per_request = (cpu_ms(gw.pid) - start) / len(bodies)
         raw = Path(tmp) / "spy.txt"
         cmd = [spy, "record", "--pid", str(gw.pid), "--rate", str(SPY_RATE_HZ), "--threads",
                "--format", "raw", "--output", str(raw), "--gil"]
         recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # py-spy attaches
-        start = cpu_ms(gw.pid)
         asyncio.run(send_all(url, bodies, headers))
-        per_request = (cpu_ms(gw.pid) - start) / len(bodies)
         recorder.send_signal(2)  # SIGINT: py-spy writes its file and exits
         recorder.wait(60)
         stacks = busy_stacks(raw.read_text().splitlines())
@@ -114,8 +116,8 @@ def profile_server(bodies: list[bytes], lint: str, top: int) -> str:
     leaves = [[frame[:90], f"{100 * f:.1f}%"] for frame, f in top_leaves(stacks, top)]
     load = os.getloadavg()
     return "\n".join([
-        f"gateway server, lint {lint}: {per_request:.2f} CPU ms per request, split by "
-        f"py-spy --gil samples "
+        f"gateway server, lint {lint}: {per_request:.2f} CPU ms per request (a pass without the "
+        f"profiler), split by the py-spy --gil samples of a second pass "
         f"({len(bodies)} requests of ~4k tokens, one client; load average "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} CPUs)",
         table(["part of the request path", "busy samples", "CPU ms/request"], rows), "",
