@@ -66,8 +66,9 @@ from prompt_lint.tokens import get_encoding  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "gateway.json"
 SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worker each (uvloop, "
          "httptools): the fake upstream (no caching), prefixgate serve --upstream openai=... "
-         "(lint report; a body up to 64 KiB is linted and tokenized on the event loop, a larger "
-         "one in one worker-thread call; its upstream client: httpx's interface over aiohttp), "
+         "(lint report; lint and the shadow's tokens run once the request is sent, for a body up "
+         "to 64 KiB on the event loop, a larger one in a worker thread; its upstream client: "
+         "httpx's interface over aiohttp), "
          "the bare proxy (benchmarks/bare_proxy.py: uvicorn + aiohttp, forwarding only), "
          "LiteLLM's proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
          f"{os.cpu_count()} CPUs shared by all")
