@@ -1,10 +1,12 @@
 """A streamed response: SSE chunks in the route's format, an error event after the first chunk,
-and the request's record written however the stream ends (finished, failed, or abandoned)."""
+and the request's record written however the stream ends (finished, failed, or abandoned),
+once its last byte is sent: the backend stream is closed and the record written after it."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -37,10 +39,11 @@ def streaming_response(
     early = first.usage if isinstance(first, Final) else first.usage
     chunks, head = ticket.route.stream_start(req, early)
     headers = {**prefixgate_headers(early, req.lint_ids, ticket.request_id), **SSE_HEADERS}
-    body = _sse_body(gw, ticket, chunks, head, first, stream)
+    outcome = _Outcome()
+    body = _sse_body(ticket, chunks, head, first, stream, outcome)
 
-    async def cleanup() -> None:  # runs even when the body was never iterated
-        record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected")
+    async def cleanup() -> None:  # after the last byte, and even when the body never ran
+        record(gw, ticket, outcome.status, outcome.final, error=outcome.error)
         await close_stream(stream)
 
     return _GatewayStream(body, cleanup, media_type="text/event-stream", headers=headers)
@@ -63,19 +66,30 @@ class _GatewayStream(StreamingResponse):
                 await self._cleanup()
 
 
-async def _sse_body(
-    gw: Gateway, ticket: Ticket, chunks: Chunks, head: bytes,
-    first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
-) -> AsyncIterator[bytes]:
-    status, final = CLIENT_CLOSED, None
+@dataclass
+class _Outcome:
+    """How a stream ended, for its record (written once the last byte is sent)."""
+
+    status: int = CLIENT_CLOSED
+    final: Final | None = None
     error: str | None = "client disconnected"
+
+    def failed(self, err: ApiError) -> None:
+        self.status, self.error = err.status, err.message
+
+
+async def _sse_body(
+    ticket: Ticket, chunks: Chunks, head: bytes, first: TextDelta | Final,
+    stream: AsyncIterator[TextDelta | Final], outcome: _Outcome,
+) -> AsyncIterator[bytes]:
+    err: ApiError
     try:
         if head:
             yield head
         item = first
         while True:
             if isinstance(item, Final):
-                final, status, error = item, 200, None
+                outcome.status, outcome.final, outcome.error = 200, item, None
                 yield chunks.final(item)
                 return
             piece = chunks.delta(item)
@@ -83,19 +97,13 @@ async def _sse_body(
                 yield piece
             item = await anext(stream)
     except StopAsyncIteration:
-        status, error = 502, "backend ended without a result"
-        yield stream_error(ticket, BackendError(502, error))
-    except ApiError as err:
-        status, error = err.status, err.message
-        yield stream_error(ticket, err)
+        err = BackendError(502, "backend ended without a result")
+    except ApiError as exc:
+        err = exc
     except Exception as exc:  # noqa: BLE001
-        internal = internal_error(exc)
-        status, error = internal.status, internal.message
-        yield stream_error(ticket, internal)
-    finally:
-        record(gw, ticket, status, final, error=error)
-        with anyio.CancelScope(shield=True):
-            await close_stream(stream)
+        err = internal_error(exc)
+    outcome.failed(err)
+    yield stream_error(ticket, err)
 
 
 def internal_error(exc: BaseException) -> BackendError:

@@ -14,6 +14,7 @@ lint that runs after sending sees it arrive; lint that runs first sees nothing a
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import pipeline
+from gateway import pipeline, sse_response
 from gateway.agent_trace import agent_trace
 from gateway.backends import pool as pool_module
 from gateway.backends.pool import ReplicaPool, in_upstream_tokens, make_upstream
@@ -198,23 +199,26 @@ async def test_prefix_routing_tokenizes_before_choosing_a_replica(
 # ---------------------------------------------------------------- bookkeeping after the answer
 
 
+@pytest.mark.parametrize("stream", [False, True])
 def test_the_record_is_written_after_the_client_has_the_answer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The record waits (bounded) for the client to hold the response: written first, the
-    response could not arrive until the wait gave up."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    """The record waits (bounded) for the client to hold the whole response (a stream: up to
+    its last byte): written first, the response could not end until the wait gave up."""
     answered = threading.Event()
     waited: list[bool] = []
-    original = pipeline.record
+    module = sse_response if stream else pipeline
+    original = module.record
 
     def record(*args: Any, **kwargs: Any) -> None:
         waited.append(answered.wait(10.0))
         original(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "record", record)
-    body = agent_trace(sessions=1, turns=1, seed=5)[0].body
+    monkeypatch.setattr(module, "record", record)
+    body = {**agent_trace(sessions=1, turns=1, seed=5)[0].body, "stream": stream}
     app = gateway_app(tmp_path, pool_over(fake_replicas(1)), salt_secret=SALT)
     with serve(app) as gateway, httpx.Client(timeout=30.0) as client:
-        r = client.post(f"{gateway.url}/v1/chat/completions", json=body)
+        with client.stream("POST", f"{gateway.url}/v1/chat/completions", json=body) as r:
+            text = r.read().decode()
         answered.set()
         deadline = time.monotonic() + 10.0
         while not records(app) and time.monotonic() < deadline:
@@ -223,4 +227,11 @@ def test_the_record_is_written_after_the_client_has_the_answer(
     assert r.status_code == 200
     assert waited == [True]
     assert len(rows) == 1 and rows[0].status == 200
-    assert rows[0].prompt_tokens == r.json()["usage"]["prompt_tokens"]
+    if stream:
+        assert text.rstrip().endswith("data: [DONE]")
+        events = [json.loads(line[6:]) for line in text.splitlines()
+                  if line.startswith("data: {")]
+        summary = next(e["prefixgate"] for e in reversed(events) if "prefixgate" in e)
+        assert rows[0].prompt_tokens == summary["prompt_tokens"]
+    else:
+        assert rows[0].prompt_tokens == json.loads(text)["usage"]["prompt_tokens"]
