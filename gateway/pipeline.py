@@ -17,8 +17,9 @@ one call made in a worker thread so the event loop only routes, except for a bod
 `GatewayConfig.inline_prepare_bytes` (64 KiB) while prompt_lint's lock is free: that work is
 shorter than the thread hop itself (bench_gateway, 4k-token requests) and runs on the loop. A
 lock held by a worker thread never blocks the loop: the request then takes the worker thread
-too. A whole (non-streamed) answer is sent before its bookkeeping: the backend stream is closed
-and the record written once the response is on its way.
+too. An answer is sent before its bookkeeping: the backend stream is closed and the record
+written once the whole response is on its way (a stream's: after its last byte,
+gateway.sse_response).
 """
 
 from __future__ import annotations
