@@ -33,7 +33,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("upstream body build + JSON encode", ("build_body", "dumps_body")),
     ("thread hop (anyio to_thread)", ("to_thread.py", "run_sync_in_worker_thread")),
     ("response render, headers and send", ("render_openai", "render_anthropic",
-                                           "usage_report", "FastJSONResponse", "_ThenFinish")),
+                                           "usage_report", "gateway/responses.py")),
     ("disconnect watch", ("_unless_disconnected", "_wait_disconnect")),
     ("gateway pipeline (the rest)", ("gateway/",)),
     ("Starlette (routing, middleware, response send)", ("starlette/",)),

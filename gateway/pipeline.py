@@ -28,12 +28,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 import anyio
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -46,6 +45,7 @@ from gateway.lint_stage import MODE_HEADER, request_mode
 from gateway.overlap import cpu_work, first_while_sent
 from gateway.request_record import record
 from gateway.request_state import CLIENT_CLOSED, Gateway, RouteSpec, Ticket
+from gateway.responses import FinishingJSON
 from gateway.sse_response import close_stream, internal_error, streaming_response
 from gateway.types import (
     ApiError,
@@ -60,14 +60,6 @@ from gateway.validate import ParseContext
 
 log = logging.getLogger("prefixgate.gateway")
 INLINE_PARSE_BYTES = INLINE_BYTES  # bodies above this are parsed in a worker thread
-
-
-class FastJSONResponse(JSONResponse):
-    """A JSON response encoded by orjson (compact UTF-8, as Starlette's own, several times
-    faster for a large completion)."""
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -304,27 +296,10 @@ async def _json_response(
         body = ticket.route.render(req, final, int(time.time()))
         body[SUMMARY_FIELD] = summary(final.usage)
         headers = prefixgate_headers(final.usage, req.lint_ids, ticket.request_id)
-        return _ThenFinish(body, finish, headers=headers)
+        return FinishingJSON(body, finish, headers=headers)
     except Exception as exc:  # noqa: BLE001
         await close_stream(stream)
         return _error_response(gw, ticket, internal_error(exc))
-
-
-class _ThenFinish(FastJSONResponse):
-    """A JSON response that runs `finish` once its bytes are sent, or its send failed
-    (shielded from cancellation): a request's bookkeeping never delays its answer."""
-
-    def __init__(self, content: Any, finish: Callable[[], Awaitable[None]], **kwargs: Any
-                 ) -> None:
-        super().__init__(content, **kwargs)
-        self._finish = finish
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._finish()
 
 
 async def _until_final(

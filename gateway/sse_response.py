@@ -5,17 +5,16 @@ once its last byte is sent: the backend stream is closed and the record written 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-import anyio
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from gateway import render_anthropic, render_openai
 from gateway.errors import error_body
 from gateway.request_record import record
 from gateway.request_state import CLIENT_CLOSED, Chunks, Gateway, Ticket
+from gateway.responses import FinishingStream
 from gateway.types import ApiError, BackendError, ChatRequest, Final, TextDelta
 from gateway.usage_report import prefixgate_headers
 
@@ -46,24 +45,7 @@ def streaming_response(
         record(gw, ticket, outcome.status, outcome.final, error=outcome.error)
         await close_stream(stream)
 
-    return _GatewayStream(body, cleanup, media_type="text/event-stream", headers=headers)
-
-
-class _GatewayStream(StreamingResponse):
-    """A StreamingResponse that always runs `cleanup`, shielded from cancellation."""
-
-    def __init__(
-        self, body: AsyncIterator[bytes], cleanup: Callable[[], Any], **kwargs: Any
-    ) -> None:
-        super().__init__(body, **kwargs)
-        self._cleanup = cleanup
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._cleanup()
+    return FinishingStream(body, cleanup, media_type="text/event-stream", headers=headers)
 
 
 @dataclass
