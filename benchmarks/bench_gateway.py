@@ -54,7 +54,8 @@ from benchmarks.gateway_servers import (  # noqa: E402
     litellm_proxy,
 )
 from gateway.agent_trace import agent_trace  # noqa: E402
-from gateway.backends.pool import ReplicaPool, make_upstream  # noqa: E402
+from gateway.backends.pool import ReplicaPool  # noqa: E402
+from gateway.backends.providers import make_upstream  # noqa: E402
 from gateway.backends.upstream_http import UpstreamOptions  # noqa: E402
 from gateway.fake_upstream import (  # noqa: E402
     FakeUpstreamConfig,

@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gateway.app import create_app  # noqa: E402
-from gateway.backends.pool import ReplicaPool, make_upstream  # noqa: E402
+from gateway.backends.pool import ReplicaPool  # noqa: E402
+from gateway.backends.providers import make_upstream  # noqa: E402
 from gateway.backends.upstream_http import UpstreamOptions  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream  # noqa: E402

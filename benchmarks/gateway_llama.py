@@ -21,7 +21,8 @@ from typing import Any
 
 from benchmarks.gateway_servers import free_port, process
 from gateway.agent_trace import agent_trace
-from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.providers import make_upstream
 from gateway.backends.router import RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.shadow import ShadowCache

@@ -18,7 +18,8 @@ import httpx
 from tqdm import tqdm
 
 from gateway.agent_trace import TraceRequest, agent_trace
-from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.providers import make_upstream
 from gateway.backends.router import RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream

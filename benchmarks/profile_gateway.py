@@ -44,7 +44,8 @@ from benchmarks.bench_gateway import latency_bodies, table  # noqa: E402
 from benchmarks.gateway_servers import cpu_ms, fake_upstream, gateway_server  # noqa: E402
 from benchmarks.spy_profile import busy_stacks, shares, top_leaves  # noqa: E402
 from gateway.app import create_app  # noqa: E402
-from gateway.backends.pool import ReplicaPool, make_upstream  # noqa: E402
+from gateway.backends.pool import ReplicaPool  # noqa: E402
+from gateway.backends.providers import make_upstream  # noqa: E402
 from gateway.backends.upstream_http import UpstreamOptions  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream  # noqa: E402

@@ -123,7 +123,7 @@ def _refresh_kv_gauges(gw: Gateway) -> None:
 
 def _default_backend(config: GatewayConfig, registry: Registry) -> Backend:
     if config.upstreams:
-        from gateway.backends.pool import build_upstream_backend
+        from gateway.backends.providers import build_upstream_backend
 
         backend: Backend = build_upstream_backend(config, registry)
         return backend

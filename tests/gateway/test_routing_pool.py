@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.agent_trace import agent_trace
-from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.providers import make_upstream
 from gateway.backends.router import Replica, Router, RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.shadow import ShadowCache, ShadowConfig, prompt_tokens

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 
 from gateway.agent_trace import agent_trace
-from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.providers import make_upstream
 from gateway.backends.router import RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
@@ -168,7 +169,7 @@ def test_common_prefix_tokens_matches_a_naive_scan() -> None:
 
 
 async def test_upstream_kinds_choose_their_cache_models() -> None:
-    from gateway.backends.pool import ProviderPools, build_upstream_backend
+    from gateway.backends.providers import ProviderPools, build_upstream_backend
     from gateway.config import GatewayConfig, UpstreamSpec
 
     specs = ("llamacpp=http://a.test:1/v1", "vllm=http://b.test:1/v1",

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.backends.pool import ProviderPools, ReplicaPool, build_upstream_backend
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.providers import ProviderPools, build_upstream_backend
 from gateway.config import GatewayConfig, UpstreamSpec
 from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream, model_card

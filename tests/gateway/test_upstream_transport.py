@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from gateway.backends.aiohttp_transport import AiohttpTransport
-from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.providers import make_upstream
 from gateway.backends.upstream_http import UpstreamOptions, client_limits
 from gateway.types import BackendError, Final, TextDelta
 from tests.support import free_port

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 
 from gateway.app import create_app
-from gateway.backends.pool import ReplicaPool, make_upstream
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.providers import make_upstream
 from gateway.backends.router import RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.config import GatewayConfig
