@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from engine.config import KV_CACHE_DTYPES
 from engine.model_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
@@ -234,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES))
     p.add_argument("--quantization", default=SERVE_QUANTIZATION, choices=PLAN_QUANTIZATIONS,
                    help=f"weight format (default {SERVE_QUANTIZATION}: what `make serve` runs)")
-    p.add_argument("--kv-cache-dtype", default=SERVE_KV_CACHE_DTYPE, choices=("auto", "float16"),
+    p.add_argument("--kv-cache-dtype", default=SERVE_KV_CACHE_DTYPE, choices=KV_CACHE_DTYPES,
                    help=f"KV cache storage (default {SERVE_KV_CACHE_DTYPE}: what `make serve` "
                         "runs; auto: --dtype)")
     p.add_argument("--context", type=int, default=8192, help="tokens per sequence")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -72,8 +72,3 @@ async def first_while_sent(first: Callable[[], Awaitable[T]], work: Callable[[],
         raise
     finally:
         sent.cancel()
-
-
-async def next_item(stream: AsyncIterator[T]) -> T:
-    """The stream's next item (StopAsyncIteration when it has none)."""
-    return await anext(stream)

@@ -177,10 +177,10 @@ class Backend(Protocol):
 @runtime_checkable
 class PreparingBackend(Protocol):
     """A backend with CPU work to do per request before `stream` (upstream pools: tokenize
-    and pack the prompt for the shadow caches). The gateway calls `prepare` under prompt_lint's
-    lock (in a worker thread, or on the event loop for a small body: see gateway.pipeline),
-    after lint or, for report-mode lint that can wait (`family_in_body` False), before it, and
-    streams the request it returns."""
+    and pack the prompt for the shadow caches, unless the pool does it while its upstream
+    works). The gateway calls `prepare` under prompt_lint's lock (in a worker thread, or on the
+    event loop for a small body: see gateway.pipeline), after lint or, for report-mode lint
+    that can wait (`family_in_body` False), before it, and streams the request it returns."""
 
     def prepare(self, req: ChatRequest) -> ChatRequest:
         """`req` with its precomputed parts filled in (never changes what is served)."""
@@ -192,9 +192,10 @@ class PreparingBackend(Protocol):
         ...
 
 
-#: Set by the gateway around `Backend.stream` for a request whose report-mode lint waits until
-#: the request is on its way: a backend that sends over the network calls it once the request
-#: bytes are handed to the socket (the gateway lints while the upstream works). A backend that
-#: never calls it is linted for after its first item, which is as correct, only not overlapped.
+#: Set around `Backend.stream` by work that waits until the request is on its way
+#: (gateway.overlap: report-mode lint, a one-replica pool's shadow tokens): a backend that sends
+#: over the network calls it once the request bytes are handed to the socket, so the work runs
+#: while the upstream works. Work for a backend that never calls it runs after its first item,
+#: which is as correct, only not overlapped.
 REQUEST_SENT: ContextVar[Callable[[], None] | None] = ContextVar("prefixgate_request_sent",
                                                                  default=None)

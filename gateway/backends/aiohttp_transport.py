@@ -19,7 +19,8 @@ interface and sends through one pooled `aiohttp.ClientSession`:
 - aiohttp's failures are raised as the httpx exceptions the backends already map
   (`gateway.backends.upstream_http.transport_error`);
 - the gateway's `REQUEST_SENT` callback (gateway.types), when set, is called once the body is
-  handed to the socket, so that report-mode lint runs while the upstream works.
+  handed to the socket, so that work the body does not depend on (gateway.overlap) runs while
+  the upstream works.
 """
 
 from __future__ import annotations
