@@ -53,7 +53,7 @@ from engine_rows import (
 from tqdm import tqdm
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.config import available_cores
+from engine.config import KV_CACHE_DTYPES, available_cores
 from engine.linear import QUANTIZATIONS
 from engine.loader import LoadedModel, default_model_path, load_model
 
@@ -359,7 +359,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-trace", action="store_true", help="only the micro rows")
     parser.add_argument("--tokens", type=int, default=None,
                         help="generated tokens per decode row (default 64; --quick 16)")
-    parser.add_argument("--kv-cache-dtype", default="float16", choices=["auto", "float16"],
+    parser.add_argument("--kv-cache-dtype", default="float16", choices=KV_CACHE_DTYPES,
                         help="the engine's KV cache (default float16, as `make serve`; "
                              "llama.cpp's is float16; the long-context rows show both)")
     parser.add_argument("--contexts", type=int, nargs="+", default=None,

@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.config import KV_CACHE_DTYPES
 from engine.linear import QUANTIZATIONS
 
 
@@ -36,7 +37,7 @@ def step_ms(engine: Engine, steps: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--quantization", default="fp16", choices=QUANTIZATIONS)
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float16"))
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--streams", type=int, default=1)
     p.add_argument("--steps", type=int, default=10)
