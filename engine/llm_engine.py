@@ -64,7 +64,8 @@ class Engine:
             self.loaded, self.num_pages, config.page_size, config.device, config.kernel_backend,
             config.kv_torch_dtype,
         )
-        self.sampler = Sampler()
+        native = self.runner.native_decoder
+        self.sampler = Sampler(argmax=native.argmax if native is not None else None)
         self.grammar = GrammarCompiler(self.tokenizer, sorted(self.tokenizer.special_token_ids))
         self.requests = SequenceFactory(RequestLimits(
             vocab_size=self.loaded.config.vocab_size, max_seq_len=self.max_seq_len,

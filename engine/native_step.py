@@ -135,6 +135,7 @@ class NativeDecoder:
         self._keep = (model, tuple(k_caches), tuple(v_caches))
         self._embed = model.embed
         self._run = gemm.decode_step_function()
+        self.argmax = gemm.argmax  # greedy sampling of the logits these steps lead to
         self._avx2 = gemm.avx2
         # the step's scratch, kept across steps and grown on demand
         self._workspace = torch.empty(0, dtype=torch.uint8)

@@ -8,7 +8,7 @@ torch.Generator. The pure functions below are the whole algorithm; `Sampler` onl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -75,8 +75,13 @@ class Sampler:
 
     `adjust` and `probabilities` are the two halves of `__call__`, public for speculative
     verification (engine.speculative), which needs the target distribution of several rows of
-    one sequence rather than one draw per row.
+    one sequence rather than one draw per row. `argmax`, when given, replaces
+    `logits.argmax(dim=-1)` for CPU logits (the native library's: torch's walks a row one
+    element at a time, ~0.1 ms per row of a 49k-token vocabulary).
     """
+
+    def __init__(self, argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self._argmax = argmax
 
     def __call__(
         self,
@@ -89,7 +94,8 @@ class Sampler:
         bitmask: optional [N, ceil(V / 32)] int32 allowed-token bits (all ones for an
         unconstrained row), from `engine.grammar`."""
         logits = self.adjust(logits, rows, bitmask)
-        tokens = logits.argmax(dim=-1)  # [N]
+        fast = self._argmax if logits.is_cpu else None
+        tokens = fast(logits) if fast is not None else logits.argmax(dim=-1)  # [N]
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if random_rows:
             chosen = [rows[i] for i in random_rows]

@@ -83,6 +83,8 @@ static inline uint16_t pg_float_to_half(float f) {
 
 /* out[i] = the half nearest x[i] (pg_float_to_half), for n values. */
 void pg_halves_from_floats(const float *x, int64_t n, uint16_t *out);
+/* argmax.c: out[t] = the first index of row t's maximum (a NaN wins, as torch.argmax). */
+int pg_argmax_rows(const float *x, int64_t T, int64_t n, int64_t *out, int avx2);
 
 static inline int pg_float_tiles(int64_t T) { return T >= FLOAT_TILE_ROWS; }
 

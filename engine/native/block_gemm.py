@@ -1,4 +1,5 @@
-"""Typed ctypes bindings of `block_gemm.c`: y [T, N] = x [T, K] @ W.T for Q4_1 / Q8_0 blocks.
+"""Typed ctypes bindings of `block_gemm.c`: y [T, N] = x [T, K] @ W.T for Q4_1 / Q8_0 blocks
+(and of `argmax.c`: greedy sampling's argmax over logit rows).
 
 `BlockGemm(lib, avx2=...)` wraps a loaded library; `native_gemm()` is the process-wide one the
 engine uses (None when the library is off or cannot be built). Wrappers check dtypes, shapes
@@ -49,6 +50,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_decode_step.argtypes = [_P, _P, _P, _P, ctypes.POINTER(_I64), _INT, _INT]
     lib.pg_decode_step.restype = _INT
     lib.pg_halves_from_floats.argtypes, lib.pg_halves_from_floats.restype = [_P, _I64, _P], None
+    lib.pg_argmax_rows.argtypes, lib.pg_argmax_rows.restype = [_P, _I64, _I64, _P, _INT], _INT
 
 
 def check_status(status: int, what: str) -> None:
@@ -99,6 +101,7 @@ class BlockGemm:
         self.float_tile_rows: int = lib.pg_float_tile_rows()
         self._q4_1 = lib.pg_q4_1_matmul
         self._q8_0 = lib.pg_q8_0_matmul
+        self._argmax = lib.pg_argmax_rows
 
     @classmethod
     def best(cls, lib: ctypes.CDLL) -> BlockGemm:
@@ -116,6 +119,18 @@ class BlockGemm:
         if status:
             check_status(status, "matmul")
         return y
+
+    def argmax(self, logits: Tensor) -> Tensor:
+        """`logits.argmax(dim=-1)` of float32 CPU logits [N, V], int64 [N] (the first index of
+        each row's maximum; a NaN counts as the maximum, as in torch)."""
+        if logits.dim() != 2 or logits.shape[1] == 0:
+            raise ValueError(f"expected logits [N, V], got {tuple(logits.shape)}")
+        logits = _activations(logits, logits.shape[1])
+        out = torch.empty(logits.shape[0], dtype=torch.int64)
+        status = self._argmax(logits.data_ptr(), logits.shape[0], logits.shape[1],
+                              out.data_ptr(), self.avx2)
+        check_status(status, "argmax")
+        return out
 
     def decode_step_function(self) -> Callable[..., int]:
         """`pg_decode_step` of this library (bound in `engine.native_step`)."""

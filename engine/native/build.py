@@ -30,7 +30,7 @@ from typing import Literal, get_args
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "block_gemm.c", HERE / "decode_step.c")
+SOURCES = (HERE / "block_gemm.c", HERE / "decode_step.c", HERE / "argmax.c")
 HEADERS = (HERE / "block_gemm.h",)
 NativeMode = Literal["auto", "scalar", "off"]
 NATIVE_MODES: tuple[str, ...] = get_args(NativeMode)
