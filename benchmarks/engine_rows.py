@@ -11,12 +11,15 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.loader import LoadedModel, default_model_path
+from engine.native import native_gemm
+from engine.native.block_gemm import bind
+from engine.quant_blocks import quantize_q4_1
 
 LLAMA_CPP_MISSING = "not installed (optional bench extra: pip install -e '.[bench]')"
 
@@ -62,23 +65,45 @@ def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * nbytes / best
 
 
-def matmul_rate(threads: int, repeats: int = 20) -> float:
-    """float32 multiply-add rate (FLOP/s) of torch's own matrix product at `threads` threads, on
-    a 64 x 576 by 576 x 3072 product (the model's MLP shape, enough rows for its best kernel):
-    what a batched decode step's projections can reach on this CPU in float32, best of
-    `repeats`."""
+class ProductRate(NamedTuple):
+    """The multiply-add rate (FLOP/s) a batched decode step's products reach, and by what."""
+
+    flops: float
+    source: str
+
+
+def product_rate(threads: int, rows: int = 8, repeats: int = 50) -> ProductRate:
+    """What the projections of a `rows`-sequence decode step can reach at `threads` threads:
+    the native float tiles (`engine/native/block_gemm.c`, the kernels that step runs) on a
+    Q4_1 weight of the model's MLP shape (3072 x 576) times `rows` float32 rows, best of
+    `repeats` with weights and rows in cache, so an upper bound for the step; torch's float32
+    product of the same shape where the native library is off."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        x, w = torch.randn(64, 576), torch.randn(3072, 576)
-        for _ in range(3):
-            x @ w.T
+        x, w = torch.randn(rows, 576), torch.randn(3072, 576)
+        gemm = native_gemm()
+        if gemm is not None:
+            bound = bind(quantize_q4_1(w))
+
+            def run() -> None:
+                gemm.matmul(bound, x, threads)
+
+            source = "native float tiles"
+        else:
+
+            def run() -> None:
+                x @ w.T
+
+            source = "torch float32"
+        for _ in range(5):
+            run()
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            x @ w.T
+            run()
             best = min(best, time.perf_counter() - t0)
-        return 2 * x.shape[0] * w.numel() / best
+        return ProductRate(2 * rows * w.numel() / best, source)
     finally:
         torch.set_num_threads(before)
 
@@ -213,7 +238,8 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
     each the median of `repeats` runs taken in turn with llama.cpp's."""
     rows = []
     one = None
-    ceiling = matmul_rate(torch.get_num_threads()) / token_flops(loaded)
+    rate = product_rate(torch.get_num_threads())
+    ceiling = rate.flops / token_flops(loaded)
     for streams in (1, 4, 8):
         rates, llama = [], []
         for _ in range(repeats):
@@ -225,8 +251,9 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
         row = Row(f"decode, {streams} streams", "tok/s", rate,
                   note=f"{rate / one:.2f}x one stream; median of {repeats}")  # fmt: skip
         if streams > 1:  # batched steps are bound by multiply-adds, not by weight bytes
-            row.note += (f"; float32 compute ceiling {ceiling:.0f} tok/s = "
-                         f"{ceiling / one:.2f}x one stream")
+            row.note += (f"; the products' ceiling {ceiling:.0f} tok/s = {ceiling / one:.2f}x "
+                         f"one stream ({rate.source} at 8 rows: {rate.flops / 1e9:.0f} GFLOP/s "
+                         "in cache)")
         if llama:
             row.llama_cpp = statistics.median(llama)
             row.note += "; llama.cpp one at a time"
