@@ -238,8 +238,8 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
     each the median of `repeats` runs taken in turn with llama.cpp's."""
     rows = []
     one = None
-    rate = product_rate(torch.get_num_threads())
-    ceiling = rate.flops / token_flops(loaded)
+    products = product_rate(torch.get_num_threads())
+    ceiling = products.flops / token_flops(loaded)
     for streams in (1, 4, 8):
         rates, llama = [], []
         for _ in range(repeats):
@@ -252,8 +252,8 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
                   note=f"{rate / one:.2f}x one stream; median of {repeats}")  # fmt: skip
         if streams > 1:  # batched steps are bound by multiply-adds, not by weight bytes
             row.note += (f"; the products' ceiling {ceiling:.0f} tok/s = {ceiling / one:.2f}x "
-                         f"one stream ({rate.source} at 8 rows: {rate.flops / 1e9:.0f} GFLOP/s "
-                         "in cache)")
+                         f"one stream ({products.source} at 8 rows: "
+                         f"{products.flops / 1e9:.0f} GFLOP/s in cache)")
         if llama:
             row.llama_cpp = statistics.median(llama)
             row.note += "; llama.cpp one at a time"

@@ -1,11 +1,16 @@
 """benchmarks.engine_rows: the compute ceiling of batched decode counts the model's own
-multiply-adds (one per weight element of every projection and of the LM head, per token)."""
+multiply-adds (one per weight element of every projection and of the LM head, per token), and
+the stream rows compare each row with one stream and with that ceiling."""
 
 from __future__ import annotations
 
+import pytest
+
+from benchmarks import engine_rows
 from benchmarks.engine_rows import token_flops
 from engine.loader import LoadedModel
 from engine.model import PROJECTIONS
+from engine.native import native_gemm
 
 
 def test_token_flops_counts_every_projection_weight_twice(loaded_model: LoadedModel) -> None:
@@ -14,3 +19,26 @@ def test_token_flops_counts_every_projection_weight_twice(loaded_model: LoadedMo
     for layer in model.blocks():
         elements += sum(getattr(layer, name).weight.numel() for name in PROJECTIONS)
     assert token_flops(loaded_model) == 2 * elements
+
+
+def test_stream_rows_compare_each_row_with_one_stream_and_the_products_ceiling(
+    loaded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rates = {1: 80.0, 4: 200.0, 8: 320.0}
+    monkeypatch.setattr(engine_rows, "engine_decode",
+                        lambda loaded, streams, tokens, kv: rates[streams])
+    monkeypatch.setattr(engine_rows, "product_rate",
+                        lambda threads: engine_rows.ProductRate(1e11, "native float tiles"))
+    rows = engine_rows.stream_rows(loaded_model, None, tokens=4, repeats=1)
+    ceiling = 1e11 / token_flops(loaded_model)
+    assert [r.engine for r in rows] == [80.0, 200.0, 320.0]
+    assert rows[0].note == "1.00x one stream; median of 1"
+    assert rows[2].note.startswith("4.00x one stream; median of 1; the products' ceiling "
+                                   f"{ceiling:.0f} tok/s = {ceiling / 80:.2f}x one stream "
+                                   "(native float tiles at 8 rows: 100 GFLOP/s in cache)")
+
+
+def test_product_rate_names_the_kernels_it_timed() -> None:
+    rate = engine_rows.product_rate(1, repeats=2)
+    expected = "native float tiles" if native_gemm() is not None else "torch float32"
+    assert rate.source == expected and rate.flops > 0
