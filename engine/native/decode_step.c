@@ -74,6 +74,7 @@ typedef struct {
  * pass merges a head's runs. Runs keep every thread busy on one long sequence. */
 #define SPLIT 128
 #define MAX_GROUP 16 /* query heads per KV head */
+#define MAX_HEADS 64 /* query heads the AVX2 attention takes in one pass (more: per KV head) */
 
 typedef struct {
     float *part; /* [T, Hq, runs, 2 + D]: max, sum, output */
@@ -296,40 +297,44 @@ AVX2_INLINE __m256 exp_neg8(__m256 x) {
     return _mm256_andnot_ps(under, e);
 }
 
-/* attend_run_generic for D a multiple of 32: the G heads' scores key by key, then each head's
- * output 32 floats at a time in four registers over all keys (the value rows come from L1,
- * the output is stored once). Called with a constant `half`: one loop per cache dtype. */
+/* attend_run_generic for every KV head of the run at once, for D a multiple of 32 and at most
+ * MAX_HEADS query heads: every query head's scores key by key, each key row read whole (all
+ * KV heads, one contiguous row of the page) while the rows ahead are fetched, then each head's
+ * output 32 floats at a time in four registers over all keys (the value rows were fetched
+ * whole during the scores; the output is stored once). One KV head at a time read a third of
+ * each row at the row stride, which the prefetchers followed worse: at 4k tokens of context
+ * the decode step took 14-21% longer. Called with a constant `half`: one loop per cache
+ * dtype. */
 AVX2_INLINE void attend_run_avx2_body(const PgModel *m, const PgLayer *L, const PgStep *s,
-                                      int64_t t, int64_t kvh, int64_t run, const float *qkv,
+                                      int64_t t, int64_t run, const float *qkv,
                                       const Partials *out, int half) {
     int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads, ps = m->page_size;
     int64_t G = Hq / Hkv, es = half ? 2 : 4, stride = Hkv * D * es, j0 = run * SPLIT;
     int64_t len = s->seq_lens[t], n = len - j0 < SPLIT ? len - j0 : SPLIT;
     const int32_t *table = s->block_table + t * s->table_width;
-    const float *q = qkv + t * (Hq + 2 * Hkv) * D + kvh * G * D;
-    float scores[MAX_GROUP][SPLIT];
+    const float *q = qkv + t * (Hq + 2 * Hkv) * D; /* its Hq query heads of D */
+    float scores[MAX_HEADS][SPLIT];
     const char *rows[SPLIT], *vrows[SPLIT];
-    kv_rows(L->k_cache, kvh * D * es, table, j0, n, ps, stride, rows);
-    kv_rows(L->v_cache, kvh * D * es, table, j0, n, ps, stride, vrows);
+    kv_rows(L->k_cache, 0, table, j0, n, ps, stride, rows);
+    kv_rows(L->v_cache, 0, table, j0, n, ps, stride, vrows);
     for (int64_t j = 0; j < n; j++) {
-        /* rows are D elements at a stride of Hkv * D, in pages: ask for the key PREFETCH rows
-         * ahead and this row's value (read after the scores) while the dots run */
-        if (j + PREFETCH < n) prefetch_row(rows[j + PREFETCH], D * es);
-        prefetch_row(vrows[j], D * es);
-        const char *k = rows[j];
-        for (int64_t g = 0; g < G; g++) {
-            const float *qg = q + g * D;
+        if (j + PREFETCH < n) prefetch_row(rows[j + PREFETCH], stride);
+        prefetch_row(vrows[j], stride);
+        for (int64_t h = 0; h < Hq; h++) {
+            const char *k = rows[j] + h / G * D * es; /* query head h's KV head */
+            const float *qh = q + h * D;
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             for (int64_t i = 0; i < D; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), load8(k, i, half), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i + 8), load8(k, i + 8, half), a1);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), load8(k, i, half), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), load8(k, i + 8, half), a1);
             }
-            scores[g][j] = pg_hsum8(_mm256_add_ps(a0, a1)) * m->scale;
+            scores[h][j] = pg_hsum8(_mm256_add_ps(a0, a1)) * m->scale;
         }
     }
-    for (int64_t g = 0; g < G; g++) {
-        float *state = out->part + ((t * Hq + kvh * G + g) * out->runs + run) * (2 + D);
-        float best = -INFINITY, total = 0.0f, *p = scores[g];
+    for (int64_t h = 0; h < Hq; h++) {
+        int64_t offset = h / G * D * es;
+        float *state = out->part + ((t * Hq + h) * out->runs + run) * (2 + D);
+        float best = -INFINITY, total = 0.0f, *p = scores[h];
         for (int64_t j = 0; j < n; j++) best = p[j] > best ? p[j] : best;
         __m256 sum8 = _mm256_setzero_ps(), top = _mm256_set1_ps(best);
         int64_t j = 0;
@@ -346,7 +351,7 @@ AVX2_INLINE void attend_run_avx2_body(const PgModel *m, const PgLayer *L, const 
         for (int64_t c = 0; c < D; c += 32) {
             __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
             for (int64_t j = 0; j < n; j++) {
-                const char *v = vrows[j];
+                const char *v = vrows[j] + offset;
                 __m256 pj = _mm256_set1_ps(p[j]);
                 o0 = _mm256_fmadd_ps(pj, load8(v, c, half), o0);
                 o1 = _mm256_fmadd_ps(pj, load8(v, c + 8, half), o1);
@@ -364,9 +369,9 @@ AVX2_INLINE void attend_run_avx2_body(const PgModel *m, const PgLayer *L, const 
 }
 
 AVX2 static void attend_run_avx2(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
-                                 int64_t kvh, int64_t run, const float *qkv, const Partials *out) {
-    if (m->kv_half) attend_run_avx2_body(m, L, s, t, kvh, run, qkv, out, 1);
-    else attend_run_avx2_body(m, L, s, t, kvh, run, qkv, out, 0);
+                                 int64_t run, const float *qkv, const Partials *out) {
+    if (m->kv_half) attend_run_avx2_body(m, L, s, t, run, qkv, out, 1);
+    else attend_run_avx2_body(m, L, s, t, run, qkv, out, 0);
 }
 #endif
 
@@ -465,18 +470,17 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
     for (int64_t item = 0; item < T * runs; item++) {
         /* run-major: consecutive items read the same run of every sequence, so sequences that
          * share prefix pages (sessions with one system prompt) find them in cache; one item
-         * takes every KV head, reading whole cache rows front to back */
+         * takes every KV head (the AVX2 pass reads whole cache rows front to back) */
         int64_t run = item / T, t = item % T;
         if (run * SPLIT >= s->seq_lens[t]) continue;
-        for (int64_t kvh = 0; kvh < Hkv; kvh++) {
 #if PG_X86
-            if (avx2 && m->head_dim % 32 == 0) {
-                attend_run_avx2(m, L, s, t, kvh, run, w->qkv, &w->att);
-                continue;
-            }
-#endif
-            attend_run_generic(m, L, s, t, kvh, run, w->qkv, &w->att);
+        if (avx2 && m->head_dim % 32 == 0 && Hq <= MAX_HEADS) {
+            attend_run_avx2(m, L, s, t, run, w->qkv, &w->att);
+            continue;
         }
+#endif
+        for (int64_t kvh = 0; kvh < Hkv; kvh++)
+            attend_run_generic(m, L, s, t, kvh, run, w->qkv, &w->att);
     }
 #pragma omp for schedule(static)
     for (int64_t th = 0; th < T * Hq; th++)
