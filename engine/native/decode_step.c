@@ -320,15 +320,17 @@ AVX2_INLINE void attend_run_avx2_body(const PgModel *m, const PgLayer *L, const 
     for (int64_t j = 0; j < n; j++) {
         if (j + PREFETCH < n) prefetch_row(rows[j + PREFETCH], stride);
         prefetch_row(vrows[j], stride);
-        for (int64_t h = 0; h < Hq; h++) {
-            const char *k = rows[j] + h / G * D * es; /* query head h's KV head */
-            const float *qh = q + h * D;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            for (int64_t i = 0; i < D; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), load8(k, i, half), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), load8(k, i + 8, half), a1);
+        for (int64_t kvh = 0, h = 0; kvh < Hkv; kvh++) {
+            const char *k = rows[j] + kvh * D * es; /* this KV head's part of the row */
+            for (int64_t g = 0; g < G; g++, h++) {  /* its G query heads */
+                const float *qh = q + h * D;
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                for (int64_t i = 0; i < D; i += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), load8(k, i, half), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), load8(k, i + 8, half), a1);
+                }
+                scores[h][j] = pg_hsum8(_mm256_add_ps(a0, a1)) * m->scale;
             }
-            scores[h][j] = pg_hsum8(_mm256_add_ps(a0, a1)) * m->scale;
         }
     }
     for (int64_t h = 0; h < Hq; h++) {
