@@ -94,9 +94,13 @@ class Sampler:
         bitmask: optional [N, ceil(V / 32)] int32 allowed-token bits (all ones for an
         unconstrained row), from `engine.grammar`."""
         logits = self.adjust(logits, rows, bitmask)
-        fast = self._argmax if logits.is_cpu else None
-        tokens = fast(logits) if fast is not None else logits.argmax(dim=-1)  # [N]
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if len(random_rows) == len(rows):  # no greedy row: no argmax to take
+            tokens = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
+        elif self._argmax is not None and logits.is_cpu:
+            tokens = self._argmax(logits)
+        else:
+            tokens = logits.argmax(dim=-1)  # [N]
         if random_rows:
             chosen = [rows[i] for i in random_rows]
             probs = self.probabilities(logits[random_rows], chosen)

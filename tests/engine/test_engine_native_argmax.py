@@ -85,3 +85,14 @@ def test_int4_engine_samples_greedily_with_the_native_argmax() -> None:
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     outs = engine.generate(["The capital of France is", "1, 2, 3,"], params)
     assert len(seen) >= 6 and all(len(o.token_ids) == 6 for o in outs)
+
+
+def test_sampler_takes_no_argmax_when_every_row_samples() -> None:
+    def refuse(logits: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("argmax taken for rows that all sample")
+
+    g = torch.Generator().manual_seed(0)
+    rows = [SamplingRow(SamplingParams(temperature=1.0), [], g)] * 2
+    logits = torch.full((2, 8), -1e9)
+    logits[0, 5] = logits[1, 2] = 0.0  # one token holds all the probability of each row
+    assert Sampler(argmax=refuse)(logits, rows) == [5, 2]
