@@ -72,16 +72,17 @@ class ProductRate(NamedTuple):
     source: str
 
 
-def product_rate(threads: int, rows: int = 8, repeats: int = 50) -> ProductRate:
+def product_rate(threads: int, shape: tuple[int, int], rows: int = 8, repeats: int = 50
+                 ) -> ProductRate:
     """What the projections of a `rows`-sequence decode step can reach at `threads` threads:
     the native float tiles (`engine/native/block_gemm.c`, the kernels that step runs) on a
-    Q4_1 weight of the model's MLP shape (3072 x 576) times `rows` float32 rows, best of
-    `repeats` with weights and rows in cache, so an upper bound for the step; torch's float32
-    product of the same shape where the native library is off."""
+    Q4_1 weight of `shape` (out, in: the model's gate/up projection) times `rows` float32
+    rows, best of `repeats` with weights and rows in cache, so an upper bound for the step;
+    torch's float32 product of the same shape where the native library is off."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        x, w = torch.randn(rows, 576), torch.randn(3072, 576)
+        x, w = torch.randn(rows, shape[1]), torch.randn(*shape)
         gemm = native_gemm()
         if gemm is not None:
             bound = bind(quantize_q4_1(w))
@@ -238,7 +239,8 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
     each the median of `repeats` runs taken in turn with llama.cpp's."""
     rows = []
     one = None
-    products = product_rate(torch.get_num_threads())
+    c = loaded.config
+    products = product_rate(torch.get_num_threads(), (2 * c.intermediate_size, c.hidden_size))
     ceiling = products.flops / token_flops(loaded)
     for streams in (1, 4, 8):
         rates, llama = [], []
@@ -252,7 +254,7 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
                   note=f"{rate / one:.2f}x one stream; median of {repeats}")  # fmt: skip
         if streams > 1:  # batched steps are bound by multiply-adds, not by weight bytes
             row.note += (f"; the products' ceiling {ceiling:.0f} tok/s = {ceiling / one:.2f}x "
-                         f"one stream ({products.source} at 8 rows: "
+                         f"one stream ({products.source} at 8 rows of the gate/up product: "
                          f"{products.flops / 1e9:.0f} GFLOP/s in cache)")
         if llama:
             row.llama_cpp = statistics.median(llama)

@@ -28,17 +28,18 @@ def test_stream_rows_compare_each_row_with_one_stream_and_the_products_ceiling(
     monkeypatch.setattr(engine_rows, "engine_decode",
                         lambda loaded, streams, tokens, kv: rates[streams])
     monkeypatch.setattr(engine_rows, "product_rate",
-                        lambda threads: engine_rows.ProductRate(1e11, "native float tiles"))
+                        lambda threads, shape: engine_rows.ProductRate(1e11, "native float tiles"))
     rows = engine_rows.stream_rows(loaded_model, None, tokens=4, repeats=1)
     ceiling = 1e11 / token_flops(loaded_model)
     assert [r.engine for r in rows] == [80.0, 200.0, 320.0]
     assert rows[0].note == "1.00x one stream; median of 1"
     assert rows[2].note.startswith("4.00x one stream; median of 1; the products' ceiling "
                                    f"{ceiling:.0f} tok/s = {ceiling / 80:.2f}x one stream "
-                                   "(native float tiles at 8 rows: 100 GFLOP/s in cache)")
+                                   "(native float tiles at 8 rows of the gate/up product: "
+                                   "100 GFLOP/s in cache)")
 
 
 def test_product_rate_names_the_kernels_it_timed() -> None:
-    rate = engine_rows.product_rate(1, repeats=2)
+    rate = engine_rows.product_rate(1, (64, 32), repeats=2)
     expected = "native float tiles" if native_gemm() is not None else "torch float32"
     assert rate.source == expected and rate.flops > 0
