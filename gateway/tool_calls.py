@@ -27,6 +27,8 @@ from typing import Any
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^\s*```(?:json)?\s*|\s*```\s*$")
+# A call's head: its name, then the start of its arguments (the stream emits the call from here).
+CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 TOOL_PREAMBLE = (
     "You may call the tools below. To call a tool, answer with exactly\n"
@@ -107,21 +109,28 @@ class ParsedOutput:
 
 def parse_output(text: str, request_id: str) -> ParsedOutput:
     """Split generated text into text and tool calls; unparseable blocks stay text, except an
-    unterminated last block after complete calls (output cut by max_tokens), which is dropped."""
+    unterminated last block (output cut by max_tokens) that follows complete calls or whose
+    head (name and `"arguments":`) is complete: a call in progress, which a stream has already
+    begun to send as a call, is dropped, never turned into text."""
     if OPEN not in text:
         return ParsedOutput(text, ())
     calls: list[dict[str, Any]] = []
     for match in _BLOCK.finditer(text):
         call = _parse_call(match.group(1))
-        if call is None and calls and match.end() == len(text) and not match.group(0).endswith(
-            CLOSE
-        ):
+        if call is None and _cut_call(match, len(text), bool(calls)):
             break
         if call is None:
             return ParsedOutput(text, ())
         calls.append(_openai_call(call, request_id, len(calls)))
     visible = text[: text.index(OPEN)].rstrip()
     return ParsedOutput(visible, tuple(calls))
+
+
+def _cut_call(match: re.Match[str], end: int, after_calls: bool) -> bool:
+    """An unterminated block at the end of the output that is a call in progress."""
+    if match.end() != end or match.group(0).endswith(CLOSE):
+        return False
+    return after_calls or CALL_HEAD.match(match.group(1)) is not None
 
 
 def _parse_call(raw: str) -> tuple[str, dict[str, Any]] | None:

@@ -21,7 +21,7 @@ from engine.grammar import GrammarCompiler, GrammarSpec
 from engine.loader import default_model_path
 from engine.tokenizer import Tokenizer
 from gateway.structured import ToolChoice, ToolSchema, tool_grammar
-from gateway.tool_calls import parse_output
+from gateway.tool_calls import CLOSE, OPEN, parse_output
 from gateway.tool_stream import ToolCallStream, streamed_calls
 
 from .gateway_fakes import FAKE_MODEL, asgi_client
@@ -122,6 +122,31 @@ def test_stream_pieces_reassemble_to_parsed_calls(cuts):
     assert [(n, json.loads(a)) for n, a in streamed_calls(pieces)] == reference
     assert [p.id for p in pieces if p.id] == [c["id"] for c in parsed.tool_calls]
     assert (visible + tail).rstrip() == parsed.text == "Checking."
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(len("Checking. <tool_call>"), len(STREAM_TEXT) - 1),
+       st.lists(st.integers(1, 9), max_size=10))
+def test_output_cut_inside_a_call_is_never_sent_as_text(end, cuts):
+    """Output cut by max_tokens at any point: once a call's pieces were streamed, its raw
+    block never follows as text (the stream and the final answer agree: the complete calls
+    only, then finish_reason "length")."""
+    text, stream, pieces, visible, at = STREAM_TEXT[:end], ToolCallStream("rid"), [], "", 0
+    for cut in [*cuts, len(text)]:
+        piece, at = text[at : at + cut], at + cut
+        shown, calls = stream.feed(piece)
+        visible, pieces = visible + shown, pieces + calls
+    tail, parsed = stream.finish(text)
+    complete = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                for c in parsed.tool_calls]
+    if pieces:
+        assert OPEN not in visible + tail
+        assert (visible + tail).rstrip() == parsed.text == "Checking."
+        streamed = streamed_calls(pieces)
+        assert [n for n, _ in streamed[: len(complete)]] == [n for n, _ in complete]
+    else:  # cut before the first call's head: nothing was sent as a call
+        assert complete == []
+    assert STREAM_TEXT[:end].count(CLOSE) <= len(complete) <= text.count(OPEN)  # closed ones kept
 
 
 # ------------------------------------------------------------------ 400s, nothing reaches engine

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gateway.config import ENV_VARS, GatewayConfig, UpstreamSpec, load_keys_file
 from gateway.metrics import Registry
 from gateway.serve import build_parser, config_from_args
-from gateway.tool_calls import ToolCallFilter, parse_output
+from gateway.tool_calls import ParsedOutput, ToolCallFilter, parse_output
 
 # ------------------------------------------------------------------------------ config
 
@@ -150,6 +150,18 @@ def test_unparseable_output_stays_text(text: str):
     parsed = parse_output(text, "rid")
     assert parsed == parse_output(text, "rid") and parsed.tool_calls == ()
     assert parsed.text == text
+
+
+@pytest.mark.parametrize("cut", [
+    '<tool_call>{"name": "f", "arguments": ',
+    '<tool_call>\n{"name": "f", "arguments": {"a": "12345',
+    '<tool_call>{"name": "f", "arguments": {"a": 1}',
+])
+def test_a_call_cut_after_its_head_is_dropped_not_shown(cut: str):
+    """max_tokens ended the output inside a call whose name was complete (a stream has sent
+    it as a call by then): no call, and none of its raw block as text."""
+    parsed = parse_output("Sure. " + cut, "rid")
+    assert parsed == ParsedOutput("Sure.", ())
 
 
 def test_two_calls_get_distinct_ids():
