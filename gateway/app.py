@@ -28,6 +28,7 @@ from gateway import (
 )
 from gateway.auth import may_scrape_metrics, tenant_for
 from gateway.config import GatewayConfig
+from gateway.count_tokens import count_tokens
 from gateway.errors import GatewayError, error_body
 from gateway.health import StoreMetrics, health_report
 from gateway.lint_stage import LintStage
@@ -169,6 +170,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -89,6 +89,7 @@ def sampling_options(body: dict[str, Any], ctx: ParseContext) -> SamplingOptions
     n = opt_int(body, "n", low=1)
     if n not in (None, 1):
         raise invalid("only n=1 is supported", "n")
+    _no_logprobs(body)
     max_tokens = opt_int(body, "max_completion_tokens", low=1)
     if max_tokens is None:
         max_tokens = opt_int(body, "max_tokens", low=1)
@@ -101,6 +102,19 @@ def sampling_options(body: dict[str, Any], ctx: ParseContext) -> SamplingOptions
         presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
     )
+
+
+def _no_logprobs(body: dict[str, Any]) -> None:
+    """Token log-probabilities are not returned: asking for them is a 400, not a silent null
+    (chat: `logprobs` true or `top_logprobs` > 0; legacy completions: `logprobs` > 0)."""
+    for name in ("logprobs", "top_logprobs"):
+        value = body.get(name)
+        if value is None or value is False or value == 0:
+            continue
+        if not isinstance(value, bool | int):
+            raise invalid(f"'{name}' must be a boolean or an integer", name)
+        raise invalid(f"'{name}' is not supported: token log-probabilities are not returned",
+                      name)
 
 
 def _stream(body: dict[str, Any]) -> bool:

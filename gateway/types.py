@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from gateway.shadow import Prompt
@@ -189,6 +189,22 @@ class PreparingBackend(Protocol):
     def family_in_body(self, req: ChatRequest) -> bool:
         """True when what is sent for `req` depends on lint's prompt family (an upstream
         whose cache key is derived from it): lint must then finish before `stream`."""
+        ...
+
+
+class TokenCount(NamedTuple):
+    """A prompt's size and whose count it is."""
+
+    input_tokens: int
+    estimated: bool  # prefixgate's own count, not the model's or the provider's
+
+
+@runtime_checkable
+class CountingBackend(Protocol):
+    """A backend that counts a request's prompt tokens itself (the engine, upstream pools)."""
+
+    async def count_tokens(self, req: ChatRequest) -> TokenCount:
+        """The prompt tokens `req` would send; raises ApiError as `stream` would."""
         ...
 
 

@@ -19,6 +19,7 @@ from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
     UpstreamOptions,
     dumps_body,
+    fetch_json,
     iter_sse,
     loads_event,
     stream_error_event,
@@ -26,6 +27,8 @@ from gateway.backends.upstream_http import (
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
 
 API_VERSION = "2023-06-01"
+# what the Messages API's count_tokens endpoint takes of a Messages body
+COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
            "tool_use": "tool_calls"}
 
@@ -131,6 +134,20 @@ class AnthropicUpstream(UpstreamBackend):
         super().__init__(options, transport=transport, models=models)
         path = "/messages" if self._base.endswith("/v1") else "/v1/messages"
         self._endpoint_url = httpx.URL(self._base + path)
+        self._count_url = httpx.URL(self._base + path + "/count_tokens")
+
+    async def count_tokens(self, req: ChatRequest) -> int:
+        """The upstream's own count of an Anthropic client's request (its count_tokens
+        endpoint, passed the fields that endpoint takes)."""
+        body = {k: req.body[k] for k in COUNT_FIELDS if k in req.body}
+        body["model"] = req.model
+        payload = await fetch_json(self._transport, self._post(self._count_url, dumps_body(body)),
+                                   self.replica)
+        tokens = payload.get("input_tokens") if isinstance(payload, dict) else None
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise BackendError(502, f"upstream {self.replica} sent no input_tokens",
+                               kind="upstream_error")
+        return tokens
 
     def _headers(self) -> dict[str, str]:
         headers = {**super()._headers(), "anthropic-version": API_VERSION}

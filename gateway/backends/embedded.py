@@ -30,7 +30,7 @@ from engine import (
 from engine.tokenizer import Tokenizer
 from gateway.config import GatewayConfig
 from gateway.tool_stream import ToolCallStream
-from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
+from gateway.types import BackendError, ChatRequest, Final, TextDelta, TokenCount, Usage
 
 log = logging.getLogger("prefixgate.embedded")
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -76,6 +76,11 @@ class EmbeddedBackend:
     async def aclose(self) -> None:
         if self.owns_engine:
             await self.engine.shutdown()
+
+    async def count_tokens(self, req: ChatRequest) -> TokenCount:
+        """Exact: the prompt's ids through the template (off the loop), as `stream` prefills."""
+        ids = await anyio.to_thread.run_sync(self.prompt_ids, req)
+        return TokenCount(len(ids), estimated=False)
 
     def prompt_ids(self, req: ChatRequest) -> list[int]:
         """Token ids of the request: the raw prompt, or messages + tools through the template."""

@@ -19,17 +19,19 @@ from typing import Any
 
 import anyio
 
+from gateway.backends.anthropic_upstream import AnthropicUpstream
 from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import is_replica_fault
 from gateway.body import INLINE_BYTES, text_chars
 from gateway.config import AUTO_KIND
+from gateway.count_tokens import estimate
 from gateway.metrics import Registry
 from gateway.overlap import cpu_work, first_while_sent
 from gateway.shadow import NO_PROMPT, CacheModel, Prompt, request_prompt
 from gateway.shadow_models import SlotShadow, cache_model_for
-from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
+from gateway.types import BackendError, ChatRequest, Final, TextDelta, TokenCount, Usage
 from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
 
@@ -139,6 +141,16 @@ class ReplicaPool:
 
     def family_in_body(self, req: ChatRequest) -> bool:
         return any(r.backend.family_in_body(req) for r in self.router.replicas)
+
+    async def count_tokens(self, req: ChatRequest) -> TokenCount:
+        """An Anthropic replica's own count (the first routable one); for other kinds, which
+        have no such endpoint, prefixgate's own count, marked estimated."""
+        if self.api == "anthropic":
+            replicas = self.router.candidates(set())
+            backend = replicas[0].backend if replicas else None
+            if isinstance(backend, AnthropicUpstream):
+                return TokenCount(await backend.count_tokens(req), estimated=False)
+        return await estimate(req, self.inline_bytes)
 
     async def aclose(self) -> None:
         for r in self.router.replicas:

@@ -234,6 +234,26 @@ def stream_error_event(payload: dict[str, Any], replica: str) -> BackendError:
 Item = TextDelta | Final
 
 
+async def fetch_json(transport: httpx.AsyncBaseTransport, request: httpx.Request,
+                     replica: str) -> Any:
+    """Send one request and return its JSON answer; failures as `exchange` raises them."""
+    try:
+        response = await send(transport, request)
+        try:
+            data = await response.aread()
+        finally:
+            await response.aclose()
+    except httpx.HTTPError as exc:
+        raise transport_error(exc, replica, started=False) from None
+    if response.status_code >= 400:
+        raise status_error(response.status_code, data, replica)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise BackendError(502, f"upstream {replica} sent malformed JSON",
+                           kind="upstream_error") from None
+
+
 async def exchange(
     transport: httpx.AsyncBaseTransport,
     request: httpx.Request,

@@ -295,3 +295,24 @@ async def test_stream_heads_carry_the_engines_final_figures(make_real_app, real_
         seen_hit = seen_hit or cached > 0
     assert seen_hit
     await http.aclose()
+
+
+async def test_count_tokens_is_what_the_same_request_prefills(make_real_app):
+    """/v1/messages/count_tokens against the engine: exact (the model's template and tools),
+    equal to the prompt size the same body then reports from /v1/messages."""
+    app = make_real_app()
+    tools = [{"name": "get_weather", "description": "Current weather for a city",
+              "input_schema": TOOLS[0]["function"]["parameters"]}]
+    body = {"model": MODEL, "system": SYSTEM, "tools": tools,
+            "messages": [{"role": "user", "content": QUESTION}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        counted = await http.post("/v1/messages/count_tokens", json=body)
+        sent = await http.post("/v1/messages", json={**body, "max_tokens": 2,
+                                                     "cache_salt": salt()})
+    assert counted.status_code == 200 and sent.status_code == 200
+    assert counted.headers["x-prefixgate-usage"] == "reported"
+    usage = sent.json()["usage"]
+    prefilled = (usage["input_tokens"] + usage["cache_read_input_tokens"]
+                 + usage["cache_creation_input_tokens"])
+    assert counted.json() == {"input_tokens": prefilled}

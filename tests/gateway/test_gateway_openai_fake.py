@@ -120,6 +120,11 @@ async def test_completions_and_models(make_fake_app):
     assert out.usage.prompt_tokens == 2
     models = await client.models.list()
     assert [m.id for m in models.data] == [FAKE_MODEL]
+    with pytest.raises(openai.BadRequestError) as refused:  # legacy logprobs: an integer
+        await client.completions.create(model=FAKE_MODEL, prompt="alpha", logprobs=2)
+    assert refused.value.body["param"] == "logprobs"
+    out = await client.completions.create(model=FAKE_MODEL, prompt="alpha", logprobs=0)
+    assert out.choices[0].logprobs is None
 
 
 def test_sync_sdk_over_a_real_socket(make_fake_app):
@@ -156,6 +161,12 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
      400, "max_tokens"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": True},
+     400, "logprobs"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": False,
+      "top_logprobs": 3}, 400, "top_logprobs"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": "yes"},
+     400, "logprobs"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]},
      400, "stop[0]"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{}]},

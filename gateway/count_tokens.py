@@ -1,0 +1,58 @@
+"""POST /v1/messages/count_tokens: a Messages request's prompt size, before it is sent.
+
+Anthropic clients ask it ahead of a request (Claude Code at start-up and to decide when to
+compact its context); without the route they fail on a 404 or fall back to guesses. The body is
+validated as a Messages request (without `max_tokens`); the answer is `{"input_tokens": N}`:
+- the embedded engine: exact, the prompt's ids through the model's chat template and tools
+  (what a Messages request with the same body prefills);
+- an Anthropic upstream: the upstream's own count (the request passed on);
+- any other upstream: prefixgate's own count (prompt_lint's token layout, tiktoken's
+  cl100k_base), marked `x-prefixgate-usage: estimated`.
+Errors are Anthropic-shaped. No stats record is written: nothing is generated.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.auth import tenant_for
+from gateway.body import parse_body, text_chars
+from gateway.errors import error_body
+from gateway.overlap import cpu_work
+from gateway.parse_anthropic import parse_messages
+from gateway.pipeline import read_body
+from gateway.request_state import CLIENT_CLOSED, Gateway, new_request_id
+from gateway.shadow import prompt_tokens
+from gateway.types import ApiError, ChatRequest, CountingBackend, TokenCount
+from gateway.validate import ParseContext
+
+
+async def estimate(req: ChatRequest, inline_bytes: int) -> TokenCount:
+    """prefixgate's own count of `req`'s prompt (under prompt_lint's lock: inline for a small
+    body, else in a worker thread; gateway.overlap)."""
+    size = text_chars(req.messages, req.prompt)
+    return TokenCount(len(await cpu_work(size, inline_bytes, prompt_tokens, req)), estimated=True)
+
+
+async def count_tokens(request: Request) -> Response:
+    """The route: validate, count through the backend, answer in Anthropic's shape."""
+    gw: Gateway = request.app.state.gateway
+    try:
+        tenant = tenant_for(request, gw.config)
+        raw = await read_body(request, gw.config.max_body_bytes)
+        body = parse_body(raw, gw.config.max_json_depth)
+        ctx = ParseContext(new_request_id(), tenant, tuple(gw.backend.models()))
+        req = parse_messages({**body, "max_tokens": 1, "stream": False}, ctx)
+        backend = gw.backend
+        if isinstance(backend, CountingBackend):
+            count = await backend.count_tokens(req)
+        else:
+            count = await estimate(req, gw.config.inline_prepare_bytes)
+    except ApiError as err:
+        return JSONResponse(error_body(err, "anthropic"), status_code=err.status)
+    except ClientDisconnect:
+        return Response(status_code=CLIENT_CLOSED)
+    usage = "estimated" if count.estimated else "reported"
+    return JSONResponse({"input_tokens": count.input_tokens},
+                        headers={"x-prefixgate-usage": usage})
