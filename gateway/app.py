@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -133,6 +134,22 @@ def _default_backend(config: GatewayConfig, registry: Registry) -> Backend:
     return EmbeddedBackend(config)
 
 
+async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
+    """A 404 / 405 under /v1/ in the caller's API format (an SDK reads the JSON error, not
+    Starlette's plain text); elsewhere (dashboard, stats API) Starlette's own answer."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if not path.startswith("/v1/"):
+        return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+    provider = "anthropic" if path.startswith("/v1/messages") else "openai"
+    missing = exc.status_code == 404
+    verb = "not found" if missing else "does not accept this method"
+    err = GatewayError(exc.status_code, f"{request.method} {path}: {verb}",
+                       kind="not_found_error" if missing else "invalid_request_error")
+    return JSONResponse(error_body(err, provider), status_code=exc.status_code,
+                        headers=exc.headers)
+
+
 def _extra_routes(state_getter: Any) -> list[BaseRoute]:
     """The stats API (/api/stats) and the dashboard (/dashboard)."""
     return [*api_stats.routes(state_getter), *dashboard.routes()]
@@ -175,7 +192,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={404: _no_such_endpoint, 405: _no_such_endpoint})
     app.router.routes.extend(_extra_routes(lambda: app.state))
     app.state.config = config
     app.state.backend = backend

@@ -72,7 +72,8 @@ async def test_an_anthropic_upstream_counts_what_it_is_passed(tmp_path: Path):
     client = sdk(app)
     raw = await client.messages.with_raw_response.count_tokens(
         model="claude-x", system=SYSTEM, tools=TOOLS, messages=MESSAGES)
-    assert (await raw.parse()).input_tokens == 1234 and raw.headers["x-prefixgate-usage"] == "reported"
+    assert (await raw.parse()).input_tokens == 1234
+    assert raw.headers["x-prefixgate-usage"] == "reported"
     request = seen[-1]
     assert request.url == "http://up.test/v1/messages/count_tokens"
     assert request.headers["x-api-key"] == "sk-upstream"
@@ -98,3 +99,23 @@ async def test_bad_requests_are_anthropic_errors(make_fake_app):
     assert bad_json.status_code == 400
     for response in (missing, wrong_key, bad_json):
         assert response.json()["type"] == "error"
+
+
+async def test_unknown_endpoints_answer_in_the_callers_format(make_fake_app):
+    """An endpoint prefixgate does not serve is a JSON error an SDK can read (it was
+    Starlette's plain text); the dashboard keeps its own."""
+    app = make_fake_app()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        embeddings = await http.post("/v1/embeddings", json={"input": "x"})
+        batches = await http.post("/v1/messages/batches", json={})
+        wrong_verb = await http.get("/v1/chat/completions")
+        page = await http.get("/dashboard/nowhere")
+    assert embeddings.status_code == 404
+    assert embeddings.json()["error"]["type"] == "not_found_error"
+    assert "/v1/embeddings" in embeddings.json()["error"]["message"]
+    assert batches.status_code == 404 and batches.json()["type"] == "error"
+    assert batches.json()["error"]["type"] == "not_found_error"
+    assert wrong_verb.status_code == 405 and "allow" in wrong_verb.headers
+    assert wrong_verb.json()["error"]["type"] == "invalid_request_error"
+    assert page.status_code == 404 and page.text == "Not Found"
