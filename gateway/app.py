@@ -37,7 +37,7 @@ from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
 from gateway.pipeline import handle
 from gateway.request_state import Gateway, RouteSpec
 from gateway.stats import RecordStore
-from gateway.types import Backend, ChatRequest, Usage
+from gateway.types import Backend, ChatRequest, ListingBackend, Provider, Usage
 from gateway.usage_report import prefixgate_headers
 
 log = logging.getLogger("prefixgate.gateway")
@@ -90,8 +90,10 @@ async def list_models(request: Request) -> Response:
         tenant_for(request, gw.config)
     except GatewayError as err:
         return JSONResponse(error_body(err, "openai"), status_code=err.status)
+    backend = gw.backend
+    ids = await backend.list_models() if isinstance(backend, ListingBackend) else backend.models()
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "prefixgate"}
-            for m in gw.backend.models() if m != "*"]
+            for m in ids if m != "*"]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -141,7 +143,7 @@ async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
     path = request.url.path
     if not path.startswith("/v1/"):
         return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
-    provider = "anthropic" if path.startswith("/v1/messages") else "openai"
+    provider: Provider = "anthropic" if path.startswith("/v1/messages") else "openai"
     missing = exc.status_code == 404
     verb = "not found" if missing else "does not accept this method"
     err = GatewayError(exc.status_code, f"{request.method} {path}: {verb}",

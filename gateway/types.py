@@ -208,6 +208,15 @@ class CountingBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class ListingBackend(Protocol):
+    """A backend whose model list is asked of its upstreams (a pool with no configured ids)."""
+
+    async def list_models(self) -> list[str]:
+        """The model ids GET /v1/models lists."""
+        ...
+
+
 #: Set around `Backend.stream` by work that waits until the request is on its way
 #: (gateway.overlap: report-mode lint, a one-replica pool's shadow tokens): a backend that sends
 #: over the network calls it once the request bytes are handed to the socket, so the work runs

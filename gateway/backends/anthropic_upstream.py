@@ -135,6 +135,7 @@ class AnthropicUpstream(UpstreamBackend):
         path = "/messages" if self._base.endswith("/v1") else "/v1/messages"
         self._endpoint_url = httpx.URL(self._base + path)
         self._count_url = httpx.URL(self._base + path + "/count_tokens")
+        self.models_url = self._base + path.removesuffix("/messages") + "/models"
 
     async def count_tokens(self, req: ChatRequest) -> int:
         """The upstream's own count of an Anthropic client's request (its count_tokens

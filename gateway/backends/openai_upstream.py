@@ -173,16 +173,8 @@ class OpenAIUpstream(UpstreamBackend):
         super().__init__(options, transport=transport, models=models)
         self.server_kind: str | None = None  # "llamacpp" once its responses say so
         self._urls = {path: httpx.URL(self._base + path)
-                      for path in ("/chat/completions", "/completions")}
-
-    async def get_json(self, url: str) -> Any:
-        """GET `url` (a probe: `/props`, `/v1/models`) with this replica's credentials; its
-        JSON, or None when it does not answer 200 with JSON within 5 s."""
-        try:
-            response = await self._client.get(url, headers=self._header_obj, timeout=5.0)
-            return response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
+                      for path in ("/chat/completions", "/completions", "/models")}
+        self.models_url = str(self._urls["/models"])
 
     async def total_slots(self) -> int | None:
         """A llama.cpp server's slot count (`GET /props`), or None when it does not say."""

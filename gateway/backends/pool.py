@@ -126,6 +126,16 @@ class ReplicaPool:
     def kv_pages(self) -> tuple[int, int] | None:
         return None
 
+    async def list_models(self) -> list[str]:
+        """GET /v1/models: the configured ids, else what the replicas list, in order, once."""
+        configured = self.models()
+        if configured != ["*"]:
+            return configured
+        seen: dict[str, None] = {}
+        for r in self.router.replicas:
+            seen.update(dict.fromkeys(await r.backend.list_models()))
+        return list(seen)
+
     def prepare(self, req: ChatRequest) -> ChatRequest:
         """`req` with its shadow-cache tokens (call under prompt_lint's lock, off the loop);
         unchanged when the pool sends before tokenizing (`sends_before_tokens`)."""

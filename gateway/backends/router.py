@@ -64,6 +64,10 @@ class ReplicaBackend(Protocol):
         """Whether the body sent for `req` depends on its prompt family."""
         ...
 
+    async def list_models(self) -> list[str]:
+        """Configured model ids, else the ones the upstream lists."""
+        ...
+
     async def aclose(self) -> None:
         """Release the backend's resources."""
         ...

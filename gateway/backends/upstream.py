@@ -78,6 +78,7 @@ class UpstreamBackend(ABC):
         self._transport = transport or make_transport(options)
         self._client = make_client(options, self._transport)  # probes; closes the transport
         self._base = options.url.rstrip("/")
+        self.models_url = self._base + "/models"  # GET: the models the upstream serves
         # built once: the client's default headers (accept, accept-encoding, user-agent) with
         # the backend's own, and the timeouts every request carries to the transport
         self._header_obj = httpx.Headers(self._client.headers)
@@ -91,6 +92,23 @@ class UpstreamBackend(ABC):
     def kv_pages(self) -> tuple[int, int] | None:
         """Upstreams do not expose their KV pool."""
         return None
+
+    async def list_models(self) -> list[str]:
+        """The configured model ids, else the ids the upstream lists at `models_url`."""
+        if self._models:
+            return list(self._models)
+        listing = await self.get_json(self.models_url)
+        data = listing.get("data") if isinstance(listing, dict) else None
+        return [m["id"] for m in data or () if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+    async def get_json(self, url: str) -> Any:
+        """GET `url` (a probe: `/props`, `/v1/models`) with this replica's credentials; its
+        JSON, or None when it does not answer 200 with JSON within 5 s."""
+        try:
+            response = await self._client.get(url, headers=self._header_obj, timeout=5.0)
+            return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
 
     def family_in_body(self, req: ChatRequest) -> bool:
         """Whether the body sent for `req` depends on its prompt family (see subclasses)."""
