@@ -43,6 +43,7 @@ class FakeLlamaConfig:
     reply: str = "Done. The next step is ready."
     n_ctx: int = 8192  # per slot
     host_cache: bool = True  # llama-server's --cache-ram prompt cache (default on)
+    prompt_ms_per_token: float = 0.5  # what `timings.prompt_ms` says prefill took per token
 
 
 class LlamaSlot:
@@ -184,7 +185,9 @@ def create_fake_llama_server(config: FakeLlamaConfig | None = None) -> Starlette
         body = json.loads(await request.body())
         prompt, cached, slot, words = await server.run(body)
         usage = _usage(prompt, cached, len(words))
-        timings = {"cache_n": cached, "prompt_n": prompt - cached, "predicted_n": len(words)}
+        computed = prompt - cached
+        timings = {"cache_n": cached, "prompt_n": computed, "predicted_n": len(words),
+                   "prompt_ms": computed * server.config.prompt_ms_per_token}
         if body.get("stream"):
             return StreamingResponse(_sse(body, words, usage, timings),
                                      media_type="text/event-stream")

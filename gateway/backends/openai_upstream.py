@@ -57,6 +57,21 @@ def read_usage(usage: Any, timings: Any = None) -> OpenAIUsage:
     )
 
 
+PREFILL_SAMPLE_TOKENS = 64  # prompt tokens a llama.cpp answer must have computed to time prefill
+PREFILL_EWMA = 0.2  # weight of the newest sample in a replica's prefill rate
+
+
+def prefill_rate(timings: Any) -> float | None:
+    """ms per computed prompt token from llama.cpp server's `timings` (`prompt_ms` over
+    `prompt_n`), when it computed enough tokens that its fixed costs do not dominate."""
+    if not isinstance(timings, dict):
+        return None
+    computed, ms = timings.get("prompt_n"), timings.get("prompt_ms")
+    if not isinstance(computed, int) or computed < PREFILL_SAMPLE_TOKENS:
+        return None
+    return float(ms) / computed if isinstance(ms, int | float) and ms > 0 else None
+
+
 def derive_prompt_cache_key(namespace: str, family: str) -> str:
     """A stable `prompt_cache_key` for one tenant's prompt family (no prompt text in it)."""
     digest = hashlib.sha256(f"{namespace}\x00{family}".encode()).hexdigest()
@@ -129,6 +144,7 @@ class _StreamState:
         self.usage = OpenAIUsage(0, 0, None)
         self.usage_seen = False
         self.llamacpp = False  # the server sent llama.cpp's `timings` block
+        self.prefill_rate: float | None = None  # its ms per computed prompt token
         self.deltas = 0
         self.done = False
 
@@ -146,6 +162,8 @@ class _StreamState:
         if chunk.get("usage"):
             self.usage = read_usage(chunk["usage"], chunk.get("timings"))
             self.usage_seen = True
+        if "timings" in chunk:
+            self.prefill_rate = prefill_rate(chunk["timings"])
         choices = chunk.get("choices") or []
         if not choices:
             return ""
@@ -172,6 +190,7 @@ class OpenAIUpstream(UpstreamBackend):
     ) -> None:
         super().__init__(options, transport=transport, models=models)
         self.server_kind: str | None = None  # "llamacpp" once its responses say so
+        self.prefill_ms_per_token: float | None = None  # from llama.cpp's timings (_final)
         self._urls = {path: httpx.URL(self._base + path)
                       for path in ("/chat/completions", "/completions", "/models")}
         self.models_url = str(self._urls["/models"])
@@ -225,12 +244,23 @@ class OpenAIUpstream(UpstreamBackend):
         ttft, tpot = clock.timings(completion)
         tools = tuple(state.tools[i] for i in sorted(state.tools))
         finish = _FINISH.get(state.finish or "stop", "stop")
+        cached = state.usage.reported_cached_tokens or 0
         return Final("".join(state.text), tools, finish, Usage(
             prompt_tokens=state.usage.prompt_tokens, completion_tokens=completion,
-            cached_tokens=state.usage.reported_cached_tokens or 0,
-            reported_cached_tokens=state.usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
-            estimated=not state.usage_seen,
+            cached_tokens=cached, reported_cached_tokens=state.usage.reported_cached_tokens,
+            ttft=ttft, tpot=tpot, estimated=not state.usage_seen,
+            prefill_saved_ms=cached * self._prefill_rate(state.prefill_rate),
         ), replica=self.replica)
+
+    def _prefill_rate(self, sample: float | None) -> float:
+        """This replica's prefill ms per prompt token (a moving average of llama.cpp's own
+        timings); 0 until a server that reports them has timed one (then nothing is claimed
+        saved)."""
+        if sample is not None:
+            old = self.prefill_ms_per_token
+            self.prefill_ms_per_token = sample if old is None else (
+                old + PREFILL_EWMA * (sample - old))
+        return self.prefill_ms_per_token or 0.0
 
     def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
         if not isinstance(payload, dict) or not payload.get("choices"):
@@ -241,6 +271,7 @@ class OpenAIUpstream(UpstreamBackend):
         state.usage = read_usage(payload.get("usage"), payload.get("timings"))
         state.usage_seen = isinstance(payload.get("usage"), dict)
         state.llamacpp = "timings" in payload
+        state.prefill_rate = prefill_rate(payload.get("timings"))
         state.finish = choice.get("finish_reason")
         message = choice.get("message")
         if message is None:  # /completions

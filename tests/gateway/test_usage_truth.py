@@ -122,3 +122,38 @@ async def test_anthropic_stream_summary_equals_message_delta_usage(tmp_path: Pat
         assert summary["prompt_tokens"] == prompt
     assert summary["cached_tokens"] > 0  # the second one hit
     app.state.store.close()
+
+
+async def test_prefill_saved_through_llama_server_is_its_own_timing(tmp_path: Path) -> None:
+    """Through a llama.cpp server the prefill a hit saved is its cached tokens times the
+    server's own prefill time per token (`timings.prompt_ms` / `prompt_n`, fake: 0.5 ms), in
+    the header, the summary and the record; 0 until the server has timed a prefill of at
+    least PREFILL_SAMPLE_TOKENS tokens, and never from an upstream that does not time."""
+    from gateway.backends.openai_upstream import PREFILL_SAMPLE_TOKENS
+    from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
+
+    server = create_fake_llama_server(FakeLlamaConfig(slots=1, prompt_ms_per_token=0.5))
+    app = gateway_app(tmp_path, pool_over([server], kind="llamacpp"))
+    client = _sdk(app)
+    system = "You triage build failures for the release team and answer in one line. " * 30
+    history = [{"role": "system", "content": system}]
+    saved = []
+    for question in ("first failure?", "second failure?", "third failure?"):
+        history.append({"role": "user", "content": question})
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=history)
+        out = raw.parse()
+        history.append({"role": "assistant", "content": out.choices[0].message.content})
+        cached = out.usage.prompt_tokens_details.cached_tokens
+        summary = out.model_extra["prefixgate"]
+        assert float(raw.headers["x-prefixgate-prefill-saved-ms"]) == summary["prefill_saved_ms"]
+        saved.append((cached, summary["prefill_saved_ms"]))
+    assert out.usage.prompt_tokens > PREFILL_SAMPLE_TOKENS  # the first request timed prefill
+    assert saved[0] == (0, 0.0)
+    assert all(c > 0 and ms == round(0.5 * c, 1) for c, ms in saved[1:])
+    assert [round(r.prefill_saved_ms, 1) for r in records(app)] == [ms for _, ms in saved]
+    # an OpenAI-compatible upstream without timings: a hit, but no prefill time is claimed
+    plain = gateway_app(tmp_path / "plain", pool_over(fake_replicas(1)))
+    for _ in range(2):
+        again = await _sdk(plain).chat.completions.create(model="fake", messages=history)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    assert again.model_extra["prefixgate"]["prefill_saved_ms"] == 0.0
