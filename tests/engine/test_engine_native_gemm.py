@@ -29,7 +29,9 @@ from engine.quant_blocks import (
     quantize_q8_0,
 )
 
-SHAPES = [(33, 64), (7, 96), (130, 32), (5, 576)]  # (out_features, in_features)
+# (out_features, in_features); (11, 1600): rows in three K chunks of the float panels, and
+# panels of 6, 4 and 1 weight rows
+SHAPES = [(33, 64), (7, 96), (130, 32), (5, 576), (11, 1600)]
 ROWS = [1, 2, 3, 9, 17]
 GGML_TYPE = {Q4_1Blocks: GGMLQuantizationType.Q4_1, Q8_0Blocks: GGMLQuantizationType.Q8_0}
 QUANTIZERS = {"q4_1": quantize_q4_1, "q8_0": quantize_q8_0}
