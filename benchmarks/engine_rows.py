@@ -235,32 +235,44 @@ def decode_rows(
 
 def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
                 kv: str = "auto", repeats: int = 3) -> list[Row]:
-    """1/4/8 concurrent decode streams: aggregate tokens/s (llama.cpp: sequential streams),
-    each the median of `repeats` runs taken in turn with llama.cpp's."""
-    rows = []
-    one = None
+    """1/4/8 concurrent decode streams: aggregate tokens/s (llama.cpp: sequential streams).
+    `repeats` rounds, each running every stream count (and llama.cpp's beside it) and timing
+    the products' ceiling once, so that drift in the machine's speed (a shared VM's two vCPUs
+    are not always two cores) hits every row of a round alike; each row's rate is its median,
+    its ratio to one stream the median of the rounds' own ratios."""
     c = loaded.config
-    products = product_rate(torch.get_num_threads(), (2 * c.intermediate_size, c.hidden_size))
-    ceiling = products.flops / token_flops(loaded)
-    for streams in (1, 4, 8):
-        rates, llama = [], []
-        for _ in range(repeats):
-            rates.append(engine_decode(loaded, streams, tokens, kv))
+    shape, counts = (2 * c.intermediate_size, c.hidden_size), (1, 4, 8)
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    llama: dict[int, list[float]] = {n: [] for n in counts}
+    ceilings: list[ProductRate] = []
+    for _ in range(repeats):
+        for streams in counts:
+            rates[streams].append(engine_decode(loaded, streams, tokens, kv))
             if lcpp is not None:
-                llama.append(1.0 / lcpp.tpot(text_ids(loaded, 32, streams), tokens))
-        rate = statistics.median(rates)
-        one = one or rate
-        row = Row(f"decode, {streams} streams", "tok/s", rate,
-                  note=f"{rate / one:.2f}x one stream; median of {repeats}")  # fmt: skip
+                llama[streams].append(1.0 / lcpp.tpot(text_ids(loaded, 32, streams), tokens))
+        ceilings.append(product_rate(torch.get_num_threads(), shape))
+    rows = []
+    for streams in counts:
+        row = Row(f"decode, {streams} streams", "tok/s", statistics.median(rates[streams]),
+                  note=f"{_paired(rates[streams], rates[1]):.2f}x one stream; "
+                       f"median of {repeats} rounds")  # fmt: skip
         if streams > 1:  # batched steps are bound by multiply-adds, not by weight bytes
-            row.note += (f"; the products' ceiling {ceiling:.0f} tok/s = {ceiling / one:.2f}x "
-                         f"one stream ({products.source} at 8 rows of the gate/up product: "
-                         f"{products.flops / 1e9:.0f} GFLOP/s in cache)")
-        if llama:
-            row.llama_cpp = statistics.median(llama)
+            ceiling = [r.flops / token_flops(loaded) for r in ceilings]
+            flops = statistics.median(r.flops for r in ceilings)
+            row.note += (f"; the products' ceiling {statistics.median(ceiling):.0f} tok/s = "
+                         f"{_paired(ceiling, rates[1]):.2f}x one stream ({ceilings[0].source} "
+                         f"at 8 rows of the gate/up product: {flops / 1e9:.0f} GFLOP/s in "
+                         "cache, timed in each round)")
+        if llama[streams]:
+            row.llama_cpp = statistics.median(llama[streams])
             row.note += "; llama.cpp one at a time"
         rows.append(report(row))
     return rows
+
+
+def _paired(values: list[float], bases: list[float]) -> float:
+    """The median of values[i] / bases[i] (ratios within one round)."""
+    return statistics.median(v / b for v, b in zip(values, bases, strict=True))
 
 
 def prefill_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, sizes: tuple[int, ...],
