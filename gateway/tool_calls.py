@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)  # \Z: the very end
 _FENCE = re.compile(r"^\s*```(?:json)?\s*|\s*```\s*$")
 # A call's head: its name, then the start of its arguments (the stream emits the call from here).
 CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
@@ -109,28 +109,21 @@ class ParsedOutput:
 
 def parse_output(text: str, request_id: str) -> ParsedOutput:
     """Split generated text into text and tool calls; unparseable blocks stay text, except an
-    unterminated last block (output cut by max_tokens) that follows complete calls or whose
-    head (name and `"arguments":`) is complete: a call in progress, which a stream has already
-    begun to send as a call, is dropped, never turned into text."""
+    unterminated last block: a call cut short by max_tokens (with tools, the engine's grammar
+    makes every block the model opens a call), which a stream may already have begun to send as
+    a call; it is dropped, never turned into text."""
     if OPEN not in text:
         return ParsedOutput(text, ())
     calls: list[dict[str, Any]] = []
     for match in _BLOCK.finditer(text):
         call = _parse_call(match.group(1))
-        if call is None and _cut_call(match, len(text), bool(calls)):
+        if call is None and match.end() == len(text) and not match.group(0).endswith(CLOSE):
             break
         if call is None:
             return ParsedOutput(text, ())
         calls.append(_openai_call(call, request_id, len(calls)))
     visible = text[: text.index(OPEN)].rstrip()
     return ParsedOutput(visible, tuple(calls))
-
-
-def _cut_call(match: re.Match[str], end: int, after_calls: bool) -> bool:
-    """An unterminated block at the end of the output that is a call in progress."""
-    if match.end() != end or match.group(0).endswith(CLOSE):
-        return False
-    return after_calls or CALL_HEAD.match(match.group(1)) is not None
 
 
 def _parse_call(raw: str) -> tuple[str, dict[str, Any]] | None:

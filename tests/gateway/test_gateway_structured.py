@@ -128,9 +128,9 @@ def test_stream_pieces_reassemble_to_parsed_calls(cuts):
 @given(st.integers(len("Checking. <tool_call>"), len(STREAM_TEXT) - 1),
        st.lists(st.integers(1, 9), max_size=10))
 def test_output_cut_inside_a_call_is_never_sent_as_text(end, cuts):
-    """Output cut by max_tokens at any point: once a call's pieces were streamed, its raw
-    block never follows as text (the stream and the final answer agree: the complete calls
-    only, then finish_reason "length")."""
+    """Output cut by max_tokens at any point inside the calls: no raw block ever follows as
+    text, whether or not the cut call's pieces were streamed (the stream and the final answer
+    agree: the complete calls only, then finish_reason "length")."""
     text, stream, pieces, visible, at = STREAM_TEXT[:end], ToolCallStream("rid"), [], "", 0
     for cut in [*cuts, len(text)]:
         piece, at = text[at : at + cut], at + cut
@@ -139,12 +139,11 @@ def test_output_cut_inside_a_call_is_never_sent_as_text(end, cuts):
     tail, parsed = stream.finish(text)
     complete = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                 for c in parsed.tool_calls]
-    if pieces:
-        assert OPEN not in visible + tail
-        assert (visible + tail).rstrip() == parsed.text == "Checking."
-        streamed = streamed_calls(pieces)
-        assert [n for n, _ in streamed[: len(complete)]] == [n for n, _ in complete]
-    else:  # cut before the first call's head: nothing was sent as a call
+    assert OPEN not in visible + tail
+    assert (visible + tail).rstrip() == parsed.text == "Checking."
+    streamed = streamed_calls(pieces)
+    assert [n for n, _ in streamed[: len(complete)]] == [n for n, _ in complete]
+    if not pieces:  # cut before the first call's head: nothing was sent as a call
         assert complete == []
     assert STREAM_TEXT[:end].count(CLOSE) <= len(complete) <= text.count(OPEN)  # closed ones kept
 

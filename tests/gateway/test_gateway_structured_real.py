@@ -183,36 +183,41 @@ def test_streamed_tool_calls_reassemble_to_the_same_calls(make_real_app):
     assert uses == expected
 
 
-def test_a_call_cut_by_max_tokens_never_becomes_text(make_real_app):
-    """The forced call of the test above cut mid-arguments by max_tokens: the stream sends the
-    call's head and argument fragments, then finish_reason "length", and no content (before,
-    the raw `<tool_call>` block followed as content); the whole answer says the same: no
-    content, no call that cannot parse. Anthropic: no text block after the tool_use."""
+@pytest.mark.parametrize(("max_tokens", "head_sent"), [(14, False), (20, True)])
+def test_a_call_cut_by_max_tokens_never_becomes_text(make_real_app, max_tokens, head_sent):
+    """The forced call of the test above cut by max_tokens inside its name (14) or its
+    arguments (20): the stream sends the call's head and argument fragments once the name is
+    complete, then finish_reason "length", and no content (before, the raw `<tool_call>` block
+    followed as content); the whole answer says the same: no content, no call that cannot
+    parse. Anthropic: no text."""
     app = make_real_app()
     prompt, extra = "What's the weather in Paris?", {"cache_salt": salt()}
     with serve(app) as server:
         oai = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         body = dict(model=MODEL, messages=messages(prompt), tools=OPENAI_TOOLS,
-                    tool_choice="required", max_tokens=20, temperature=0, extra_body=extra)
+                    tool_choice="required", max_tokens=max_tokens, temperature=0,
+                    extra_body=extra)
         whole = oai.chat.completions.create(**body)
         chunks = list(oai.chat.completions.create(**body, stream=True))
         claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
         final = claude.messages.create(
             model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": prompt}],
-            tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, max_tokens=20,
+            tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, max_tokens=max_tokens,
             extra_body={**extra, "temperature": 0}, stream=True)
         events = list(final)
         oai.close()
         claude.close()
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    assert any(d.tool_calls for d in deltas), "the call's head was not streamed"
+    assert any(d.tool_calls for d in deltas) == head_sent
     assert "".join(d.content or "" for d in deltas) == ""
     assert chunks[-1].choices[0].finish_reason == "length"
     message = whole.choices[0]
     assert message.finish_reason == "length" and not message.message.content
     assert not message.message.tool_calls
     kinds = [e.content_block.type for e in events if e.type == "content_block_start"]
-    assert kinds == ["tool_use"]
+    assert kinds.count("tool_use") == int(head_sent)
+    assert "".join(e.delta.text for e in events if e.type == "content_block_delta"
+                   and e.delta.type == "text_delta") == ""
     assert [e.delta.stop_reason for e in events if e.type == "message_delta"] == ["max_tokens"]
 
 

@@ -144,7 +144,7 @@ def test_tool_call_formats_parse(text: str):
 
 @pytest.mark.parametrize("text", [
     "no call here", "<tool_call>not json</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
-    '<tool_call>\n{"name', "a < b and <tool> tags",
+    "a < b and <tool> tags",
 ])
 def test_unparseable_output_stays_text(text: str):
     parsed = parse_output(text, "rid")
@@ -153,15 +153,23 @@ def test_unparseable_output_stays_text(text: str):
 
 
 @pytest.mark.parametrize("cut", [
-    '<tool_call>{"name": "f", "arguments": ',
+    "<tool_call>", '<tool_call>\n{"name', '<tool_call>{"name": "f", "arguments": ',
     '<tool_call>\n{"name": "f", "arguments": {"a": "12345',
     '<tool_call>{"name": "f", "arguments": {"a": 1}',
 ])
-def test_a_call_cut_after_its_head_is_dropped_not_shown(cut: str):
-    """max_tokens ended the output inside a call whose name was complete (a stream has sent
-    it as a call by then): no call, and none of its raw block as text."""
+def test_a_call_cut_short_is_dropped_not_shown(cut: str):
+    """max_tokens ended the output inside a call (before or after its name: a stream may have
+    sent it as a call by then): no call, and none of its raw block as text."""
     parsed = parse_output("Sure. " + cut, "rid")
     assert parsed == ParsedOutput("Sure.", ())
+
+
+def test_a_call_cut_after_a_newline_is_still_the_end_of_the_output():
+    """A block cut just after a newline ends the output (`$` also matches before a final
+    newline, so the cut call was mistaken for a finished one and everything became text)."""
+    whole = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n'
+    parsed = parse_output("Sure. " + whole + "<tool_call>\n", "rid")
+    assert parsed.text == "Sure." and [c["function"]["name"] for c in parsed.tool_calls] == ["f"]
 
 
 def test_two_calls_get_distinct_ids():
@@ -188,9 +196,8 @@ def test_filter_streams_exactly_the_parsed_text(body: str, cuts: list[int], call
     tail, parsed = filt.finish(text, "rid")
     reference = parse_output(text, "rid")
     assert parsed == reference
-    if reference.tool_calls:
-        assert (sent + tail).rstrip() == reference.text
-    else:
+    assert (sent + tail).rstrip() == reference.text.rstrip()
+    if "<tool_call>" not in text:
         assert sent + tail == text
 
 
