@@ -75,7 +75,7 @@ class ProductRate(NamedTuple):
 def product_rate(threads: int, shape: tuple[int, int], rows: int = 8, repeats: int = 50
                  ) -> ProductRate:
     """What the projections of a `rows`-sequence decode step can reach at `threads` threads:
-    the native float tiles (`engine/native/block_gemm.c`, the kernels that step runs) on a
+    the native float panels (`engine/native/block_gemm.c`, the kernels that step runs) on a
     Q4_1 weight of `shape` (out, in: the model's gate/up projection) times `rows` float32
     rows, best of `repeats` with weights and rows in cache, so an upper bound for the step;
     torch's float32 product of the same shape where the native library is off."""
@@ -90,7 +90,7 @@ def product_rate(threads: int, shape: tuple[int, int], rows: int = 8, repeats: i
             def run() -> None:
                 gemm.matmul(bound, x, threads)
 
-            source = "native float tiles"
+            source = "native float panels"
         else:
 
             def run() -> None:
@@ -226,7 +226,7 @@ def decode_rows(
         lc = 1e3 * statistics.median(llama)
         lc_floor = 1e3 * gguf_bytes / bandwidth
         for row, name in zip(rows, variants, strict=True):
-            paired = statistics.median(a / b for a, b in zip(llama, runs[name], strict=True))
+            paired = _paired(llama, runs[name])
             row.llama_cpp = lc
             row.note += (f"; paired {paired:.2f}x; llama.cpp floor {lc_floor:.1f} ms "
                          f"({gguf_bytes / 1e6:.0f} MB GGUF)")  # fmt: skip
@@ -251,18 +251,19 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
             if lcpp is not None:
                 llama[streams].append(1.0 / lcpp.tpot(text_ids(loaded, 32, streams), tokens))
         ceilings.append(product_rate(torch.get_num_threads(), shape))
+    ceiling = [r.flops / token_flops(loaded) for r in ceilings]
+    ceiling_note = (f"; the products' ceiling {statistics.median(ceiling):.0f} tok/s = "
+                    f"{_paired(ceiling, rates[1]):.2f}x one stream ({ceilings[0].source} at 8 "
+                    "rows of the gate/up product: "
+                    f"{statistics.median(r.flops for r in ceilings) / 1e9:.0f} GFLOP/s in cache, "
+                    "timed in each round)")
     rows = []
     for streams in counts:
         row = Row(f"decode, {streams} streams", "tok/s", statistics.median(rates[streams]),
                   note=f"{_paired(rates[streams], rates[1]):.2f}x one stream; "
                        f"median of {repeats} rounds")  # fmt: skip
         if streams > 1:  # batched steps are bound by multiply-adds, not by weight bytes
-            ceiling = [r.flops / token_flops(loaded) for r in ceilings]
-            flops = statistics.median(r.flops for r in ceilings)
-            row.note += (f"; the products' ceiling {statistics.median(ceiling):.0f} tok/s = "
-                         f"{_paired(ceiling, rates[1]):.2f}x one stream ({ceilings[0].source} "
-                         f"at 8 rows of the gate/up product: {flops / 1e9:.0f} GFLOP/s in "
-                         "cache, timed in each round)")
+            row.note += ceiling_note
         if llama[streams]:
             row.llama_cpp = statistics.median(llama[streams])
             row.note += "; llama.cpp one at a time"

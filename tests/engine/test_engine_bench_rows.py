@@ -33,7 +33,7 @@ def test_stream_rows_compare_each_row_with_one_stream_and_the_products_ceiling(
                         lambda loaded, streams, tokens, kv: rates[streams] * next(speed))
     flops = iter([1e11, 2e11, 1e11])
     monkeypatch.setattr(engine_rows, "product_rate", lambda threads, shape: engine_rows.ProductRate(
-        next(flops), "native float tiles"))
+        next(flops), "native float panels"))
     rows = engine_rows.stream_rows(loaded_model, None, tokens=4, repeats=3)
     ceiling = 1e11 / token_flops(loaded_model)
     assert [r.engine for r in rows] == [80.0, 200.0, 320.0]
@@ -41,11 +41,11 @@ def test_stream_rows_compare_each_row_with_one_stream_and_the_products_ceiling(
     assert rows[1].note.startswith("2.50x one stream")
     assert rows[2].note.startswith("4.00x one stream; median of 3 rounds; the products' ceiling "
                                    f"{ceiling:.0f} tok/s = {ceiling / 80:.2f}x one stream "
-                                   "(native float tiles at 8 rows of the gate/up product: "
+                                   "(native float panels at 8 rows of the gate/up product: "
                                    "100 GFLOP/s in cache, timed in each round)")
 
 
 def test_product_rate_names_the_kernels_it_timed() -> None:
     rate = engine_rows.product_rate(1, (64, 32), repeats=2)
-    expected = "native float tiles" if native_gemm() is not None else "torch float32"
+    expected = "native float panels" if native_gemm() is not None else "torch float32"
     assert rate.source == expected and rate.flops > 0
