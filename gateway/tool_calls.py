@@ -27,8 +27,6 @@ from typing import Any
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)  # \Z: the very end
 _FENCE = re.compile(r"^\s*```(?:json)?\s*|\s*```\s*$")
-# A call's head: its name, then the start of its arguments (the stream emits the call from here).
-CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 TOOL_PREAMBLE = (
     "You may call the tools below. To call a tool, answer with exactly\n"

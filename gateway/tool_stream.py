@@ -11,20 +11,14 @@ streams `input_json_delta`. Visible text is what precedes the first call, as in
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.tool_calls import (
-    CALL_HEAD,
-    CLOSE,
-    OPEN,
-    ParsedOutput,
-    ToolCallFilter,
-    call_id,
-    parse_output,
-)
+from gateway.tool_calls import CLOSE, OPEN, ParsedOutput, ToolCallFilter, call_id, parse_output
 from gateway.types import ToolCallDelta
 
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 State = Literal["text", "head", "args", "tail", "between"]
 
 
@@ -93,7 +87,7 @@ class ToolCallStream:
 
     def _in_head(self, text: str, out: list[ToolCallDelta]) -> str | None:
         self.buffer += text
-        match = CALL_HEAD.match(self.buffer)
+        match = _HEAD.match(self.buffer)
         if match is None:
             return None
         name = json.loads(f'"{match.group(1)}"')

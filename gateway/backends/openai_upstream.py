@@ -192,8 +192,7 @@ class OpenAIUpstream(UpstreamBackend):
         self.server_kind: str | None = None  # "llamacpp" once its responses say so
         self.prefill_ms_per_token: float | None = None  # from llama.cpp's timings (_final)
         self._urls = {path: httpx.URL(self._base + path)
-                      for path in ("/chat/completions", "/completions", "/models")}
-        self.models_url = str(self._urls["/models"])
+                      for path in ("/chat/completions", "/completions")}
 
     async def total_slots(self) -> int | None:
         """A llama.cpp server's slot count (`GET /props`), or None when it does not say."""
@@ -249,13 +248,13 @@ class OpenAIUpstream(UpstreamBackend):
             prompt_tokens=state.usage.prompt_tokens, completion_tokens=completion,
             cached_tokens=cached, reported_cached_tokens=state.usage.reported_cached_tokens,
             ttft=ttft, tpot=tpot, estimated=not state.usage_seen,
-            prefill_saved_ms=cached * self._prefill_rate(state.prefill_rate),
+            prefill_saved_ms=cached * self._learn_prefill_rate(state.prefill_rate),
         ), replica=self.replica)
 
-    def _prefill_rate(self, sample: float | None) -> float:
-        """This replica's prefill ms per prompt token (a moving average of llama.cpp's own
-        timings); 0 until a server that reports them has timed one (then nothing is claimed
-        saved)."""
+    def _learn_prefill_rate(self, sample: float | None) -> float:
+        """Fold `sample` into this replica's prefill ms per prompt token (a moving average of
+        llama.cpp's own timings) and return it; 0 until a server that reports them has timed
+        one (then nothing is claimed saved)."""
         if sample is not None:
             old = self.prefill_ms_per_token
             self.prefill_ms_per_token = sample if old is None else (
