@@ -206,8 +206,17 @@ def create_fake_llama_server(config: FakeLlamaConfig | None = None) -> Starlette
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def apply_template(request: Request) -> Response:
+        return JSONResponse({"prompt": render_prompt(json.loads(await request.body()))})
+
+    async def tokenize(request: Request) -> Response:
+        content = json.loads(await request.body()).get("content")
+        return JSONResponse({"tokens": get_encoding().encode_ordinary(str(content))})
+
     app = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"]),
                             Route("/props", props), Route("/v1/models", models),
-                            Route("/health", health)])
+                            Route("/health", health),
+                            Route("/apply-template", apply_template, methods=["POST"]),
+                            Route("/tokenize", tokenize, methods=["POST"])])
     app.state.server = server
     return app

@@ -3,8 +3,9 @@
 It keeps its own `RadixCache` over the tiktoken tokens of the whole rendered prompt (one string,
 not the gateway's piece-by-piece tokenization, so it is an independent reference for the
 gateway's shadow prediction) and reports hits in `usage.prompt_tokens_details.cached_tokens`,
-as vLLM and SGLang do, partitioned by `cache_salt` as vLLM does. Faults can be injected: a
-status code, a delay, a stream cut mid-way.
+as vLLM and SGLang do, partitioned by `cache_salt` as vLLM does; playing vLLM, `POST /tokenize`
+counts a chat body's prompt as vLLM's endpoint does. Faults can be injected: a status code, a
+delay, a stream cut mid-way.
 
 Run one: `python -m gateway.fake_upstream --port 9001`.
 """
@@ -206,10 +207,18 @@ def create_fake_upstream(config: FakeUpstreamConfig | None = None) -> Starlette:
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [model_card(replica.config)]})
 
+    async def tokenize(request: Request) -> Response:
+        if replica.config.server != "vllm":
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        tokens = get_encoding().encode_ordinary(render_prompt(json.loads(await request.body())))
+        return JSONResponse({"count": len(tokens), "max_model_len": replica.config.max_model_len,
+                             "tokens": tokens})
+
     app = Starlette(routes=[
         Route("/v1/chat/completions", complete, methods=["POST"]),
         Route("/v1/completions", complete, methods=["POST"]),
         Route("/v1/models", models),
+        Route("/tokenize", tokenize, methods=["POST"]),
     ])
     app.state.replica = replica
     return app

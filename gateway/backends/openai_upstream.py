@@ -9,6 +9,7 @@ vLLM, SGLang) or `usage.prompt_cache_hit_tokens` (DeepSeek).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import AsyncGenerator
@@ -20,12 +21,14 @@ from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
     UpstreamOptions,
     dumps_body,
+    fetch_json,
     iter_sse,
     loads_event,
     stream_error_event,
 )
 from gateway.salt import SaltMode, salt_upstream_body
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
+from gateway.upstream_detect import api_root
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
            "function_call": "tool_calls", "content_filter": "stop"}
@@ -57,6 +60,8 @@ def read_usage(usage: Any, timings: Any = None) -> OpenAIUsage:
     )
 
 
+# what vLLM's `/tokenize` takes of a chat body to render the prompt its chat path would
+_VLLM_TOKENIZE_FIELDS = ("model", "messages", "tools", "chat_template", "chat_template_kwargs")
 PREFILL_SAMPLE_TOKENS = 64  # prompt tokens a llama.cpp answer must have computed to time prefill
 PREFILL_EWMA = 0.2  # weight of the newest sample in a replica's prefill rate
 
@@ -189,7 +194,9 @@ class OpenAIUpstream(UpstreamBackend):
         models: tuple[str, ...] = (),
     ) -> None:
         super().__init__(options, transport=transport, models=models)
-        self.server_kind: str | None = None  # "llamacpp" once its responses say so
+        # the server: the pool's named kind, the detected one (`auto`), or "llamacpp" once its
+        # responses say so
+        self.server_kind: str | None = None
         self.prefill_ms_per_token: float | None = None  # from llama.cpp's timings (_final)
         self._urls = {path: httpx.URL(self._base + path)
                       for path in ("/chat/completions", "/completions")}
@@ -199,6 +206,37 @@ class OpenAIUpstream(UpstreamBackend):
         props = await self.get_json(self._base.removesuffix("/v1") + "/props")
         slots = props.get("total_slots") if isinstance(props, dict) else None
         return slots if isinstance(slots, int) and slots > 0 else None
+
+    async def count_tokens(self, req: ChatRequest) -> int | None:
+        """The server's own count of the prompt `req` is sent as, where it has a way to say:
+        llama.cpp (`POST /apply-template` renders the chat body, `POST /tokenize` counts the
+        prompt as its chat path does) and vLLM (`POST /tokenize` with the messages and tools);
+        None for other servers, or when the server does not answer with a count."""
+        _, body = build_body(dataclasses.replace(req, stream=False), self.options)
+        root = api_root(self.options.url)
+        try:
+            if self.server_kind == "llamacpp":
+                rendered = await self._post_json(root + "/apply-template", body)
+                prompt = rendered.get("prompt") if isinstance(rendered, dict) else None
+                if not isinstance(prompt, str):
+                    return None
+                answer = await self._post_json(root + "/tokenize", {
+                    "content": prompt, "add_special": True, "parse_special": True})
+                tokens = answer.get("tokens") if isinstance(answer, dict) else None
+                return len(tokens) if isinstance(tokens, list) else None
+            if self.server_kind == "vllm":
+                fields = {k: body[k] for k in _VLLM_TOKENIZE_FIELDS if k in body}
+                answer = await self._post_json(root + "/tokenize",
+                                               {**fields, "add_generation_prompt": True})
+                count = answer.get("count") if isinstance(answer, dict) else None
+                return count if isinstance(count, int) and count >= 0 else None
+        except BackendError:
+            return None
+        return None
+
+    async def _post_json(self, url: str, body: dict[str, Any]) -> Any:
+        return await fetch_json(self._transport, self._post(httpx.URL(url), dumps_body(body)),
+                                self.replica)
 
     def _headers(self) -> dict[str, str]:
         headers = super()._headers()

@@ -101,6 +101,9 @@ class ReplicaPool:
             raise ValueError("need one cache model per replica")
         self.name = kind
         self.api = "anthropic" if kind == "anthropic" else "openai"
+        for backend in backends:  # a named server kind is what the replica is
+            if isinstance(backend, OpenAIUpstream) and kind in ("vllm", "sglang", "llamacpp"):
+                backend.server_kind = kind
         names = _unique([b.replica for b in backends])
         self.router = Router([Replica(n, b, m)
                               for n, b, m in zip(names, backends, models, strict=True)], router)
@@ -153,13 +156,19 @@ class ReplicaPool:
         return any(r.backend.family_in_body(req) for r in self.router.replicas)
 
     async def count_tokens(self, req: ChatRequest) -> TokenCount:
-        """An Anthropic replica's own count (the first routable one); for other kinds, which
-        have no such endpoint, prefixgate's own count, marked estimated."""
-        if self.api == "anthropic":
-            replicas = self.router.candidates(set())
-            backend = replicas[0].backend if replicas else None
-            if isinstance(backend, AnthropicUpstream):
-                return TokenCount(await backend.count_tokens(req), estimated=False)
+        """The first routable replica's own count: an Anthropic upstream's (its errors are the
+        caller's), a llama.cpp or vLLM server's through its tokenizer; for other servers, or
+        when the tokenizer does not answer, prefixgate's own count, marked estimated."""
+        if not self._probed:
+            await self._probe()  # an `auto` replica's kind says which endpoint it has
+        replicas = self.router.candidates(set())
+        backend = replicas[0].backend if replicas else None
+        if isinstance(backend, AnthropicUpstream):
+            return TokenCount(await backend.count_tokens(req), estimated=False)
+        if isinstance(backend, OpenAIUpstream):
+            counted = await backend.count_tokens(req)
+            if counted is not None:
+                return TokenCount(counted, estimated=False)
         return await estimate(req, self.inline_bytes)
 
     async def aclose(self) -> None:

@@ -119,3 +119,50 @@ async def test_unknown_endpoints_answer_in_the_callers_format(make_fake_app):
     assert wrong_verb.status_code == 405 and "allow" in wrong_verb.headers
     assert wrong_verb.json()["error"]["type"] == "invalid_request_error"
     assert page.status_code == 404 and page.text == "Not Found"
+
+
+def _without(app: Any, paths: set[str]) -> Any:
+    """`app` answering 404 on `paths` (a server build without those endpoints)."""
+    async def served(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in paths:
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b"not found"})
+            return
+        await app(scope, receive, send)
+    return served
+
+
+def _llama(**config: Any) -> Any:
+    from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
+    return create_fake_llama_server(FakeLlamaConfig(**config))
+
+
+def _openai_compatible(server: str) -> Any:
+    from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream
+    return create_fake_upstream(FakeUpstreamConfig(server=server))
+
+
+@pytest.mark.parametrize(("kind", "make", "exact"), [
+    ("llamacpp", _llama, True),
+    ("auto", _llama, True),  # detected from /v1/models and /props, then counted the same way
+    ("vllm", lambda: _openai_compatible("vllm"), True),
+    ("auto", lambda: _openai_compatible("vllm"), True),
+    ("sglang", lambda: _openai_compatible("sglang"), False),  # no tokenizer endpoint: estimated
+    ("llamacpp", lambda: _without(_llama(), {"/apply-template"}), False),  # an older build
+])
+async def test_servers_with_a_tokenizer_count_what_they_will_report(
+        tmp_path: Path, kind: str, make: Any, exact: bool):
+    """Reference: the prompt size the same server reports when the same Messages body is then
+    sent (its own tokenizer over its own rendering of the body, tools included). Where the
+    server has no way to count, prefixgate's own count comes back, marked estimated."""
+    from .upstream_helpers import pool_over
+    app = gateway_app(tmp_path, pool_over([make()], kind=kind))
+    client = sdk(app)
+    raw = await client.messages.with_raw_response.count_tokens(
+        model="fake", system=SYSTEM, tools=TOOLS, messages=MESSAGES)
+    counted = (await raw.parse()).input_tokens
+    sent = await client.messages.create(model="fake", max_tokens=8, system=SYSTEM, tools=TOOLS,
+                                        messages=MESSAGES)
+    assert raw.headers["x-prefixgate-usage"] == ("reported" if exact else "estimated")
+    assert (counted == sent.usage.input_tokens) is exact
+    assert [r.prompt_tokens for r in records(app)] == [sent.usage.input_tokens]
