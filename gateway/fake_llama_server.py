@@ -9,11 +9,15 @@ other's history; the server's host-memory prompt cache (`--cache-ram`, on by def
 it: when a request would keep under half of its slot's tokens (or the slot is empty, or shares at
 most `slot_prompt_similarity` of the prompt), the slot's tokens are saved there and the saved
 prompt that fits the request better is loaded back; every idle slot is saved when a request
-starts. Hits are reported as `usage.prompt_tokens_details.cached_tokens` and
+starts (and, with one KV buffer for all slots, `unified_kv`, cleared). A request pinned to an
+empty slot loads nothing from the host cache (the real server's share kept of an empty slot is
+0/0, so it skips the load). Hits are reported as `usage.prompt_tokens_details.cached_tokens` and
 `timings.cache_n`; `GET /props` reports `total_slots` and `default_generation_settings.n_ctx`
 (per slot), and `GET /v1/models` lists the model `owned_by: "llamacpp"` with `meta.n_ctx`, as
 llama-server does. Tokens: tiktoken over the whole rendered
-prompt (independent of the gateway's layout), as in `gateway.fake_upstream`.
+prompt (independent of the gateway's layout), as in `gateway.fake_upstream`; `POST
+/apply-template` answers that rendered prompt and `POST /tokenize` its tokens, as llama-server's
+endpoints of those names do.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class FakeLlamaConfig:
     reply: str = "Done. The next step is ready."
     n_ctx: int = 8192  # per slot
     host_cache: bool = True  # llama-server's --cache-ram prompt cache (default on)
+    # one KV buffer for all slots (llama-server's default when it picks the slot count): the
+    # idle slots are then cleared once saved, as each request starts
+    unified_kv: bool = False
     prompt_ms_per_token: float = 0.5  # what `timings.prompt_ms` says prefill took per token
 
 
@@ -97,9 +104,12 @@ class FakeLlamaServer:
         self.saved = [e for e in self.saved if tokens[: len(e)] != e]
         self.saved.append(list(tokens))
 
-    def swap(self, slot: LlamaSlot, prompt: list[int]) -> None:
+    def swap(self, slot: LlamaSlot, prompt: list[int], pinned: bool) -> None:
         """Before running `prompt` on `slot`: save the slot and load a better saved prompt
-        when the slot would keep too little of itself."""
+        when the slot would keep too little of itself. A request pinned to an empty slot loads
+        nothing (the server's share kept of an empty slot is 0/0, which no test passes)."""
+        if pinned and not slot.tokens:
+            return
         lcp = common_prefix(slot.tokens, prompt)
         keep = lcp / len(slot.tokens) if slot.tokens else -1.0
         sim = lcp / max(len(prompt), 1)
@@ -119,13 +129,16 @@ class FakeLlamaServer:
         """(prompt tokens, cached tokens, slot, reply words) of one request."""
         encoding = get_encoding()
         prompt = encoding.encode_ordinary(render_prompt(body))
-        slot = self.pick(prompt, int(body.get("id_slot", -1)))
+        id_slot = int(body.get("id_slot", -1))
+        slot = self.pick(prompt, id_slot)
         async with slot.lock:
             if self.config.host_cache:
-                self.swap(slot, prompt)
+                self.swap(slot, prompt, pinned=0 <= id_slot < len(self.slots))
                 for other in self.slots:
                     if other is not slot and not other.lock.locked():
                         self.save(other.tokens)
+                        if self.config.unified_kv:
+                            other.tokens = []
             cached = common_prefix(slot.tokens, prompt) if body.get("cache_prompt", True) else 0
             cached = min(cached, len(prompt) - 1)  # the last prompt token is always evaluated
             words = [w + " " for w in self.config.reply.split()]

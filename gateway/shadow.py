@@ -149,7 +149,9 @@ class CacheModel(Protocol):
     """
 
     config: ShadowConfig
-    steers: bool
+
+    @property
+    def steers(self) -> bool: ...
 
     def match_length(self, prompt: Prompt, namespace: str) -> int: ...
     def predict(self, prompt: Prompt, namespace: str) -> int: ...

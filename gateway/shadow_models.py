@@ -3,10 +3,13 @@
 - `SlotShadow`: a llama.cpp server keeps one KV sequence per slot, reuses the longest common
   prefix of the slot it runs a request on, and saves slots to a host prompt cache (the shadow
   keeps at most `max_bytes / 2 / slots` of each slot's tokens, and half of `max_bytes` of host
-  cache). The gateway pins each conversation to a slot with `id_slot` (and
-  `cache_prompt: true`): a request that continues a slot's conversation goes to that slot; a new
-  one takes an empty slot, else the least recently used one. Two sessions sharing a system
-  prompt then never overwrite each other while a slot is free.
+  cache). With that cache (llama-server's default) the server's own slot choice reaches every
+  saved prompt, and the gateway leaves it the choice (`cache_prompt: true`, no `id_slot`): with
+  one KV buffer for all slots (its default) idle slots are cleared, and a request pinned to a
+  cleared slot loads nothing back. Without it (`--cache-ram 0`) the gateway pins each
+  conversation to a slot of its own with `id_slot`: a request that continues a slot's
+  conversation goes to that slot; a new one takes an empty slot, else the least recently used
+  one, so two sessions sharing a system prompt never overwrite each other while a slot is free.
 - `BreakpointShadow`: Anthropic caches the prefixes that end at a `cache_control` breakpoint
   (>= 1024 tokens), each for a time to live refreshed on every hit; a request reads the longest
   cached one that is a prefix of it.
@@ -83,6 +86,7 @@ class SlotChoice(NamedTuple):
     length: int
     swaps: bool = False
     loads: int = -1
+    pinned: bool = True  # sent as `id_slot`; False: the server picks the slot itself
 
 
 def _tokens(data: bytes) -> int:
@@ -132,15 +136,25 @@ class HostPromptCache:
 class SlotShadow:
     """A llama.cpp server's slots and its host prompt cache (see the module docstring).
 
-    Per request the server (tools/server, `get_available_slot`) takes the pinned slot; when
-    the prompt reuses under half of what the slot holds (or at most `similarity` of the prompt,
-    or the slot is empty), it saves the slot to its host cache and loads from there the saved
-    prompt that fits better, if any; it reuses the longest common prefix of the slot and the
-    prompt (all but the last token). Starting a request also saves every idle slot."""
+    Per request the server (tools/server, `get_available_slot`) takes the pinned slot, else the
+    idle slot that shares the most of the prompt (over `similarity` of it), else the least
+    recently used one; when the prompt reuses under half of what that slot holds (or at most
+    `similarity` of the prompt, or the slot is empty), it saves the slot to its host cache and
+    loads from there the saved prompt that fits better, if any; it reuses the longest common
+    prefix of the slot and the prompt (all but the last token). A request pinned to an empty
+    slot loads nothing (the share it keeps of an empty slot is 0/0, which passes no test).
+    Starting a request also saves every idle slot, and clears them where all slots share one
+    KV buffer (the server's default when it picks the slot count itself).
+
+    With a host cache the gateway never pins (a pin to a slot that was cleared loses the whole
+    prefix, and the server's slot indices cannot be known from outside): the model follows the
+    server's own choice, assuming the idle slots cleared once saved (where they are not, the
+    same tokens are in the host cache, so what it predicts is the same). Without a host cache
+    (`--cache-ram 0`) slots are never cleared and each conversation is pinned to a slot of its
+    own."""
 
     #: a request continues a slot's conversation when it reuses this share of what it holds
     CONTINUES = 0.9
-    steers = True  # id_slot and cache_prompt
 
     def __init__(self, config: ShadowConfig | None = None,
                  clock: Callable[[], float] = time.monotonic, *, similarity: float = 0.1,
@@ -155,13 +169,18 @@ class SlotShadow:
                      if host_cache else None)
         self.misses = 0
 
+    @property
+    def steers(self) -> bool:
+        """Whether the body depends on the prompt: `id_slot`, without a host cache."""
+        return self.host is None
+
     def resize(self, slots: int) -> None:
         """Take the slot count the server reports (`/props` total_slots)."""
         if slots > 0 and slots != len(self.slots):
             self.slots = (self.slots + [None] * slots)[:slots]
 
     def served(self, i: int, data: bytes, namespace: str) -> SlotChoice:
-        """What the server reuses when the prompt runs on slot `i`."""
+        """What the server reuses when the prompt runs on slot `i` (picked by the server)."""
         slot, n = self.slots[i], max(_tokens(data), 1)
         same = slot is not None and slot.namespace == namespace
         lcp = common_prefix_tokens(slot.data, data) if slot is not None and same else 0
@@ -174,10 +193,28 @@ class SlotShadow:
         return SlotChoice(i, min(lcp, n - 1), swaps, loads)
 
     def choose(self, prompt: Prompt, namespace: str) -> SlotChoice:
-        """The slot where the prompt reuses the most among those whose tokens survive it
-        (empty, continued by the prompt, or kept in the host cache); ties: an empty slot,
-        then the least recently used. So a session keeps its slot while others are free."""
+        """Where the prompt runs and what it reuses there (see the class docstring)."""
         data = prompt.tokens.data
+        if self.host is None:
+            return self._own_slot(data, namespace)
+        return self._server_choice(data, namespace)
+
+    def _server_choice(self, data: bytes, namespace: str) -> SlotChoice:
+        """The slot the server picks for a request that names none, and what it reuses."""
+        n, picked, best = max(_tokens(data), 1), -1, self.similarity
+        for i, slot in enumerate(self.slots):
+            if slot is not None and slot.namespace == namespace:
+                sim = common_prefix_tokens(slot.data, data) / n
+                if sim > best:
+                    picked, best = i, sim
+        if picked < 0:  # the least recently used (of equals, the last)
+            picked = min(range(len(self.slots)), key=lambda i: (self._used(i), -i))
+        return self.served(picked, data, namespace)._replace(pinned=False)
+
+    def _own_slot(self, data: bytes, namespace: str) -> SlotChoice:
+        """Without a host cache: the slot where the prompt reuses the most among those whose
+        tokens survive it (empty, or continued by the prompt); ties: an empty slot, then the
+        least recently used. So a session keeps its slot while others are free."""
         choices = [self.served(i, data, namespace) for i in range(len(self.slots))]
         kept = [c for c in choices if self._survives(c, data)] or choices
         return max(kept, key=lambda c: (c.length, self.slots[c.slot] is None,
@@ -186,9 +223,7 @@ class SlotShadow:
     def _survives(self, choice: SlotChoice, data: bytes) -> bool:
         """True when running `data` on the slot loses nothing the slot holds."""
         slot = self.slots[choice.slot]
-        if slot is None or choice.swaps:
-            return True
-        if self.host is not None and self.host.holds(slot):
+        if slot is None:
             return True
         return common_prefix_tokens(slot.data, data) >= self.CONTINUES * _tokens(slot.data)
 
@@ -204,11 +239,11 @@ class SlotShadow:
         return length if length >= self.config.min_cached_tokens else 0
 
     def upstream_fields(self, prompt: Prompt, namespace: str) -> dict[str, Any]:
-        """Pin the request to its slot and ask the server to reuse the slot's prefix; the
-        slot is taken now (the server queues a request for a busy slot)."""
+        """Without a host cache, pin the request to its slot and ask the server to reuse the
+        slot's prefix; the slot is taken now (the server queues a request for a busy slot)."""
         choice = self.choose(prompt, namespace)
         self._run(choice, self._held(prompt.tokens.data), namespace)
-        return {"id_slot": choice.slot, "cache_prompt": True}
+        return {"id_slot": choice.slot, "cache_prompt": True} if choice.pinned else {}
 
     def _run(self, choice: SlotChoice, data: bytes, namespace: str) -> None:
         """What the server does to its slots and host cache for a request on `choice`."""
@@ -221,9 +256,10 @@ class SlotShadow:
                 self.host.entries.remove(loaded)
         self.slots[choice.slot] = Slot(namespace, data, self._clock())
         if self.host is not None:  # the server saves the idle slots as the request starts
-            for i, slot in enumerate(self.slots):
+            for i, slot in enumerate(self.slots):  # (and may clear them: assume it does)
                 if i != choice.slot and slot is not None:
                     self.host.save(slot)
+                    self.slots[i] = None
 
     def _held(self, data: bytes) -> bytes:
         """What a slot keeps of a prompt: at most its share of the slots' half of `max_bytes`
