@@ -435,9 +435,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\nllama-server: not found (--llama-server PATH); row skipped")
         else:
             result["llama_server"] = res = run_llama(args.quick, binary)
-            print(f"\nllama-server x2 (2 slots each), {res['sessions']} sessions x "
-                  f"{res['turns']} turns:")
-            print(table(["cache model", "routing", "hit rate (reported)",
+            print(f"\nllama-server x2, {res['sessions']} sessions x {res['turns']} turns:")
+            print(table(["server setup", "cache model", "routing", "hit rate (reported)",
                          "predictions within 5%"], llama_table(res)))
     if args.update and args.out.exists():
         result = {**json.loads(args.out.read_text()), **result}

@@ -1,9 +1,11 @@
 """The llama.cpp-server row of the gateway benchmark: real `llama-server` replicas upstream.
 
-Two `llama-server` processes (`--parallel 2`) on the SmolLM2-135M-Instruct GGUF serve a small
-multi-session agent trace through prefixgate's replica pool three ways: the slot model
-(`--upstream llamacpp=...`: sessions pinned to slots), a radix shadow with prefix routing, and
-round robin. Reported are the hit rate llama-server itself reports and the share of warm
+Two `llama-server` processes on the SmolLM2-135M-Instruct GGUF serve a small multi-session agent
+trace through prefixgate's replica pool three ways: the slot model (`--upstream llamacpp=...`),
+a radix shadow with prefix routing, and round robin; each with the servers set up two ways: as
+llama-server starts by default (it picks the slot count, one KV buffer for all slots, idle slots
+cleared once saved to its host prompt cache) and with `--parallel 2` (one KV buffer per slot,
+idle slots kept). Reported are the hit rate llama-server itself reports and the share of warm
 requests whose prediction is within 5% of the prompt of what it reported (target >= 90%).
 The binary: `--llama-server PATH`, `PREFIXGATE_BENCH_LLAMA_SERVER`, /work/llama-build/bin/
 llama-server or `llama-server` on PATH; without one the row is skipped.
@@ -41,14 +43,16 @@ def find_binary(given: str | None) -> Path | None:
 
 
 @contextlib.contextmanager
-def llama_servers(binary: Path, model: Path, n: int, slots: int) -> Iterator[list[str]]:
-    """`n` llama-server replicas; their `/v1` base URLs."""
+def llama_servers(binary: Path, model: Path, n: int, slots: int | None) -> Iterator[list[str]]:
+    """`n` llama-server replicas (`slots` None: the server's own defaults); their `/v1` base
+    URLs."""
     with contextlib.ExitStack() as stack:
         urls = []
         for _ in range(n):
             port = free_port()
+            sized = ["--parallel", str(slots), "-c", str(8192 * slots)] if slots else []
             cmd = [str(binary), "-m", str(model), "--port", str(port), "--host", "127.0.0.1",
-                   "--parallel", str(slots), "-c", str(8192 * slots), "-t", "1"]
+                   *sized, "-t", "1"]
             stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/health"))
             urls.append(f"http://127.0.0.1:{port}/v1")
         yield urls
@@ -111,17 +115,25 @@ def run_llama(quick: bool, binary: Path) -> dict[str, Any]:
         item.body.pop("tools", None)
         item.body["messages"] = [_plain(m) for m in item.body["messages"]]
     runs = []
-    for kind, policy, radix in (("llamacpp", "prefix", False), ("openai", "prefix", True),
-                                ("openai", "round_robin", True)):
-        with llama_servers(binary, default_model_path(), 2, 2) as urls:
-            runs.append(asyncio.run(_replay(kind, policy, urls, trace, radix)))
+    for setup, slots in SETUPS.items():
+        for kind, policy, radix in (("llamacpp", "prefix", False), ("openai", "prefix", True),
+                                    ("openai", "round_robin", True)):
+            with llama_servers(binary, default_model_path(), 2, slots) as urls:
+                run = asyncio.run(_replay(kind, policy, urls, trace, radix))
+                runs.append({"server": setup, **run})
     return {"sessions": sessions, "turns": turns, "runs": runs}
 
 
+# llama-server as it starts by default, and with two slots of their own KV buffer each
+SETUPS: dict[str, int | None] = {"default": None, "--parallel 2": 2}
+
+
 def llama_table(res: dict[str, Any]) -> list[list[str]]:
-    """Table rows: cache model, routing, reported hit rate, predictions within 5%."""
-    return [[r["model"], r["policy"], f"{100 * r['hit_rate']:.1f}%",
-             f"{100 * r['within_5pct']:.0f}%"] for r in res["runs"]]
+    """Table rows: server setup, cache model, routing, reported hit rate, predictions within
+    5%."""
+    return [[r.get("server", "--parallel 2"), r["model"], r["policy"],
+             f"{100 * r['hit_rate']:.1f}%", f"{100 * r['within_5pct']:.0f}%"]
+            for r in res["runs"]]
 
 
 __all__ = ["find_binary", "llama_table", "run_llama"]
