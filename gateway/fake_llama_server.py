@@ -50,6 +50,7 @@ class FakeLlamaConfig:
     # one KV buffer for all slots (llama-server's default when it picks the slot count): the
     # idle slots are then cleared once saved, as each request starts
     unified_kv: bool = False
+    busy_s: float = 0.0  # how long a request keeps its slot busy after its prompt (decoding)
     prompt_ms_per_token: float = 0.5  # what `timings.prompt_ms` says prefill took per token
 
 
@@ -94,7 +95,7 @@ class FakeLlamaServer:
                 sim = common_prefix(slot.tokens, prompt) / max(len(prompt), 1)
                 if sim > best_sim:
                     best, best_sim = slot, sim
-        return best or min(idle, key=lambda s: s.used)
+        return best or min(idle, key=lambda s: (s.used, -s.index))  # of equals, the last
 
     def save(self, tokens: list[int]) -> None:
         """Keep a slot's tokens in the host cache (unless already there as a prefix of an
@@ -146,6 +147,8 @@ class FakeLlamaServer:
             slot.used = time.monotonic()
             self.requests += 1
             self.chosen.append(slot.index)
+            if self.config.busy_s:
+                await asyncio.sleep(self.config.busy_s)
         return len(prompt), max(cached, 0), slot.index, words
 
 

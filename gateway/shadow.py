@@ -145,7 +145,9 @@ class CacheModel(Protocol):
     `steers` whether there can be any (when not, the body sent does not depend on the prompt's
     tokens);
     `record` is called once the replica has prefilled the prompt; `learn` when the replica
-    reported `reported` cached tokens where `predicted` were expected (both in shadow tokens).
+    reported `reported` cached tokens where `predicted` were expected (both in shadow tokens);
+    `finished` once the answer of a request `upstream_fields` was asked for has ended (or
+    failed): a llama.cpp slot is busy until then.
     """
 
     config: ShadowConfig
@@ -158,6 +160,7 @@ class CacheModel(Protocol):
     def upstream_fields(self, prompt: Prompt, namespace: str) -> dict[str, Any]: ...
     def record(self, prompt: Prompt, namespace: str) -> None: ...
     def learn(self, prompt: Prompt, namespace: str, predicted: int, reported: int) -> None: ...
+    def finished(self, prompt: Prompt, namespace: str) -> None: ...
 
     @property
     def pages(self) -> int: ...
@@ -215,6 +218,9 @@ class ShadowCache:
         self.capacity = self.config.page_capacity(max(own, self._cache.stats.total_pages))
         self._cache.insert(prompt.tokens, None, namespace)
         self._evict()
+
+    def finished(self, prompt: Prompt, namespace: str) -> None:
+        """Nothing is held per request."""
 
     def _evict(self) -> None:
         over = self._cache.stats.total_pages - self.capacity

@@ -149,12 +149,16 @@ class SlotShadow:
     With a host cache the gateway never pins (a pin to a slot that was cleared loses the whole
     prefix, and the server's slot indices cannot be known from outside): the model follows the
     server's own choice, assuming the idle slots cleared once saved (where they are not, the
-    same tokens are in the host cache, so what it predicts is the same). Without a host cache
+    same tokens are in the host cache). A slot is busy from the start of its request to the
+    end of its answer (`finished`), and the server passes busy slots by. Without a host cache
     (`--cache-ram 0`) slots are never cleared and each conversation is pinned to a slot of its
     own."""
 
     #: a request continues a slot's conversation when it reuses this share of what it holds
     CONTINUES = 0.9
+    # the model needs each prompt before it is sent: requests change the slots in the order
+    # they start (and without a host cache the body carries `id_slot`)
+    steers = True
 
     def __init__(self, config: ShadowConfig | None = None,
                  clock: Callable[[], float] = time.monotonic, *, similarity: float = 0.1,
@@ -168,16 +172,14 @@ class SlotShadow:
         self.host = (HostPromptCache(min(self.config.max_pages * 16, self._budget // TOKEN_BYTES))
                      if host_cache else None)
         self.misses = 0
-
-    @property
-    def steers(self) -> bool:
-        """Whether the body depends on the prompt: `id_slot`, without a host cache."""
-        return self.host is None
+        self.busy = [0] * len(self.slots)  # requests running on each slot
+        self._running: dict[int, int] = {}  # id of a started request's prompt -> its slot
 
     def resize(self, slots: int) -> None:
         """Take the slot count the server reports (`/props` total_slots)."""
         if slots > 0 and slots != len(self.slots):
             self.slots = (self.slots + [None] * slots)[:slots]
+            self.busy = (self.busy + [0] * slots)[:slots]
 
     def served(self, i: int, data: bytes, namespace: str) -> SlotChoice:
         """What the server reuses when the prompt runs on slot `i` (picked by the server)."""
@@ -200,15 +202,19 @@ class SlotShadow:
         return self._server_choice(data, namespace)
 
     def _server_choice(self, data: bytes, namespace: str) -> SlotChoice:
-        """The slot the server picks for a request that names none, and what it reuses."""
+        """The idle slot the server picks for a request that names none (when none is idle,
+        the one it frees first, taken here as the least recently started), and what it
+        reuses there."""
+        idle = [i for i in range(len(self.slots)) if not self.busy[i]] or range(len(self.slots))
         n, picked, best = max(_tokens(data), 1), -1, self.similarity
-        for i, slot in enumerate(self.slots):
+        for i in idle:
+            slot = self.slots[i]
             if slot is not None and slot.namespace == namespace:
                 sim = common_prefix_tokens(slot.data, data) / n
                 if sim > best:
                     picked, best = i, sim
         if picked < 0:  # the least recently used (of equals, the last)
-            picked = min(range(len(self.slots)), key=lambda i: (self._used(i), -i))
+            picked = min(idle, key=lambda i: (self._used(i), -i))
         return self.served(picked, data, namespace)._replace(pinned=False)
 
     def _own_slot(self, data: bytes, namespace: str) -> SlotChoice:
@@ -243,7 +249,15 @@ class SlotShadow:
         slot's prefix; the slot is taken now (the server queues a request for a busy slot)."""
         choice = self.choose(prompt, namespace)
         self._run(choice, self._held(prompt.tokens.data), namespace)
+        self.busy[choice.slot] += 1
+        self._running[id(prompt)] = choice.slot
         return {"id_slot": choice.slot, "cache_prompt": True} if choice.pinned else {}
+
+    def finished(self, prompt: Prompt, namespace: str) -> None:
+        """The request's slot is idle again (once no other request runs on it)."""
+        slot = self._running.pop(id(prompt), None)
+        if slot is not None and slot < len(self.busy):
+            self.busy[slot] = max(self.busy[slot] - 1, 0)
 
     def _run(self, choice: SlotChoice, data: bytes, namespace: str) -> None:
         """What the server does to its slots and host cache for a request on `choice`."""
@@ -257,7 +271,7 @@ class SlotShadow:
         self.slots[choice.slot] = Slot(namespace, data, self._clock())
         if self.host is not None:  # the server saves the idle slots as the request starts
             for i, slot in enumerate(self.slots):  # (and may clear them: assume it does)
-                if i != choice.slot and slot is not None:
+                if i != choice.slot and slot is not None and not self.busy[i]:
                     self.host.save(slot)
                     self.slots[i] = None
 
@@ -348,6 +362,9 @@ class BreakpointShadow:
         over = self._tree.stats.total_pages - self.config.page_capacity(self.config.max_pages * 64)
         if over > 0:
             self._tree.evict(over)
+
+    def finished(self, prompt: Prompt, namespace: str) -> None:
+        """Nothing is held per request."""
 
     def learn(self, prompt: Prompt | Any, namespace: str, predicted: int, reported: int) -> None:
         """Entries past what was read expired early: forget them."""

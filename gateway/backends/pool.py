@@ -236,9 +236,9 @@ class ReplicaPool:
     async def _attempt(
         self, req: ChatRequest, prompt: Prompt | None, route: Route
     ) -> AsyncGenerator[TextDelta | Final, None]:
-        replica, ns = route.replica, req.namespace
-        if prompt is not None:
-            fields = replica.shadow.upstream_fields(prompt, ns)
+        replica, ns, started = route.replica, req.namespace, prompt
+        if started is not None:
+            fields = replica.shadow.upstream_fields(started, ns)
             if fields:
                 req = dataclasses.replace(req, upstream_fields={**req.upstream_fields, **fields})
         replica.inflight += 1
@@ -268,6 +268,8 @@ class ReplicaPool:
             raise
         finally:
             replica.inflight -= 1
+            if started is not None:
+                replica.shadow.finished(started, ns)
 
     async def _head(self, upstream: AsyncGenerator[TextDelta | Final, None], req: ChatRequest,
                     prompt: Prompt | None, route: Route
