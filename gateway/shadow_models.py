@@ -4,9 +4,11 @@
   prefix of the slot it runs a request on, and saves slots to a host prompt cache (the shadow
   keeps at most `max_bytes / 2 / slots` of each slot's tokens, and half of `max_bytes` of host
   cache). With that cache (llama-server's default) the server's own slot choice reaches every
-  saved prompt, and the gateway leaves it the choice (`cache_prompt: true`, no `id_slot`): with
-  one KV buffer for all slots (its default) idle slots are cleared, and a request pinned to a
-  cleared slot loads nothing back. Without it (`--cache-ram 0`) the gateway pins each
+  saved prompt, and the gateway leaves it the choice (no `id_slot`): with one KV buffer for all
+  slots (its default) idle slots are cleared, and a request pinned to a cleared slot loads
+  nothing back. Whether idle slots are cleared is learnt (two models, the closer one predicts),
+  and a request waits in the gateway while every slot of its replica is busy, so the slot the
+  server gives it is the one the model expects. Without it (`--cache-ram 0`) the gateway pins each
   conversation to a slot of its own with `id_slot`: a request that continues a slot's
   conversation goes to that slot; a new one takes an empty slot, else the least recently used
   one, so two sessions sharing a system prompt never overwrite each other while a slot is free.
@@ -18,6 +20,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -133,8 +137,8 @@ class HostPromptCache:
         return found
 
 
-class SlotShadow:
-    """A llama.cpp server's slots and its host prompt cache (see the module docstring).
+class SlotModel:
+    """One model of a llama.cpp server's slots and host prompt cache (see `SlotShadow`).
 
     Per request the server (tools/server, `get_available_slot`) takes the pinned slot, else the
     idle slot that shares the most of the prompt (over `similarity` of it), else the least
@@ -148,8 +152,8 @@ class SlotShadow:
 
     With a host cache the gateway never pins (a pin to a slot that was cleared loses the whole
     prefix, and the server's slot indices cannot be known from outside): the model follows the
-    server's own choice, assuming the idle slots cleared once saved (where they are not, the
-    same tokens are in the host cache). A slot is busy from the start of its request to the
+    server's own choice, with the idle slots cleared once saved or kept (`clears_idle`). A
+    slot is busy from the start of its request to the
     end of its answer (`finished`), and the server passes busy slots by. Without a host cache
     (`--cache-ram 0`) slots are never cleared and each conversation is pinned to a slot of its
     own."""
@@ -162,8 +166,9 @@ class SlotShadow:
 
     def __init__(self, config: ShadowConfig | None = None,
                  clock: Callable[[], float] = time.monotonic, *, similarity: float = 0.1,
-                 host_cache: bool = True) -> None:
+                 host_cache: bool = True, clears_idle: bool = True) -> None:
         self.config = config or ShadowConfig(page_size=1, slots=1)
+        self.clears_idle = clears_idle and host_cache
         self._clock = clock
         self.slots: list[Slot | None] = [None] * self.config.slots
         self.similarity = similarity
@@ -202,10 +207,13 @@ class SlotShadow:
         return self._server_choice(data, namespace)
 
     def _server_choice(self, data: bytes, namespace: str) -> SlotChoice:
-        """The idle slot the server picks for a request that names none (when none is idle,
-        the one it frees first, taken here as the least recently started), and what it
-        reuses there."""
-        idle = [i for i in range(len(self.slots)) if not self.busy[i]] or range(len(self.slots))
+        """The idle slot the server picks for a request that names none, and what it reuses
+        there. When none is idle the server waits for one: the one freed first, taken as the
+        least recently started, still holding its request's prompt."""
+        idle = [i for i in range(len(self.slots)) if not self.busy[i]]
+        if not idle:
+            first = min(range(len(self.slots)), key=lambda i: (self._used(i), -i))
+            return self.served(first, data, namespace)._replace(pinned=False)
         n, picked, best = max(_tokens(data), 1), -1, self.similarity
         for i in idle:
             slot = self.slots[i]
@@ -270,10 +278,11 @@ class SlotShadow:
                 self.host.entries.remove(loaded)
         self.slots[choice.slot] = Slot(namespace, data, self._clock())
         if self.host is not None:  # the server saves the idle slots as the request starts
-            for i, slot in enumerate(self.slots):  # (and may clear them: assume it does)
+            for i, slot in enumerate(self.slots):  # (and with one KV buffer, clears them)
                 if i != choice.slot and slot is not None and not self.busy[i]:
                     self.host.save(slot)
-                    self.slots[i] = None
+                    if self.clears_idle:
+                        self.slots[i] = None
 
     def _held(self, data: bytes) -> bytes:
         """What a slot keeps of a prompt: at most its share of the slots' half of `max_bytes`
@@ -299,6 +308,97 @@ class SlotShadow:
     def pages(self) -> int:
         """Occupied slots (the router's tie-break prefers emptier replicas)."""
         return sum(slot is not None for slot in self.slots)
+
+
+class SlotShadow:
+    """A llama.cpp server's slots and its host prompt cache (see the module docstring).
+
+    Whether the server clears its idle slots as a request starts (one KV buffer for all slots,
+    its default when it picks the slot count) or keeps them (`--parallel N`) changes which slot
+    it picks and what it reuses there once requests overlap, and nothing it serves says which.
+    So with a host cache two models follow every request, one for each, and predictions come
+    from the one whose guesses have been closer to what the server reported (a moving average
+    of the error in shares of the prompt; at first the one that clears). Without a host cache
+    slots are never cleared: one model, pinning each conversation to a slot of its own."""
+
+    steers = True  # requests change the slots in the order they start (and `id_slot`)
+    #: weight of the newest request in each model's moving error
+    ERROR_EWMA = 0.2
+
+    def __init__(self, config: ShadowConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic, *, similarity: float = 0.1,
+                 host_cache: bool = True) -> None:
+        self.config = config or ShadowConfig(page_size=1, slots=1)
+        half = dataclasses.replace(self.config, max_bytes=self.config.max_bytes // 2)
+        self.models = ((SlotModel(half, clock, similarity=similarity, clears_idle=True),
+                        SlotModel(half, clock, similarity=similarity, clears_idle=False))
+                       if host_cache else
+                       (SlotModel(self.config, clock, similarity=similarity, host_cache=False),))
+        self.errors = [0.0] * len(self.models)
+        self.active = 0  # the model that predicts
+        self._guesses: dict[int, tuple[int, ...]] = {}
+        self._freed = asyncio.Event()
+
+    async def slot_free(self) -> None:
+        """Wait until a slot is idle. The server would queue a request sent while every slot
+        is busy and pick its slot once one frees; waiting here instead, the request is sent
+        when the slot it takes is known."""
+        model = self.model
+        while all(model.busy):
+            self._freed.clear()
+            await self._freed.wait()
+
+    @property
+    def model(self) -> SlotModel:
+        return self.models[self.active]
+
+    def resize(self, slots: int) -> None:
+        """Take the slot count the server reports (`/props` total_slots)."""
+        for model in self.models:
+            model.resize(slots)
+
+    def match_length(self, prompt: Prompt | Any, namespace: str) -> int:
+        return self.model.match_length(prompt, namespace)
+
+    def predict(self, prompt: Prompt | Any, namespace: str) -> int:
+        return self.model.predict(prompt, namespace)
+
+    def upstream_fields(self, prompt: Prompt, namespace: str) -> dict[str, Any]:
+        """Every model takes the request (its guess kept for `learn`); the fields are the
+        predicting model's."""
+        self._guesses[id(prompt)] = tuple(m.match_length(prompt, namespace)
+                                          for m in self.models)
+        fields = [m.upstream_fields(prompt, namespace) for m in self.models]
+        return fields[self.active]
+
+    def finished(self, prompt: Prompt, namespace: str) -> None:
+        self._guesses.pop(id(prompt), None)
+        for model in self.models:
+            model.finished(prompt, namespace)
+        self._freed.set()
+
+    def record(self, prompt: Prompt | Any, namespace: str) -> None:
+        for model in self.models:
+            model.record(prompt, namespace)
+
+    def learn(self, prompt: Prompt | Any, namespace: str, predicted: int, reported: int) -> None:
+        """Score each model's guess against the report; the closer one predicts from then
+        on (on a tie the predicting one stays)."""
+        guesses = self._guesses.pop(id(prompt), None)
+        for model in self.models:
+            model.learn(prompt, namespace, predicted, reported)
+        if guesses is None:
+            return
+        n = max(len(as_prompt(prompt)), 1)
+        for k, guess in enumerate(guesses):
+            self.errors[k] += self.ERROR_EWMA * (abs(guess - reported) / n - self.errors[k])
+        best = min(range(len(self.models)), key=lambda k: self.errors[k])
+        if self.errors[best] < self.errors[self.active]:
+            self.active = best
+
+    @property
+    def pages(self) -> int:
+        return self.model.pages
 
 
 class BreakpointShadow:

@@ -237,12 +237,16 @@ class ReplicaPool:
         self, req: ChatRequest, prompt: Prompt | None, route: Route
     ) -> AsyncGenerator[TextDelta | Final, None]:
         replica, ns, started = route.replica, req.namespace, prompt
-        if started is not None:
-            fields = replica.shadow.upstream_fields(started, ns)
-            if fields:
-                req = dataclasses.replace(req, upstream_fields={**req.upstream_fields, **fields})
         replica.inflight += 1
         try:
+            if started is not None:
+                if isinstance(replica.shadow, SlotShadow):  # sent once a slot is free
+                    await replica.shadow.slot_free()
+                    route = route._replace(matched=replica.shadow.match_length(started, ns))
+                fields = replica.shadow.upstream_fields(started, ns)
+                if fields:
+                    req = dataclasses.replace(
+                        req, upstream_fields={**req.upstream_fields, **fields})
             async with aclosing(replica.backend.stream(req)) as upstream:
                 item, prompt, route = await self._head(upstream, req, prompt, route)
                 # the router scored the prompt with this replica's model (predict's answer)

@@ -181,10 +181,14 @@ def test_breakpoint_and_slot_shadows_fit_their_byte_budgets() -> None:
         breakpoints.record(prompt, "t")
         slots.upstream_fields(prompt, "t")
         slots.record(prompt, "t")
-        held = sum(len(s.data) for s in slots.slots if s is not None)
-        assert slots.host is not None
-        assert held + sum(len(e.data) for e in slots.host.entries) <= budget
+        slots.finished(prompt, "t")
+        held = 0  # both of its models (idle slots cleared, and kept) together
+        for model in slots.models:
+            assert model.host is not None
+            held += sum(len(s.data) for s in model.slots if s is not None)
+            held += sum(len(e.data) for e in model.host.entries)
+        assert held <= budget
         assert breakpoints._tree.stats.total_pages * ShadowConfig(page_size=1).page_bytes() \
             <= budget
-    # a kept prefix still predicts: each of the 4 slots holds the first (budget/2)/4 bytes
-    assert slots.predict(prompt, "t") == budget // 2 // 4 // 4
+    # a kept prefix still predicts: each model's 4 slots hold the first (budget/2/2)/4 bytes
+    assert slots.predict(prompt, "t") == budget // 2 // 2 // 4 // 4

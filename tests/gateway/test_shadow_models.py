@@ -116,7 +116,8 @@ async def test_a_generic_upstream_that_answers_like_llama_server_gets_the_slot_m
     assert isinstance(pool.router.replicas[0].shadow, ShadowCache)
     await _replay(pool, TRACE[:2])
     shadow = pool.router.replicas[0].shadow
-    assert isinstance(shadow, SlotShadow) and len(shadow.slots) == 3  # read from /props
+    assert isinstance(shadow, SlotShadow)
+    assert [len(m.slots) for m in shadow.models] == [3, 3]  # read from /props
 
 
 def test_without_a_host_cache_sessions_are_pinned_to_slots_empty_ones_first() -> None:
@@ -254,7 +255,8 @@ def test_host_prompt_cache_saves_overwritten_slots_and_loads_them_back() -> None
     shadow.upstream_fields(a, "t")
     assert shadow.predict(b, "t") == 100  # keeps 1/4 of a: a is saved first, nothing to load
     shadow.upstream_fields(b, "t")
-    assert shadow.host is not None and [len(e.data) // 4 for e in shadow.host.entries] == [400]
+    host = shadow.model.host
+    assert host is not None and [len(e.data) // 4 for e in host.entries] == [400]
     a2 = as_prompt(system + [1000] * 300 + [7] * 20)
     assert shadow.predict(a2, "t") == 400  # a comes back from the host cache
     assert shadow.predict(a2, "other") == 0  # tenants never share
@@ -282,6 +284,27 @@ def test_with_a_host_cache_the_server_chooses_and_the_model_follows_it() -> None
     assert short.predict(as_prompt(system + [1000] * 50 + [3] * 40), "t") == 100
 
 
+async def _overlapping(pool: ReplicaPool, trace: list[Any]) -> list[tuple[int, Final]]:
+    """The sessions of `trace` at once (each one's turns in order): (turn, Final) in the
+    order the answers ended."""
+    sessions: dict[int, list[Any]] = {}
+    for item in trace:
+        sessions.setdefault(item.session, []).append(item)
+    done: list[tuple[int, Final]] = []
+
+    async def run(items: list[Any]) -> None:
+        for item in items:
+            req = chat_request(item.body["messages"], tools=tuple(item.body["tools"]),
+                               body=item.body)
+            final = [x async for x in pool.stream(req)][-1]
+            assert isinstance(final, Final)
+            done.append((item.turn, final))
+
+    await asyncio.gather(*map(run, sessions.values()))
+    await pool.aclose()
+    return done
+
+
 async def test_overlapping_sessions_are_predicted_with_busy_slots_passed_by() -> None:
     """Sessions that overlap on llama-server's default setup (idle slots cleared): a slot is
     busy until its answer ends and the server picks among the others, so a model that took
@@ -290,24 +313,29 @@ async def test_overlapping_sessions_are_predicted_with_busy_slots_passed_by() ->
                         output_words=60, seed=11)
     app = create_fake_llama_server(FakeLlamaConfig(slots=4, unified_kv=True, busy_s=0.01))
     pool = _pool("llamacpp", [app])
-    sessions: dict[int, list[Any]] = {}
-    for item in trace:
-        sessions.setdefault(item.session, []).append(item)
-
-    async def run(items: list[Any]) -> list[tuple[int, Final]]:
-        done = []
-        for item in items:
-            req = chat_request(item.body["messages"], tools=tuple(item.body["tools"]),
-                               body=item.body)
-            final = [x async for x in pool.stream(req)][-1]
-            assert isinstance(final, Final)
-            done.append((item.turn, final))
-        return done
-
-    results = [r for rs in await asyncio.gather(*map(run, sessions.values())) for r in rs]
-    await pool.aclose()
+    results = await _overlapping(pool, trace)
     warm = [f for turn, f in results if turn > 0]
     assert sum(map(_close, warm)) >= 0.9 * len(warm), [
         (f.usage.predicted_cached_tokens, f.usage.reported_cached_tokens) for f in warm]
     shadow = pool.router.replicas[0].shadow
-    assert isinstance(shadow, SlotShadow) and shadow.busy == [0, 0, 0, 0]
+    assert isinstance(shadow, SlotShadow)
+    assert [m.busy for m in shadow.models] == [[0, 0, 0, 0]] * 2
+
+
+async def test_the_slot_model_learns_whether_the_server_clears_idle_slots() -> None:
+    """Sessions overlapping on llama-server with one KV buffer for all slots (its default:
+    idle slots cleared as a request starts) and with `--parallel N` (kept): the server's
+    choices differ once slots are busy, and nothing it serves says which setup it runs. The
+    model that assumes the other setup is left behind once its guesses miss."""
+    trace = agent_trace(sessions=4, turns=6, system_words=200, task_words=120,
+                        output_words=60, seed=11)
+    for unified_kv in (True, False):
+        app = create_fake_llama_server(FakeLlamaConfig(slots=2, unified_kv=unified_kv,
+                                                       busy_s=0.01))
+        pool = _pool("llamacpp", [app])
+        results = await _overlapping(pool, trace)
+        warm = [f for turn, f in results[len(results) // 2:] if turn > 0]  # once learnt
+        assert sum(map(_close, warm)) >= 0.9 * len(warm), (unified_kv, [
+            (f.usage.predicted_cached_tokens, f.usage.reported_cached_tokens) for f in warm])
+        shadow = pool.router.replicas[0].shadow
+        assert isinstance(shadow, SlotShadow) and shadow.model.clears_idle is unified_kv

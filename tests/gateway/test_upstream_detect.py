@@ -81,7 +81,7 @@ async def test_a_bare_url_to_llama_server_gets_the_slot_model(
     with caplog.at_level(logging.INFO, logger="prefixgate.upstream"):
         final = await _serve_once(pool)
     shadow = pool.router.replicas[0].shadow
-    assert isinstance(shadow, SlotShadow) and len(shadow.slots) == 3
+    assert isinstance(shadow, SlotShadow) and len(shadow.model.slots) == 3
     assert final.usage.reported_cached_tokens == 0
     assert "detected llamacpp" in caplog.text and "slots 3" in caplog.text
     assert "context 1024" in caplog.text
