@@ -338,13 +338,15 @@ class SlotShadow:
         self.active = 0  # the model that predicts
         self._guesses: dict[int, tuple[int, ...]] = {}
         self._freed = asyncio.Event()
+        self.sized = False  # the slot count came from the server (`resize`)
 
     async def slot_free(self) -> None:
         """Wait until a slot is idle. The server would queue a request sent while every slot
         is busy and pick its slot once one frees; waiting here instead, the request is sent
-        when the slot it takes is known."""
+        when the slot it takes is known. Only once the server said how many slots it has (a
+        guessed count must never hold requests back)."""
         model = self.model
-        while all(model.busy):
+        while self.sized and all(model.busy):
             self._freed.clear()
             await self._freed.wait()
 
@@ -354,6 +356,7 @@ class SlotShadow:
 
     def resize(self, slots: int) -> None:
         """Take the slot count the server reports (`/props` total_slots)."""
+        self.sized = self.sized or slots > 0
         for model in self.models:
             model.resize(slots)
 

@@ -338,4 +338,23 @@ async def test_the_slot_model_learns_whether_the_server_clears_idle_slots() -> N
         assert sum(map(_close, warm)) >= 0.9 * len(warm), (unified_kv, [
             (f.usage.predicted_cached_tokens, f.usage.reported_cached_tokens) for f in warm])
         shadow = pool.router.replicas[0].shadow
-        assert isinstance(shadow, SlotShadow) and shadow.model.clears_idle is unified_kv
+        assert isinstance(shadow, SlotShadow)
+        right = 0 if unified_kv else 1  # models[0] clears idle slots, models[1] keeps them
+        assert shadow.errors[right] <= shadow.errors[1 - right], (unified_kv, shadow.errors)
+
+
+async def test_requests_wait_for_a_free_slot_only_once_the_count_is_known() -> None:
+    shadow = SlotShadow(ShadowConfig(page_size=1, slots=1))
+    first, second = as_prompt(list(range(50))), as_prompt(list(range(60)))
+    shadow.upstream_fields(first, "t")
+    await asyncio.wait_for(shadow.slot_free(), 1)  # a guessed count holds nothing back
+    shadow.resize(1)  # /props: one slot, busy
+    waiting = asyncio.ensure_future(shadow.slot_free())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    shadow.finished(first, "t")
+    await asyncio.wait_for(waiting, 1)
+    shadow.upstream_fields(second, "t")
+    # every slot busy: the server will give the next request the one freed first, which
+    # still holds `second`
+    assert shadow.predict(as_prompt(list(range(70))), "t") == 60
