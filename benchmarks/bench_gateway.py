@@ -436,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result["llama_server"] = res = run_llama(args.quick, binary)
             print(f"\nllama-server x2, {res['sessions']} sessions x {res['turns']} turns:")
-            print(table(["server setup", "cache model", "routing", "hit rate (reported)",
-                         "predictions within 5%"], llama_table(res)))
+            print(table(["sessions", "server setup", "cache model", "routing",
+                         "hit rate (reported)", "predictions within 5%"], llama_table(res)))
     if args.update and args.out.exists():
         result = {**json.loads(args.out.read_text()), **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)

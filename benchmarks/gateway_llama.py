@@ -5,8 +5,9 @@ trace through prefixgate's replica pool three ways: the slot model (`--upstream 
 a radix shadow with prefix routing, and round robin; each with the servers set up two ways: as
 llama-server starts by default (it picks the slot count, one KV buffer for all slots, idle slots
 cleared once saved to its host prompt cache) and with `--parallel 2` (one KV buffer per slot,
-idle slots kept). Reported are the hit rate llama-server itself reports and the share of warm
-requests whose prediction is within 5% of the prompt of what it reported (target >= 90%).
+idle slots kept); and each with one request at a time, then with the sessions at once (each
+session's turns in order). Reported are the hit rate llama-server itself reports and the share
+of warm requests whose prediction is within 5% of the prompt of what it reported (target >= 90%).
 The binary: `--llama-server PATH`, `PREFIXGATE_BENCH_LLAMA_SERVER`, /work/llama-build/bin/
 llama-server or `llama-server` on PATH; without one the row is skipped.
 """
@@ -78,18 +79,32 @@ def _request(body: dict[str, Any], i: int) -> ChatRequest:
 
 
 async def _replay(kind: str, policy: str, urls: list[str], trace: list[Any],
-                  radix: bool) -> dict[str, Any]:
+                  radix: bool, overlap: bool) -> dict[str, Any]:
+    """The trace through a pool over `urls`: one request at a time, or (`overlap`) the
+    sessions at once, each session's turns in order."""
     backends = [make_upstream(kind, UpstreamOptions(url=u, name=f"l{i}", timeout_s=600))
                 for i, u in enumerate(urls)]
     shadows = [ShadowCache() for _ in urls] if radix else None
     pool = ReplicaPool(kind, backends, router=RouterConfig(policy=policy),  # type: ignore[arg-type]
                        shadow=shadows)
-    finals: list[Final] = []
-    for i, item in enumerate(trace):
-        final = [x async for x in pool.stream(_request(item.body, i))][-1]
-        assert isinstance(final, Final)
-        finals.append(final)
+    done: dict[int, Final] = {}
+
+    async def serve(items: list[tuple[int, Any]]) -> None:
+        for i, item in items:
+            final = [x async for x in pool.stream(_request(item.body, i))][-1]
+            assert isinstance(final, Final)
+            done[i] = final
+
+    numbered = list(enumerate(trace))
+    if overlap:
+        sessions: dict[int, list[tuple[int, Any]]] = {}
+        for i, item in numbered:
+            sessions.setdefault(item.session, []).append((i, item))
+        await asyncio.gather(*map(serve, sessions.values()))
+    else:
+        await serve(numbered)
     await pool.aclose()
+    finals = [done[i] for i in range(len(trace))]
     warm = [f for f, item in zip(finals, trace, strict=True) if item.turn > 0]
     close = [abs((f.usage.predicted_cached_tokens or 0) - (f.usage.reported_cached_tokens or 0))
              <= 0.05 * f.usage.prompt_tokens for f in warm]
@@ -99,6 +114,7 @@ async def _replay(kind: str, policy: str, urls: list[str], trace: list[Any],
              "reported": f.usage.reported_cached_tokens}
             for f, item in zip(finals, trace, strict=True)]
     return {"model": kind if not radix else "radix", "policy": policy,
+            "sessions_at_once": overlap,
             "hit_rate": sum(f.usage.reported_cached_tokens or 0 for f in finals) / prompt,
             "cached_tokens": sum(f.usage.reported_cached_tokens or 0 for f in finals),
             "within_5pct": sum(close) / max(len(close), 1), "requests": rows}
@@ -115,12 +131,14 @@ def run_llama(quick: bool, binary: Path) -> dict[str, Any]:
         item.body.pop("tools", None)
         item.body["messages"] = [_plain(m) for m in item.body["messages"]]
     runs = []
-    for setup, slots in SETUPS.items():
-        for kind, policy, radix in (("llamacpp", "prefix", False), ("openai", "prefix", True),
-                                    ("openai", "round_robin", True)):
-            with llama_servers(binary, default_model_path(), 2, slots) as urls:
-                run = asyncio.run(_replay(kind, policy, urls, trace, radix))
-                runs.append({"server": setup, **run})
+    for overlap in (False, True):
+        for setup, slots in SETUPS.items():
+            for kind, policy, radix in (("llamacpp", "prefix", False),
+                                        ("openai", "prefix", True),
+                                        ("openai", "round_robin", True)):
+                with llama_servers(binary, default_model_path(), 2, slots) as urls:
+                    run = asyncio.run(_replay(kind, policy, urls, trace, radix, overlap))
+                    runs.append({"server": setup, **run})
     return {"sessions": sessions, "turns": turns, "runs": runs}
 
 
@@ -129,9 +147,10 @@ SETUPS: dict[str, int | None] = {"default": None, "--parallel 2": 2}
 
 
 def llama_table(res: dict[str, Any]) -> list[list[str]]:
-    """Table rows: server setup, cache model, routing, reported hit rate, predictions within
-    5%."""
-    return [[r.get("server", "--parallel 2"), r["model"], r["policy"],
+    """Table rows: sessions one request at a time or at once, server setup, cache model,
+    routing, reported hit rate, predictions within 5%."""
+    return [["at once" if r.get("sessions_at_once") else "one at a time",
+             r.get("server", "--parallel 2"), r["model"], r["policy"],
              f"{100 * r['hit_rate']:.1f}%", f"{100 * r['within_5pct']:.0f}%"]
             for r in res["runs"]]
 

@@ -153,16 +153,12 @@ class SlotModel:
     With a host cache the gateway never pins (a pin to a slot that was cleared loses the whole
     prefix, and the server's slot indices cannot be known from outside): the model follows the
     server's own choice, with the idle slots cleared once saved or kept (`clears_idle`). A
-    slot is busy from the start of its request to the
-    end of its answer (`finished`), and the server passes busy slots by. Without a host cache
-    (`--cache-ram 0`) slots are never cleared and each conversation is pinned to a slot of its
-    own."""
+    slot is busy from the start of its request to the end of its answer (`finished`), and the
+    server passes busy slots by. Without a host cache (`--cache-ram 0`) slots are never
+    cleared and each conversation is pinned to a slot of its own."""
 
     #: a request continues a slot's conversation when it reuses this share of what it holds
     CONTINUES = 0.9
-    # the model needs each prompt before it is sent: requests change the slots in the order
-    # they start (and without a host cache the body carries `id_slot`)
-    steers = True
 
     def __init__(self, config: ShadowConfig | None = None,
                  clock: Callable[[], float] = time.monotonic, *, similarity: float = 0.1,
