@@ -262,6 +262,9 @@ class ReplicaPool:
                         replica.mark_ok()
                         replica.served += 1
                         item = self._complete(item, replica, prompt, ns, predicted)
+                        if started is not None:  # the upstream is done with it now
+                            replica.shadow.finished(started, ns)
+                            started = None
                     yield item
                     item = await _next(upstream)
         except BackendError as err:
