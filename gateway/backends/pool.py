@@ -27,10 +27,11 @@ from gateway.backends.upstream_http import is_replica_fault
 from gateway.body import INLINE_BYTES, text_chars
 from gateway.config import AUTO_KIND
 from gateway.count_tokens import estimate
+from gateway.llama_slots import SlotShadow
 from gateway.metrics import Registry
 from gateway.overlap import cpu_work, first_while_sent
 from gateway.shadow import NO_PROMPT, CacheModel, Prompt, request_prompt
-from gateway.shadow_models import SlotShadow, cache_model_for
+from gateway.shadow_models import cache_model_for
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, TokenCount, Usage
 from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK

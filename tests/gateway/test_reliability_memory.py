@@ -19,9 +19,10 @@ import pytest
 from gateway.app import create_app
 from gateway.body import INLINE_BYTES
 from gateway.config import GatewayConfig
+from gateway.llama_slots import SlotShadow
 from gateway.memory import rss_bytes, tune_malloc
 from gateway.shadow import Prompt, ShadowCache, ShadowConfig
-from gateway.shadow_models import BreakpointShadow, SlotShadow
+from gateway.shadow_models import BreakpointShadow
 from prompt_lint.budgets import BUDGETS, MemoBudgets
 from prompt_lint.memo import LOCK
 from prompt_lint.memory import apply_budgets, process_memos

@@ -21,8 +21,9 @@ from gateway.backends.router import RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream
+from gateway.llama_slots import SlotShadow, common_prefix_tokens
 from gateway.shadow import Prompt, ShadowCache, ShadowConfig, as_prompt
-from gateway.shadow_models import BreakpointShadow, SlotShadow, common_prefix_tokens
+from gateway.shadow_models import BreakpointShadow
 from gateway.types import Final
 from radix_cache import PackedTokens
 

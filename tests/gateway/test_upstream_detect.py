@@ -20,8 +20,8 @@ from gateway.backends.providers import ProviderPools, build_upstream_backend
 from gateway.config import GatewayConfig, UpstreamSpec
 from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream, model_card
+from gateway.llama_slots import SlotShadow
 from gateway.shadow import ShadowCache
-from gateway.shadow_models import SlotShadow
 from gateway.types import Final
 from gateway.upstream_detect import Detection, detect_kind, kind_from_models, kind_from_props
 
