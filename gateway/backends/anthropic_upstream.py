@@ -19,7 +19,6 @@ from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
     UpstreamOptions,
     dumps_body,
-    fetch_json,
     iter_sse,
     loads_event,
     stream_error_event,
@@ -142,8 +141,7 @@ class AnthropicUpstream(UpstreamBackend):
         endpoint, passed the fields that endpoint takes)."""
         body = {k: req.body[k] for k in COUNT_FIELDS if k in req.body}
         body["model"] = req.model
-        payload = await fetch_json(self._transport, self._post(self._count_url, dumps_body(body)),
-                                   self.replica)
+        payload = await self._post_json(self._count_url, body)
         tokens = payload.get("input_tokens") if isinstance(payload, dict) else None
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise BackendError(502, f"upstream {self.replica} sent no input_tokens",

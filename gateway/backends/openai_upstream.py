@@ -21,7 +21,6 @@ from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
     UpstreamOptions,
     dumps_body,
-    fetch_json,
     iter_sse,
     loads_event,
     stream_error_event,
@@ -233,10 +232,6 @@ class OpenAIUpstream(UpstreamBackend):
         except BackendError:
             return None
         return None
-
-    async def _post_json(self, url: str, body: dict[str, Any]) -> Any:
-        return await fetch_json(self._transport, self._post(httpx.URL(url), dumps_body(body)),
-                                self.replica)
 
     def _headers(self) -> dict[str, str]:
         headers = super()._headers()

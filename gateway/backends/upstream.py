@@ -21,7 +21,9 @@ from gateway.backends.upstream_http import (
     Item,
     UpstreamOptions,
     client_timeout,
+    dumps_body,
     exchange,
+    fetch_json,
     make_client,
     make_transport,
 )
@@ -126,6 +128,12 @@ class UpstreamBackend(ABC):
         """A complete POST request (headers and timeouts), sent straight to the transport."""
         return httpx.Request("POST", url, content=content, headers=self._header_obj,
                              extensions=dict(self._extensions))
+
+    async def _post_json(self, url: httpx.URL | str, body: dict[str, Any]) -> Any:
+        """POST `body` to `url` and return the JSON answer (failures as `fetch_json` raises
+        them)."""
+        request = self._post(httpx.URL(url), dumps_body(body))
+        return await fetch_json(self._transport, request, self.replica)
 
     @abstractmethod
     def _request(self, req: ChatRequest) -> httpx.Request:
