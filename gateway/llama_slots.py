@@ -213,11 +213,16 @@ class SlotModel:
     def upstream_fields(self, prompt: Prompt, namespace: str) -> dict[str, Any]:
         """Without a host cache, pin the request to its slot and ask the server to reuse the
         slot's prefix; the slot is taken now (the server queues a request for a busy slot)."""
+        choice = self.start(prompt, namespace)
+        return {"id_slot": choice.slot, "cache_prompt": True} if choice.pinned else {}
+
+    def start(self, prompt: Prompt, namespace: str) -> SlotChoice:
+        """Run the request on the slot it takes (busy until `finished`); that choice."""
         choice = self.choose(prompt, namespace)
         self._run(choice, self._held(prompt.tokens.data), namespace)
         self.busy[choice.slot] += 1
         self._running[id(prompt)] = choice.slot
-        return {"id_slot": choice.slot, "cache_prompt": True} if choice.pinned else {}
+        return choice
 
     def finished(self, prompt: Prompt, namespace: str) -> None:
         """The request's slot is idle again (once no other request runs on it)."""
@@ -327,10 +332,10 @@ class SlotShadow:
     def upstream_fields(self, prompt: Prompt, namespace: str) -> dict[str, Any]:
         """Every model takes the request (its guess kept for `learn`); the fields are the
         predicting model's."""
-        self._guesses[id(prompt)] = tuple(m.match_length(prompt, namespace)
-                                          for m in self.models)
-        fields = [m.upstream_fields(prompt, namespace) for m in self.models]
-        return fields[self.active]
+        choices = [m.start(prompt, namespace) for m in self.models]
+        self._guesses[id(prompt)] = tuple(c.length for c in choices)
+        choice = choices[self.active]
+        return {"id_slot": choice.slot, "cache_prompt": True} if choice.pinned else {}
 
     def finished(self, prompt: Prompt, namespace: str) -> None:
         self._guesses.pop(id(prompt), None)
