@@ -102,9 +102,6 @@ class ReplicaPool:
             raise ValueError("need one cache model per replica")
         self.name = kind
         self.api = "anthropic" if kind == "anthropic" else "openai"
-        for backend in backends:  # a named server kind is what the replica is
-            if isinstance(backend, OpenAIUpstream) and kind in ("vllm", "sglang", "llamacpp"):
-                backend.server_kind = kind
         names = _unique([b.replica for b in backends])
         self.router = Router([Replica(n, b, m)
                               for n, b, m in zip(names, backends, models, strict=True)], router)

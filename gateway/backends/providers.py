@@ -75,7 +75,10 @@ def make_upstream(kind: str, options: UpstreamOptions,
         raise ValueError(f"unknown upstream kind {kind!r}; known: {', '.join(UPSTREAM_KINDS)}")
     if kind == "anthropic":
         return AnthropicUpstream(options, transport=transport)
-    return OpenAIUpstream(options, transport=transport)
+    backend = OpenAIUpstream(options, transport=transport)
+    if kind in ("vllm", "sglang", "llamacpp"):  # a named server is what the replica is
+        backend.server_kind = kind
+    return backend
 
 
 def _static_kind(kind: str, url: str) -> str:
