@@ -46,7 +46,7 @@ AVX2 static int64_t argmax_avx2(const float *row, int64_t n) {
 
 int pg_argmax_rows(const float *x, int64_t T, int64_t n, int64_t *out, int avx2) {
     if (T < 0 || n <= 0) return PG_BAD_SHAPE;
-    if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
+    if (pg_cpu_lacks(avx2)) return PG_NO_AVX2;
     for (int64_t t = 0; t < T; t++) {
 #if PG_X86
         if (avx2) {

@@ -157,7 +157,7 @@ static void quantize_rows(const float *x, int64_t T, int64_t K, int16_t *q, floa
 int pg_quantize_activations(const float *x, int64_t T, int64_t K, int16_t *q, float *xd,
                             float *xs, int avx2) {
     if (T < 0 || K <= 0 || K % QK) return PG_BAD_SHAPE;
-    if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
+    if (pg_cpu_lacks(avx2)) return PG_NO_AVX2;
     quantize_rows(x, T, K, q, xd, xs, avx2);
     return PG_OK;
 }
@@ -536,6 +536,10 @@ void pg_product_rows(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *
                      int avx2) {
     float *dw = scratch, *mw = scratch + TILE_N * p->nb;
 #if PG_X86
+    if (avx2 >= PG_AVX512 && p->xf) {
+        pg_float_rows_avx512(p, q4_1, n0, n1);
+        return;
+    }
     if (avx2) {
         product_rows_avx2(p, q4_1, n0, n1, dw, mw);
         return;
@@ -550,7 +554,7 @@ void pg_product_rows(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *
  * thread owns rows n0..n1). */
 static int run(Problem *p, const float *x, int nthreads, int avx2, int q4_1) {
     if (p->N <= 0 || p->T < 0 || p->K <= 0 || p->K % QK) return PG_BAD_SHAPE;
-    if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
+    if (pg_cpu_lacks(avx2)) return PG_NO_AVX2;
     if (p->T == 0) return PG_OK;
     if (nthreads < 1) nthreads = 1;
     if ((int64_t)nthreads > p->N) nthreads = (int)p->N;
@@ -630,7 +634,7 @@ AVX2 static void dequantize_rows_avx2(const Problem *p, int q4_1, int64_t n0, in
 
 static int dequantize(Problem *p, float *out, int nthreads, int avx2, int q4_1) {
     if (p->N <= 0 || p->K <= 0 || p->K % QK) return PG_BAD_SHAPE;
-    if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
+    if (pg_cpu_lacks(avx2)) return PG_NO_AVX2;
     p->nb = p->K / QK;
     if (nthreads < 1) nthreads = 1;
 #pragma omp parallel for schedule(static) num_threads(nthreads)

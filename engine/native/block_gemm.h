@@ -38,7 +38,17 @@ typedef struct {
     float *y;         /* [T, N] */
 } Problem;
 
+/* Float products of weight rows n0..n1 (p->xf set) in AVX-512 panels (panels_avx512.c). */
+void pg_float_rows_avx512(const Problem *p, int q4_1, int64_t n0, int64_t n1);
+
 int pg_cpu_has_avx2(void);
+/* AVX-512F besides AVX2 (panels_avx512.c). The `avx2` argument of the entry points is a level:
+ * 0 the portable code, 1 AVX2, PG_AVX512 (2) AVX2 and AVX-512 float panels. */
+int pg_cpu_has_avx512(void);
+#define PG_AVX512 2
+static inline int pg_cpu_lacks(int avx2) {
+    return (avx2 && !pg_cpu_has_avx2()) || (avx2 >= PG_AVX512 && !pg_cpu_has_avx512());
+}
 
 /* IEEE half <-> float, portable (any CPU). */
 static inline float pg_half_to_float(uint16_t h) {

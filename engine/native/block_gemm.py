@@ -1,9 +1,10 @@
 """Typed ctypes bindings of `block_gemm.c`: y [T, N] = x [T, K] @ W.T for Q4_1 / Q8_0 blocks
 (and of `argmax.c`: greedy sampling's argmax over logit rows).
 
-`BlockGemm(lib, avx2=...)` wraps a loaded library; `native_gemm()` is the process-wide one the
-engine uses (None when the library is off or cannot be built). Wrappers check dtypes, shapes
-and contiguity before handing raw pointers to C; argtypes are set once per library.
+`BlockGemm(lib, avx2=..., avx512=...)` wraps a loaded library; `native_gemm()` is the
+process-wide one the engine uses (None when the library is off or cannot be built). Wrappers
+check dtypes, shapes and contiguity before handing raw pointers to C; argtypes are set once per
+library.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from engine.native.build import NativeSettings, load_library
 from engine.quant_blocks import QK, Q4_1Blocks, Q8_0Blocks
 
 # The C functions' status codes (block_gemm.h); 4, a workspace too small, is handled by callers.
-_ERRORS = {1: "bad shape or index", 2: "out of memory", 3: "the CPU has no AVX2/FMA/F16C"}
+_ERRORS = {1: "bad shape or index", 2: "out of memory",
+           3: "the CPU lacks the instructions asked for (AVX2/FMA/F16C, AVX-512F)"}
 NEED_WORKSPACE = 4
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
@@ -35,6 +37,7 @@ class QuantizedActivations(NamedTuple):
 
 def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_cpu_has_avx2.argtypes, lib.pg_cpu_has_avx2.restype = [], _INT
+    lib.pg_cpu_has_avx512.argtypes, lib.pg_cpu_has_avx512.restype = [], _INT
     lib.pg_float_tile_rows.argtypes, lib.pg_float_tile_rows.restype = [], _INT
     lib.pg_quantize_activations.argtypes = [_P, _I64, _I64, _P, _P, _P, _INT]
     lib.pg_quantize_activations.restype = _INT
@@ -46,7 +49,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_q4_1_dequantize.restype = _INT
     lib.pg_q8_0_dequantize.argtypes = [_P, _P, _I64, _I64, _P, _INT, _INT]
     lib.pg_q8_0_dequantize.restype = _INT
-    # model, step, hidden, workspace, workspace bytes (in/out), threads, avx2
+    # model, step, hidden, workspace, workspace bytes (in/out), threads, level
     lib.pg_decode_step.argtypes = [_P, _P, _P, _P, ctypes.POINTER(_I64), _INT, _INT]
     lib.pg_decode_step.restype = _INT
     lib.pg_halves_from_floats.argtypes, lib.pg_halves_from_floats.restype = [_P, _I64, _P], None
@@ -89,14 +92,20 @@ def bind(blocks: Q4_1Blocks | Q8_0Blocks) -> BoundWeight:
 
 
 class BlockGemm:
-    """The native block-quantized products of one loaded library, AVX2 or scalar code."""
+    """The native block-quantized products of one loaded library: scalar code, AVX2, or AVX2
+    with the float panels (two or more activation rows) in AVX-512."""
 
-    def __init__(self, lib: ctypes.CDLL, *, avx2: bool) -> None:
+    def __init__(self, lib: ctypes.CDLL, *, avx2: bool, avx512: bool = False) -> None:
         _declare(lib)
         if avx2 and not lib.pg_cpu_has_avx2():
             raise ValueError("avx2=True on a CPU without AVX2/FMA/F16C")
+        if avx512 and not (avx2 and lib.pg_cpu_has_avx512()):
+            raise ValueError("avx512=True needs avx2=True and a CPU with AVX-512F")
         self._lib = lib
         self.avx2 = avx2
+        self.avx512 = avx512
+        # the C entry points' `avx2` argument: 0 portable, 1 AVX2, 2 AVX2 + AVX-512 panels
+        self.level = 2 if avx512 else int(avx2)
         # from this many rows of x on, products multiply float x by dequantized weight blocks
         self.float_tile_rows: int = lib.pg_float_tile_rows()
         self._q4_1 = lib.pg_q4_1_matmul
@@ -105,9 +114,22 @@ class BlockGemm:
 
     @classmethod
     def best(cls, lib: ctypes.CDLL) -> BlockGemm:
-        """AVX2 code when the CPU has it, else the scalar code."""
+        """The widest code the CPU runs: AVX-512 panels, AVX2, else the scalar code."""
         _declare(lib)
-        return cls(lib, avx2=bool(lib.pg_cpu_has_avx2()))
+        avx2 = bool(lib.pg_cpu_has_avx2())
+        return cls(lib, avx2=avx2, avx512=avx2 and bool(lib.pg_cpu_has_avx512()))
+
+    @classmethod
+    def named(cls, lib: ctypes.CDLL, path: str) -> BlockGemm | None:
+        """The code path `path` ("scalar", "avx2" or "avx512"), None when the CPU lacks it."""
+        best = cls.best(lib)
+        if path == "scalar":
+            return cls(lib, avx2=False)
+        if path == "avx2":
+            return cls(lib, avx2=True) if best.avx2 else None
+        if path == "avx512":
+            return best if best.avx512 else None
+        raise ValueError(f"unknown code path {path!r}")
 
     def matmul(self, w: BoundWeight, x: Tensor, threads: int) -> Tensor:
         """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16 below
@@ -115,7 +137,7 @@ class BlockGemm:
         x = _activations(x, w.in_features)
         y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
         run = self._q4_1 if isinstance(w.blocks, Q4_1Blocks) else self._q8_0
-        status = run(*w.args, x.data_ptr(), x.shape[0], y.data_ptr(), threads, self.avx2)
+        status = run(*w.args, x.data_ptr(), x.shape[0], y.data_ptr(), threads, self.level)
         if status:
             check_status(status, "matmul")
         return y
@@ -128,7 +150,7 @@ class BlockGemm:
         logits = _activations(logits, logits.shape[1])
         out = torch.empty(logits.shape[0], dtype=torch.int64)
         status = self._argmax(logits.data_ptr(), logits.shape[0], logits.shape[1],
-                              out.data_ptr(), self.avx2)
+                              out.data_ptr(), self.level)
         check_status(status, "argmax")
         return out
 
@@ -149,11 +171,11 @@ class BlockGemm:
                 k,
                 out.data_ptr(),
                 threads,
-                self.avx2,
+                self.level,
             )
         else:
             status = self._lib.pg_q8_0_dequantize(
-                w.codes.data_ptr(), w.scales.data_ptr(), n, k, out.data_ptr(), threads, self.avx2
+                w.codes.data_ptr(), w.scales.data_ptr(), n, k, out.data_ptr(), threads, self.level
             )
         check_status(status, "dequantization")
         return out
@@ -174,7 +196,7 @@ class BlockGemm:
         codes = torch.empty(t, k, dtype=torch.int16)
         scales, sums = torch.empty(t, k // QK), torch.empty(t, k // QK)
         status = self._lib.pg_quantize_activations(
-            x.data_ptr(), t, k, codes.data_ptr(), scales.data_ptr(), sums.data_ptr(), self.avx2
+            x.data_ptr(), t, k, codes.data_ptr(), scales.data_ptr(), sums.data_ptr(), self.level
         )
         check_status(status, "activation quantization")
         return QuantizedActivations(codes, scales, sums)
@@ -186,6 +208,8 @@ def native_gemm() -> BlockGemm | None:
     lib = load_library()
     if lib is None:
         return None
-    if NativeSettings.from_env().mode == "scalar":
+    mode = NativeSettings.from_env().mode
+    if mode == "scalar":
         return BlockGemm(lib, avx2=False)
-    return BlockGemm.best(lib)
+    best = BlockGemm.best(lib)
+    return BlockGemm(lib, avx2=True) if mode == "avx2" and best.avx2 else best

@@ -9,8 +9,9 @@ kernels share one thread pool. Nothing is downloaded; with no compiler, or
 `PREFIXGATE_NATIVE_GEMM=off`, `load_library()` returns None and the engine keeps torch's kernels
 (one warning in the log says why).
 
-`PREFIXGATE_NATIVE_GEMM`: "auto" (default: AVX2 when the CPU has it, else the scalar code),
-"scalar" (force the portable code) or "off" (no native library).
+`PREFIXGATE_NATIVE_GEMM`: "auto" (default: the widest code the CPU runs: AVX-512 float panels
+beside AVX2, AVX2, else the scalar code), "avx2" (no AVX-512), "scalar" (force the portable
+code) or "off" (no native library).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from typing import Literal, get_args
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "block_gemm.c", HERE / "decode_step.c", HERE / "argmax.c")
+SOURCES = (HERE / "block_gemm.c", HERE / "panels_avx512.c", HERE / "decode_step.c",
+           HERE / "argmax.c")
 HEADERS = (HERE / "block_gemm.h",)
-NativeMode = Literal["auto", "scalar", "off"]
+NativeMode = Literal["auto", "avx2", "scalar", "off"]
 NATIVE_MODES: tuple[str, ...] = get_args(NativeMode)
 _CFLAGS = ("-O3", "-fPIC", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-Werror")
 

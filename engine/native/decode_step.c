@@ -522,7 +522,7 @@ int pg_decode_step(const PgModel *m, const PgStep *s, float *hidden, void *work,
     int status = check_model(m);
     if (status == PG_OK) status = check_step(m, s);
     if (status != PG_OK) return status;
-    if (avx2 && !pg_cpu_has_avx2()) return PG_NO_AVX2;
+    if (pg_cpu_lacks(avx2)) return PG_NO_AVX2;
     if (nthreads < 1) nthreads = 1;
     int64_t T = s->T, H = m->hidden, D = m->head_dim, Hq = m->num_heads, F = m->intermediate;
     int64_t width = (Hq + 2 * m->num_kv_heads) * D, widest = max3(H, Hq * D, F);

@@ -12,17 +12,15 @@ from engine.native import BlockGemm, load_library
 from engine.sampler import Sampler, SamplingRow
 
 
-@pytest.fixture(scope="module", params=["scalar", "avx2"])
+@pytest.fixture(scope="module", params=["scalar", "avx2", "avx512"])
 def gemm(request: pytest.FixtureRequest) -> BlockGemm:
     lib = load_library()
     if lib is None:
         pytest.fail("the native library did not build (gcc is required for the tests)")
-    if request.param == "scalar":
-        return BlockGemm(lib, avx2=False)
-    best = BlockGemm.best(lib)
-    if not best.avx2:
-        pytest.skip("this CPU has no AVX2/FMA/F16C")
-    return best
+    found = BlockGemm.named(lib, request.param)
+    if found is None:
+        pytest.skip(f"this CPU cannot run the {request.param} code")
+    return found
 
 
 def _rows(width: int) -> torch.Tensor:

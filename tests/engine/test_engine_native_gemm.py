@@ -3,7 +3,7 @@
 Reference: the weights dequantized by the `gguf` library from the blocks' GGUF bytes, times the
 activations in float64: below the library's float-tile row count quantized per block of 32 to
 int16 by torch (max|x| / 32767, round half to even), from there on as they are.
-Both the AVX2 and the scalar code, T in {1, 2, 3, 9, 17} (int16 and float tiles, partial
+The scalar, AVX2 and AVX-512 code, T in {1, 2, 3, 7, 9, 17} (int16 and float tiles, partial
 tiles), odd out_features.
 """
 
@@ -32,7 +32,7 @@ from engine.quant_blocks import (
 # (out_features, in_features); (11, 1600): rows in three K chunks of the float panels, and
 # panels of 6, 4 and 1 weight rows
 SHAPES = [(33, 64), (7, 96), (130, 32), (5, 576), (11, 1600)]
-ROWS = [1, 2, 3, 9, 17]
+ROWS = [1, 2, 3, 7, 9, 17]  # AVX-512 tiles of 4, 2 and 1 activation rows
 GGML_TYPE = {Q4_1Blocks: GGMLQuantizationType.Q4_1, Q8_0Blocks: GGMLQuantizationType.Q8_0}
 QUANTIZERS = {"q4_1": quantize_q4_1, "q8_0": quantize_q8_0}
 
@@ -45,20 +45,21 @@ def library() -> object:
     return lib
 
 
+PATHS = ["scalar", "avx2", "avx512"]
+
+
 def _gemms(lib: object) -> list[BlockGemm]:
-    scalar = BlockGemm(lib, avx2=False)  # type: ignore[arg-type]
-    best = BlockGemm.best(lib)  # type: ignore[arg-type]
-    return [scalar, best] if best.avx2 else [scalar]
+    """Every code path this CPU runs."""
+    found = [BlockGemm.named(lib, path) for path in PATHS]  # type: ignore[arg-type]
+    return [g for g in found if g is not None]
 
 
-@pytest.fixture(scope="module", params=["scalar", "avx2"])
+@pytest.fixture(scope="module", params=PATHS)
 def gemm(request: pytest.FixtureRequest, library: object) -> BlockGemm:
-    if request.param == "scalar":
-        return BlockGemm(library, avx2=False)  # type: ignore[arg-type]
-    best = BlockGemm.best(library)  # type: ignore[arg-type]
-    if not best.avx2:
-        pytest.skip("this CPU has no AVX2/FMA/F16C")
-    return best
+    found = BlockGemm.named(library, request.param)  # type: ignore[arg-type]
+    if found is None:
+        pytest.skip(f"this CPU cannot run the {request.param} code")
+    return found
 
 
 def reference_weight(blocks: QuantBlocks) -> np.ndarray:

@@ -107,22 +107,23 @@ class Pages:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["kv32", "kv16"])
-@pytest.mark.parametrize("avx2", [True, False], ids=["avx2", "scalar"])
+@pytest.mark.parametrize("path", ["avx512", "avx2", "scalar"])
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 @pytest.mark.parametrize(("head_dim", "layout"), [(32, "interleaved"), (16, "half")])
 def test_native_step_equals_the_torch_path(
-    avx2: bool, quantization: str, head_dim: int, layout: str, kv_dtype: torch.dtype
+    path: str, quantization: str, head_dim: int, layout: str, kv_dtype: torch.dtype
 ) -> None:
     """Over a float32 cache, or a float16 one (K and V rounded when stored, by both paths)."""
     lib = load_library()
     assert lib is not None
-    if avx2 and not BlockGemm.best(lib).avx2:
-        pytest.skip("CPU without AVX2")
+    gemm = BlockGemm.named(lib, path)
+    if gemm is None:
+        pytest.skip(f"CPU without {path}")
     model = _model(head_dim, layout, quantization)
     # contexts: none, within one page, past one run of 128 keys, past two runs
     pages = Pages(model, [0, 5, 130, 300], seed=head_dim, kv_dtype=kv_dtype)
     reference = pages.copy()
-    native = NativeDecoder(model, BlockGemm(lib, avx2=avx2), pages.k, pages.v)
+    native = NativeDecoder(model, gemm, pages.k, pages.v)
     for step in range(3):  # consecutive steps read what the previous ones stored
         meta, ids, pos = pages.decode_inputs(seed=step)
         assert native.accepts(meta, ids.shape[0])
