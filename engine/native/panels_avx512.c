@@ -1,16 +1,20 @@
-/* Float panels in AVX-512: the products of two or more activation rows (batched decode,
- * verifies) on a CPU with AVX-512F, Q4_1 and Q8_0 alike.
+/* Float products in AVX-512: two or more activation rows (batched decode, verifies) on a CPU
+ * with AVX-512F, Q4_1 and Q8_0 alike. The activations are the float rows themselves (not
+ * rounded), as in every float-tile product; each weight is dequantized (d * q + m, one
+ * rounding, as the other paths) once per product and used by every activation row.
  *
- * The same algorithm as block_gemm.c's AVX2 panels, twice as wide: PANEL_ROWS weight rows are
- * dequantized (w = d * q + m, one rounding, as the other paths) into a panel that stays in L1,
- * step s (16 inputs) of row r at w[(s * PANEL_ROWS + r) * 16], then a register tile of
- * PANEL_ROWS weight rows x TILE_COLS activation rows runs over it: 24 accumulators of 16
- * lanes, per step 4 activation loads and 6 weight loads feed 24 multiply-adds. The activations
- * are the float rows themselves (not rounded), as in every float-tile product.
+ * Up to FUSED_ROWS (8) activation rows: fused tiles. A tile of a few weight rows x every
+ * activation row runs over the whole of K; each weight block is dequantized in registers and
+ * multiplied at once. From 9 rows on: panels, as block_gemm.c's AVX2 ones but 16 lanes wide:
+ * PANEL_ROWS weight rows dequantized into an L1 panel, then register tiles of 6 weight rows x 4
+ * activation rows over it. Both prefetch the next tile's codes (the LM head comes from
+ * memory).
  *
- * Why: on this machine's CPU (an AVX-512 EPYC) one thread's multiply-adds from L1 run at 31
- * GMAC/s in 16 lanes against 17 in AVX2's 8 (a 6 x 2 tile over a 768-input panel, measured
- * side by side), and a batched decode step is bound by these products, not by weight bytes.
+ * Measured side by side, 2 threads, SmolLM2's shapes at 8 rows (benchmarks/
+ * bench_batched_decode.py): AVX2 panels -> AVX-512 panels 1.3-1.7x, panels -> fused tiles a
+ * further 1.14-1.28x (at 2 and 4 rows 1.3-1.5x: a panel is stored and loaded back for too few
+ * rows to pay for it). One thread's multiply-adds from L1 on this CPU: 31 GMAC/s in 16 lanes
+ * against 17 in AVX2's 8.
  */
 #include "block_gemm.h"
 
@@ -36,12 +40,34 @@ int pg_cpu_has_avx512(void) {
 #endif
 }
 
-/* Weight rows n..n+rn (rn <= PANEL_ROWS), blocks b0..b1, dequantized into the panel. A Q4_1
- * block's 16 code bytes hold elements 0..15 in their low nibbles and 16..31 in their high
- * ones: one widening gives both steps of the block. */
+/* Block b of the weight row starting at block `row` as two vectors of 16 values: for Q4_1
+ * d * q + m looked up by code (a block's 16 code bytes hold elements 0..15 in their low
+ * nibbles, 16..31 in their high ones; a permute reads an index's low 4 bits, so the low
+ * nibble needs no mask), for Q8_0 d * q. One rounding per value, as every other path. */
+AVX512_INLINE void dequantize_block(const Problem *p, int q4_1, int64_t row, int64_t b,
+                                    __m512 w[2]) {
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(p->d[row + b]));
+    if (q4_1) {
+        const __m512 codes16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                              14, 15);
+        const __m512 values = _mm512_fmadd_ps(d, codes16,
+                                              _mm512_set1_ps(_cvtsh_ss(p->m[row + b])));
+        const __m128i c = _mm_loadu_si128((const __m128i *)(p->codes + (row + b) * 16));
+        const __m512i q = _mm512_cvtepu8_epi32(c);
+        w[0] = _mm512_permutexvar_ps(q, values);
+        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values);
+    } else {
+        const int8_t *c = (const int8_t *)p->codes + (row + b) * QK;
+        for (int i = 0; i < 2; i++) {
+            const __m128i q8 = _mm_loadu_si128((const __m128i *)(c + LANES * i));
+            w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)));
+        }
+    }
+}
+
+/* Weight rows n..n+rn (rn <= PANEL_ROWS), blocks b0..b1, dequantized into the panel. */
 AVX512_INLINE void dequantize_panel(const Problem *p, int q4_1, int64_t n, int rn, int64_t b0,
                                     int64_t b1, float *w) {
-    const __m512i low = _mm512_set1_epi32(0x0f);
     const int64_t block_bytes = q4_1 ? 16 : QK;
     for (int r = 0; r < rn; r++) {
         const int64_t row = (n + r) * p->nb;
@@ -50,24 +76,11 @@ AVX512_INLINE void dequantize_panel(const Problem *p, int q4_1, int64_t n, int r
         const int64_t ahead = (n + r + PANEL_ROWS < p->N ? n + r + PANEL_ROWS : n + r) * p->nb;
         for (int64_t b = b0; b < b1; b++) {
             _mm_prefetch((const char *)(p->codes + (ahead + b) * block_bytes), _MM_HINT_T0);
-            const __m512 d = _mm512_set1_ps(_cvtsh_ss(p->d[row + b]));
+            __m512 v[2];
+            dequantize_block(p, q4_1, row, b, v);
             float *out = w + ((b - b0) * 2 * PANEL_ROWS + r) * LANES;
-            if (q4_1) {
-                const __m512 m = _mm512_set1_ps(_cvtsh_ss(p->m[row + b]));
-                const __m128i c = _mm_loadu_si128((const __m128i *)(p->codes + (row + b) * 16));
-                const __m512i q = _mm512_cvtepu8_epi32(c);
-                _mm512_store_ps(out, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(
-                                                            _mm512_and_si512(q, low)), m));
-                _mm512_store_ps(out + PANEL_ROWS * LANES,
-                                _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), m));
-            } else {
-                const int8_t *c = (const int8_t *)p->codes + (row + b) * QK;
-                for (int i = 0; i < 2; i++) {
-                    const __m128i q8 = _mm_loadu_si128((const __m128i *)(c + LANES * i));
-                    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8));
-                    _mm512_store_ps(out + i * PANEL_ROWS * LANES, _mm512_mul_ps(d, v));
-                }
-            }
+            _mm512_store_ps(out, v[0]);
+            _mm512_store_ps(out + PANEL_ROWS * LANES, v[1]);
         }
     }
 }
@@ -89,11 +102,25 @@ AVX512_INLINE void panel_tile(const float *w, int rn, const float *x, int64_t K,
             for (int t = 0; t < tc; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
         }
     }
-    for (int t = 0; t < tc; t++)
-        for (int r = 0; r < rn; r++) {
-            const float sum = _mm512_reduce_add_ps(acc[r][t]);
-            y[t * N + r] = add ? y[t * N + r] + sum : sum;
+    for (int t = 0; t < tc; t++) {
+        float *out = y + t * N;
+        int r = 0;
+        for (; r + 4 <= rn; r += 4) { /* four rows' sums side by side, stored as one vector */
+            __m256 h[4];
+            for (int i = 0; i < 4; i++)
+                h[i] = _mm256_add_ps(_mm512_castps512_ps256(acc[r + i][t]),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                         _mm512_castps_pd(acc[r + i][t]), 1)));
+            const __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
+            if (add) s4 = _mm_add_ps(s4, _mm_loadu_ps(out + r));
+            _mm_storeu_ps(out + r, s4);
         }
+        for (; r < rn; r++) {
+            const float sum = _mm512_reduce_add_ps(acc[r][t]);
+            out[r] = add ? out[r] + sum : sum;
+        }
+    }
 }
 
 /* Panel rows (rn of them) against every activation row: tiles of 4, then 2, then 1. */
@@ -112,7 +139,67 @@ AVX512_INLINE void panel_rows(const Problem *p, const float *w, int rn, int64_t 
     if (t < p->T) panel_tile(w, rn, x + t * K, K, 1, steps, y + t * N, N, add);
 }
 
+/* Fused tiles, for at most FUSED_ROWS activation rows: rn weight rows x tc activation rows
+ * (rn * tc <= 24 accumulators) over the whole of K, each weight block dequantized in
+ * registers and used at once by every activation row. Every weight is dequantized once, as in
+ * a panel, but never stored and loaded back, and each sum is reduced once per row, not once
+ * per K chunk. */
+#define FUSED_ROWS 8
+
+AVX512_INLINE void fused_tile(const Problem *p, int q4_1, int64_t n, int rn, int tc) {
+    __m512 acc[6][FUSED_ROWS];
+    for (int r = 0; r < rn; r++)
+        for (int t = 0; t < tc; t++) acc[r][t] = _mm512_setzero_ps();
+    const int64_t block_bytes = q4_1 ? 16 : QK, K = p->K;
+    const int64_t ahead = (n + 2 * rn <= p->N ? n + rn : n) * p->nb;
+    for (int64_t b = 0; b < p->nb; b++) {
+        __m512 w[6][2];
+        for (int r = 0; r < rn; r++) {
+            /* the next tile's codes, while this one is multiplied (the LM head is read from
+             * memory) */
+            _mm_prefetch((const char *)(p->codes + (ahead + r * p->nb + b) * block_bytes),
+                         _MM_HINT_T0);
+            dequantize_block(p, q4_1, (n + r) * p->nb, b, w[r]);
+        }
+        for (int h = 0; h < 2; h++) {
+            for (int t = 0; t < tc; t++) {
+                const __m512 xv = _mm512_loadu_ps(p->xf + t * K + b * QK + h * LANES);
+                for (int r = 0; r < rn; r++) acc[r][t] = _mm512_fmadd_ps(w[r][h], xv, acc[r][t]);
+            }
+        }
+    }
+    for (int t = 0; t < tc; t++)
+        for (int r = 0; r < rn; r++) p->y[t * p->N + n + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* Weight rows n0..n1 against tc (constant) activation rows in fused tiles of rn rows. */
+AVX512_INLINE void fused_rows(const Problem *p, int q4_1, int64_t n0, int64_t n1, int rn,
+                              int tc) {
+    int64_t n = n0;
+    for (; n + rn <= n1; n += rn) fused_tile(p, q4_1, n, rn, tc);
+    for (; n < n1; n++) fused_tile(p, q4_1, n, 1, tc);
+}
+
+AVX512_INLINE void fused_products(const Problem *p, int q4_1, int64_t n0, int64_t n1) {
+    /* tiles whose accumulators and weight vectors fit the 32 registers (at 8 rows, 2 x 8
+     * measured up to 8% faster than 3 x 8, which leaves too few for the rest) */
+    switch (p->T) {
+    case 2: fused_rows(p, q4_1, n0, n1, 6, 2); break;
+    case 3: fused_rows(p, q4_1, n0, n1, 4, 3); break;
+    case 4: fused_rows(p, q4_1, n0, n1, 4, 4); break;
+    case 5: fused_rows(p, q4_1, n0, n1, 3, 5); break;
+    case 6: fused_rows(p, q4_1, n0, n1, 3, 6); break;
+    case 7: fused_rows(p, q4_1, n0, n1, 2, 7); break;
+    default: fused_rows(p, q4_1, n0, n1, 2, 8); break;
+    }
+}
+
 AVX512 void pg_float_rows_avx512(const Problem *p, int q4_1, int64_t n0, int64_t n1) {
+    if (p->T <= FUSED_ROWS) {
+        if (q4_1) fused_products(p, 1, n0, n1);
+        else fused_products(p, 0, n0, n1);
+        return;
+    }
     float panel[PANEL_ROWS * PANEL_BLOCKS * QK] __attribute__((aligned(64)));
     const int64_t chunks = (p->nb + PANEL_BLOCKS - 1) / PANEL_BLOCKS;
     const int64_t per = (p->nb + chunks - 1) / chunks;

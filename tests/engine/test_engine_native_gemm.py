@@ -3,7 +3,7 @@
 Reference: the weights dequantized by the `gguf` library from the blocks' GGUF bytes, times the
 activations in float64: below the library's float-tile row count quantized per block of 32 to
 int16 by torch (max|x| / 32767, round half to even), from there on as they are.
-The scalar, AVX2 and AVX-512 code, T in {1, 2, 3, 7, 9, 17} (int16 and float tiles, partial
+The scalar, AVX2 and AVX-512 code, T in 1..9 and 17 (int16 and float tiles, partial
 tiles), odd out_features.
 """
 
@@ -32,7 +32,7 @@ from engine.quant_blocks import (
 # (out_features, in_features); (11, 1600): rows in three K chunks of the float panels, and
 # panels of 6, 4 and 1 weight rows
 SHAPES = [(33, 64), (7, 96), (130, 32), (5, 576), (11, 1600)]
-ROWS = [1, 2, 3, 7, 9, 17]  # AVX-512 tiles of 4, 2 and 1 activation rows
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]  # AVX-512: fused tiles up to 8 rows, panels past it
 GGML_TYPE = {Q4_1Blocks: GGMLQuantizationType.Q4_1, Q8_0Blocks: GGMLQuantizationType.Q8_0}
 QUANTIZERS = {"q4_1": quantize_q4_1, "q8_0": quantize_q8_0}
 
