@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.native import BlockGemm, NativeBuildError, build_library, load_library
-from engine.native.block_gemm import bind
+from engine.native.block_gemm import bind, native_gemm
 from engine.native.build import NativeSettings
 from engine.quant_blocks import (
     Q4_1Blocks,
@@ -194,3 +194,25 @@ def test_settings_reject_unknown_mode(monkeypatch: pytest.MonkeyPatch) -> None:
         NativeSettings.from_env()
     monkeypatch.setenv("PREFIXGATE_NATIVE_GEMM", "off")
     assert load_library.__wrapped__() is None
+
+
+@pytest.mark.parametrize(("mode", "want"), [("auto", None), ("avx2", "avx2"), ("scalar", "scalar")])
+def test_settings_choose_the_code_path(
+    monkeypatch: pytest.MonkeyPatch, library: object, mode: str, want: str | None
+) -> None:
+    """"auto" takes the widest code the CPU runs; "avx2" keeps AVX-512 off; "scalar" both."""
+    best = BlockGemm.best(library)  # type: ignore[arg-type]
+    monkeypatch.setenv("PREFIXGATE_NATIVE_GEMM", mode)
+    native_gemm.cache_clear()
+    try:
+        got = native_gemm()
+    finally:
+        monkeypatch.undo()
+        native_gemm.cache_clear()
+    assert got is not None
+    if want is None:
+        assert (got.avx2, got.avx512, got.level) == (best.avx2, best.avx512, best.level)
+    elif want == "avx2":
+        assert (got.avx2, got.avx512, got.level) == (best.avx2, False, int(best.avx2))
+    else:
+        assert (got.avx2, got.avx512, got.level) == (False, False, 0)
