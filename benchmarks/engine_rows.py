@@ -235,29 +235,35 @@ def decode_rows(
 
 
 def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
-                kv: str = "auto", repeats: int = 3) -> list[Row]:
+                kv: str = "auto", repeats: int = 4) -> list[Row]:
     """1/4/8 concurrent decode streams: aggregate tokens/s (llama.cpp: sequential streams).
-    `repeats` rounds, each running every stream count (and llama.cpp's beside it) and timing
-    the products' ceiling once, so that drift in the machine's speed (a shared VM's two vCPUs
-    are not always two cores) hits every row of a round alike; each row's rate is its median,
-    its ratio to one stream the median of the rounds' own ratios."""
+    `repeats` rounds, each running every stream count of the engine, then of llama.cpp, the
+    counts in alternating order (1 4 8, 8 4 1), so that drift in the machine's speed (a shared
+    VM's two vCPUs are not always two cores) hits every row of a round alike; each row's rate
+    is its median, its ratio to one stream the median of the rounds' own ratios. The products'
+    ceiling is timed after the rounds, once per round."""
     c = loaded.config
     shape, counts = (2 * c.intermediate_size, c.hidden_size), (1, 4, 8)
     rates: dict[int, list[float]] = {n: [] for n in counts}
     llama: dict[int, list[float]] = {n: [] for n in counts}
     ceilings: list[ProductRate] = []
-    for _ in range(repeats):
-        for streams in counts:
+    for i in range(repeats):
+        order = counts if i % 2 == 0 else counts[::-1]  # 1 4 8, 8 4 1, ...: drift cancels
+        for streams in order:
             rates[streams].append(engine_decode(loaded, streams, tokens, kv))
-            if lcpp is not None:
+        if lcpp is not None:
+            for streams in order:
                 llama[streams].append(1.0 / lcpp.tpot(text_ids(loaded, 32, streams), tokens))
+    # after the rounds: timed between them, the products slowed the next round's one stream by
+    # 10-15% (bench_batched_decode), which flattered the ratios to one stream
+    for _ in range(repeats):
         ceilings.append(product_rate(torch.get_num_threads(), shape))
     ceiling = [r.flops / token_flops(loaded) for r in ceilings]
     ceiling_note = (f"; the products' ceiling {statistics.median(ceiling):.0f} tok/s = "
                     f"{_paired(ceiling, rates[1]):.2f}x one stream ({ceilings[0].source} at 8 "
                     "rows of the gate/up product: "
                     f"{statistics.median(r.flops for r in ceilings) / 1e9:.0f} GFLOP/s in cache, "
-                    "timed in each round)")
+                    "timed once per round after the rounds)")
     rows = []
     for streams in counts:
         row = Row(f"decode, {streams} streams", "tok/s", statistics.median(rates[streams]),

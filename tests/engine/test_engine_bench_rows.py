@@ -24,25 +24,33 @@ def test_token_flops_counts_every_projection_weight_twice(loaded_model: LoadedMo
 def test_stream_rows_compare_each_row_with_one_stream_and_the_products_ceiling(
     loaded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rounds: every stream count and the ceiling once per round; each row's ratio is the
-    median of its rounds' own ratios (here round 2 runs twice as fast for every row, so the
-    rows' ratios stay those of one round while their rates' medians move)."""
+    """Rounds: every stream count once per round, in alternating order, the ceiling timed
+    once per round after them; each row's ratio is the median of its rounds' own ratios (here
+    round 2 runs twice as fast for every row, so the rows' ratios stay those of one round while
+    their rates' medians move)."""
     speed = iter([1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0])
     rates = {1: 80.0, 4: 200.0, 8: 320.0}
-    monkeypatch.setattr(engine_rows, "engine_decode",
-                        lambda loaded, streams, tokens, kv: rates[streams] * next(speed))
+    calls: list[int] = []
+
+    def decode(loaded: object, streams: int, tokens: int, kv: str) -> float:
+        calls.append(streams)
+        return rates[streams] * next(speed)
+
+    monkeypatch.setattr(engine_rows, "engine_decode", decode)
     flops = iter([1e11, 2e11, 1e11])
     monkeypatch.setattr(engine_rows, "product_rate", lambda threads, shape: engine_rows.ProductRate(
         next(flops), "native float panels"))
     rows = engine_rows.stream_rows(loaded_model, None, tokens=4, repeats=3)
     ceiling = 1e11 / token_flops(loaded_model)
+    assert calls == [1, 4, 8, 8, 4, 1, 1, 4, 8]
     assert [r.engine for r in rows] == [80.0, 200.0, 320.0]
     assert rows[0].note == "1.00x one stream; median of 3 rounds"
     assert rows[1].note.startswith("2.50x one stream")
     assert rows[2].note.startswith("4.00x one stream; median of 3 rounds; the products' ceiling "
                                    f"{ceiling:.0f} tok/s = {ceiling / 80:.2f}x one stream "
                                    "(native float panels at 8 rows of the gate/up product: "
-                                   "100 GFLOP/s in cache, timed in each round)")
+                                   "100 GFLOP/s in cache, timed once per round after the "
+                                   "rounds)")
 
 
 def test_product_rate_names_the_kernels_it_timed() -> None:
