@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.engine_rows import engine_decode  # noqa: E402
+from benchmarks.engine_rows import best_seconds, engine_decode  # noqa: E402
 from engine.loader import LoadedModel, load_model  # noqa: E402
 from engine.native import native_gemm  # noqa: E402
 from engine.native.block_gemm import BlockGemm, bind  # noqa: E402
@@ -81,14 +81,7 @@ def product_ms(gemm: BlockGemm, threads: int, rows: int, repeats: int) -> dict[s
         w = torch.randn(n, k, generator=g) * 0.05
         bound = bind(quantize_q4_1(w) if grid == "q4_1" else quantize_q8_0(w))
         x = torch.randn(rows, k, generator=g)
-        for _ in range(3):
-            gemm.matmul(bound, x, threads)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            gemm.matmul(bound, x, threads)
-            best = min(best, time.perf_counter() - t0)
-        out[name] = best * 1e3
+        out[name] = best_seconds(functools.partial(gemm.matmul, bound, x, threads), repeats) * 1e3
     return out
 
 

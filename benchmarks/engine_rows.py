@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -78,8 +79,8 @@ def product_rate(threads: int, shape: tuple[int, int], rows: int = 8, repeats: i
     the native float products (`engine/native/block_gemm.c`, `panels_avx512.c`: the kernels
     that step runs) on a Q4_1 weight of `shape` (out, in: the model's gate/up projection)
     times `rows` float32 rows, best of `repeats` with weights and rows in cache, so an upper
-    bound for the step;
-    torch's float32 product of the same shape where the native library is off."""
+    bound for the step; torch's float32 product of the same shape where the native library is
+    off."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -98,16 +99,21 @@ def product_rate(threads: int, shape: tuple[int, int], rows: int = 8, repeats: i
                 x @ w.T
 
             source = "torch float32"
-        for _ in range(5):
-            run()
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - t0)
-        return ProductRate(2 * rows * w.numel() / best, source)
+        return ProductRate(2 * rows * w.numel() / best_seconds(run, repeats), source)
     finally:
         torch.set_num_threads(before)
+
+
+def best_seconds(run: Callable[[], object], repeats: int, warmup: int = 5) -> float:
+    """The fastest of `repeats` timed calls of `run`, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        run()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def token_flops(loaded: LoadedModel) -> int:

@@ -38,7 +38,8 @@ typedef struct {
     float *y;         /* [T, N] */
 } Problem;
 
-/* Float products of weight rows n0..n1 (p->xf set) in AVX-512 panels (panels_avx512.c). */
+/* Float products of weight rows n0..n1 (p->xf set) in AVX-512: fused tiles up to 8 activation
+ * rows, panels past it (panels_avx512.c). */
 void pg_float_rows_avx512(const Problem *p, int q4_1, int64_t n0, int64_t n1);
 
 int pg_cpu_has_avx2(void);

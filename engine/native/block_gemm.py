@@ -209,7 +209,5 @@ def native_gemm() -> BlockGemm | None:
     if lib is None:
         return None
     mode = NativeSettings.from_env().mode
-    if mode == "scalar":
-        return BlockGemm(lib, avx2=False)
-    best = BlockGemm.best(lib)
-    return BlockGemm(lib, avx2=True) if mode == "avx2" and best.avx2 else best
+    chosen = BlockGemm.named(lib, mode) if mode in ("scalar", "avx2") else None
+    return chosen or BlockGemm.best(lib)  # "avx2" on a CPU without it: the scalar code
