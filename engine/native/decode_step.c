@@ -151,6 +151,22 @@ static void add_rows(float *h, const float *delta, int64_t count) {
     for (int64_t i = 0; i < count; i++) h[i] += delta[i];
 }
 
+/* Each row of h [T, H]: add delta's row (unless delta is NULL), norm it into x and take x as
+ * the next product's input. Called by every thread of the team: the rows are shared out, and
+ * the loop's closing barrier ends it. */
+static void residual_norm(const PgModel *m, float *h, const float *delta, const float *weight,
+                          int64_t T, float *x, Input *in, int avx2) {
+    const int64_t H = m->hidden, nb = H / QK;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        if (delta) add_rows(h + t * H, delta + t * H, H);
+        norm_rows(h + t * H, weight, 1, H, m->rms_eps, x + t * H);
+        if (t == 0) in->x = x; /* read by the products, after the barrier */
+        if (!pg_float_tiles(T))
+            pg_quantize_row(x + t * H, nb, in->q + t * H, in->d + t * nb, in->s + t * nb, avx2);
+    }
+}
+
 /* Rotate one head x [D] at the angles of `row` (cos then sin, D/2 each). */
 static void rotate(float *x, const float *row, int64_t D, int interleaved) {
     int64_t half = D / 2;
@@ -188,6 +204,59 @@ static void rotate_and_store(const PgModel *m, const PgLayer *L, const PgStep *s
         v[i] = vn[i];
     }
 }
+
+#if PG_X86
+/* rotate for D a multiple of 16, 8 lanes at a time: the same products and sums, each rounded
+ * as in the scalar loop (no fused multiply-add), so both give the same bits. */
+AVX2_INLINE void rotate_avx2(float *x, const float *row, int64_t D, int interleaved) {
+    int64_t half = D / 2;
+    if (interleaved) { /* pairs (2i, 2i+1): cos and sin of pair i in lanes 2i and 2i+1 */
+        const __m256i twice = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        for (int64_t i = 0; i < half; i += 4) {
+            __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(row + i)), twice);
+            __m256 sn = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(row + half + i)),
+                                                 twice);
+            __m256 v = _mm256_loadu_ps(x + 2 * i), swapped = _mm256_permute_ps(v, 0xb1);
+            /* even lanes x0 c - x1 s, odd lanes x1 c + x0 s */
+            _mm256_storeu_ps(x + 2 * i, _mm256_addsub_ps(_mm256_mul_ps(v, c),
+                                                         _mm256_mul_ps(swapped, sn)));
+        }
+        return;
+    }
+    for (int64_t i = 0; i < half; i += 8) {
+        __m256 c = _mm256_loadu_ps(row + i), sn = _mm256_loadu_ps(row + half + i);
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
+        _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, sn)));
+        _mm256_storeu_ps(x + half + i, _mm256_add_ps(_mm256_mul_ps(a, sn), _mm256_mul_ps(b, c)));
+    }
+}
+
+/* rotate_and_store for D a multiple of 16: F16C rounds to half as pg_float_to_half does
+ * (nearest even, subnormals and infinities alike; a NaN keeps its payload's top bits). */
+AVX2 static void rotate_and_store_avx2(const PgModel *m, const PgLayer *L, const PgStep *s,
+                                       int64_t t, float *qkv) {
+    int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads;
+    float *row = qkv + t * (Hq + 2 * Hkv) * D;
+    const float *angles = m->cos_sin + s->positions[t] * D;
+    for (int64_t h = 0; h < Hq + Hkv; h++) rotate_avx2(row + h * D, angles, D, (int)m->interleaved);
+    int64_t slot = s->slots[t];
+    if (slot < 0) return;
+    const float *kn = row + Hq * D, *vn = row + (Hq + Hkv) * D;
+    if (!m->kv_half) {
+        memcpy((float *)L->k_cache + slot * Hkv * D, kn, sizeof(float) * (size_t)(Hkv * D));
+        memcpy((float *)L->v_cache + slot * Hkv * D, vn, sizeof(float) * (size_t)(Hkv * D));
+        return;
+    }
+    uint16_t *k = (uint16_t *)L->k_cache + slot * Hkv * D;
+    uint16_t *v = (uint16_t *)L->v_cache + slot * Hkv * D;
+    for (int64_t i = 0; i < Hkv * D; i += 8) {
+        _mm_storeu_si128((__m128i *)(k + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(kn + i), _MM_FROUND_TO_NEAREST_INT));
+        _mm_storeu_si128((__m128i *)(v + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(vn + i), _MM_FROUND_TO_NEAREST_INT));
+    }
+}
+#endif
 
 /* Element i of a cache row (float, or half when `half`). */
 static inline float kv_at(const char *row, int64_t i, int half) {
@@ -455,18 +524,22 @@ static void product(const PgWeight *w, const Input *in, int64_t T, float *y, flo
  * left in w->delta for the next layer (or the final norm) to add. */
 static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, int first,
                   int tid, int nthreads, int avx2) {
-    int64_t T = s->T, H = m->hidden, D = m->head_dim, Hq = m->num_heads, F = m->intermediate;
+    int64_t T = s->T, D = m->head_dim, Hq = m->num_heads, F = m->intermediate;
     float *scratch = w->scratch + tid * w->scratch_per_thread;
-#pragma omp single
-    {
-        if (!first) add_rows(w->h, w->delta, T * H); /* the previous layer's MLP output */
-        norm_rows(w->h, L->attn_norm, T, H, m->rms_eps, w->x);
-        take_input(w->x, T, H, &w->in, avx2);
-    }
+    /* the previous layer's MLP output is added first */
+    residual_norm(m, w->h, first ? NULL : w->delta, L->attn_norm, T, w->x, &w->in, avx2);
     product(&L->qkv, &w->in, T, w->qkv, scratch, tid, nthreads, avx2);
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) rotate_and_store(m, L, s, t, w->qkv);
+    for (int64_t t = 0; t < T; t++) {
+#if PG_X86
+        if (avx2 && D % 16 == 0) {
+            rotate_and_store_avx2(m, L, s, t, w->qkv);
+            continue;
+        }
+#endif
+        rotate_and_store(m, L, s, t, w->qkv);
+    }
     int64_t Hkv = m->num_kv_heads, runs = w->att.runs;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < T * runs; item++) {
@@ -491,12 +564,7 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
     take_input(w->attn, T, Hq * D, &w->in, avx2);
     product(&L->o, &w->in, T, w->delta, scratch, tid, nthreads, avx2);
 #pragma omp barrier
-#pragma omp single
-    {
-        add_rows(w->h, w->delta, T * H);
-        norm_rows(w->h, L->ffn_norm, T, H, m->rms_eps, w->x);
-        take_input(w->x, T, H, &w->in, avx2);
-    }
+    residual_norm(m, w->h, w->delta, L->ffn_norm, T, w->x, &w->in, avx2);
     product(&L->gate_up, &w->in, T, w->gate_up, scratch, tid, nthreads, avx2);
 #pragma omp barrier
     silu_and_mul(w->gate_up, T, F, w->act, tid, nthreads, avx2);
