@@ -130,7 +130,26 @@ static void quantize_row_avx2(const float *x, int64_t nb, int16_t *q, float *xd,
 
 int pg_float_tile_rows(void) { return FLOAT_TILE_ROWS; }
 
-void pg_halves_from_floats(const float *x, int64_t n, uint16_t *out) {
+#if PG_X86
+/* F16C rounds as pg_float_to_half: nearest even, subnormals, overflow and infinities alike (a
+ * NaN stays a NaN, keeping its payload's top bits). */
+AVX2 static void halves_f16c(const float *x, int64_t n, uint16_t *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) out[i] = pg_float_to_half(x[i]);
+}
+#endif
+
+void pg_halves_from_floats(const float *x, int64_t n, uint16_t *out, int avx2) {
+#if PG_X86
+    if (avx2) {
+        halves_f16c(x, n, out);
+        return;
+    }
+#endif
+    (void)avx2;
     for (int64_t i = 0; i < n; i++) out[i] = pg_float_to_half(x[i]);
 }
 

@@ -92,8 +92,8 @@ static inline uint16_t pg_float_to_half(float f) {
     return (uint16_t)(sign | h);
 }
 
-/* out[i] = the half nearest x[i] (pg_float_to_half), for n values. */
-void pg_halves_from_floats(const float *x, int64_t n, uint16_t *out);
+/* out[i] = the half nearest x[i] (pg_float_to_half), for n values; F16C when `avx2`. */
+void pg_halves_from_floats(const float *x, int64_t n, uint16_t *out, int avx2);
 /* argmax.c: out[t] = the first index of row t's maximum (a NaN wins, as torch.argmax). */
 int pg_argmax_rows(const float *x, int64_t T, int64_t n, int64_t *out, int avx2);
 

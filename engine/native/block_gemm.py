@@ -52,7 +52,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     # model, step, hidden, workspace, workspace bytes (in/out), threads, level
     lib.pg_decode_step.argtypes = [_P, _P, _P, _P, ctypes.POINTER(_I64), _INT, _INT]
     lib.pg_decode_step.restype = _INT
-    lib.pg_halves_from_floats.argtypes, lib.pg_halves_from_floats.restype = [_P, _I64, _P], None
+    lib.pg_halves_from_floats.argtypes = [_P, _I64, _P, _INT]
+    lib.pg_halves_from_floats.restype = None
     lib.pg_argmax_rows.argtypes, lib.pg_argmax_rows.restype = [_P, _I64, _I64, _P, _INT], _INT
 
 
@@ -181,10 +182,11 @@ class BlockGemm:
         return out
 
     def halves(self, x: Tensor) -> Tensor:
-        """x float32 rounded to float16 as the native step stores K and V (for tests)."""
+        """x float32 rounded to float16 as the native step stores K and V (F16C on an AVX2
+        path; for tests)."""
         x = x.detach().to(torch.float32).contiguous().cpu()
         out = torch.empty(x.shape, dtype=torch.float16)
-        self._lib.pg_halves_from_floats(x.data_ptr(), x.numel(), out.data_ptr())
+        self._lib.pg_halves_from_floats(x.data_ptr(), x.numel(), out.data_ptr(), self.level)
         return out
 
     def quantize_activations(self, x: Tensor) -> QuantizedActivations:

@@ -190,12 +190,8 @@ static void rotate_and_store(const PgModel *m, const PgLayer *L, const PgStep *s
     if (slot < 0) return;
     const float *kn = row + Hq * D, *vn = row + (Hq + Hkv) * D;
     if (m->kv_half) {
-        uint16_t *k = (uint16_t *)L->k_cache + slot * Hkv * D;
-        uint16_t *v = (uint16_t *)L->v_cache + slot * Hkv * D;
-        for (int64_t i = 0; i < Hkv * D; i++) {
-            k[i] = pg_float_to_half(kn[i]);
-            v[i] = pg_float_to_half(vn[i]);
-        }
+        pg_halves_from_floats(kn, Hkv * D, (uint16_t *)L->k_cache + slot * Hkv * D, 0);
+        pg_halves_from_floats(vn, Hkv * D, (uint16_t *)L->v_cache + slot * Hkv * D, 0);
         return;
     }
     float *k = (float *)L->k_cache + slot * Hkv * D, *v = (float *)L->v_cache + slot * Hkv * D;
@@ -231,8 +227,7 @@ AVX2_INLINE void rotate_avx2(float *x, const float *row, int64_t D, int interlea
     }
 }
 
-/* rotate_and_store for D a multiple of 16: F16C rounds to half as pg_float_to_half does
- * (nearest even, subnormals and infinities alike; a NaN keeps its payload's top bits). */
+/* rotate_and_store for D a multiple of 16 (halves rounded by F16C, as pg_float_to_half). */
 AVX2 static void rotate_and_store_avx2(const PgModel *m, const PgLayer *L, const PgStep *s,
                                        int64_t t, float *qkv) {
     int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads;
@@ -247,14 +242,8 @@ AVX2 static void rotate_and_store_avx2(const PgModel *m, const PgLayer *L, const
         memcpy((float *)L->v_cache + slot * Hkv * D, vn, sizeof(float) * (size_t)(Hkv * D));
         return;
     }
-    uint16_t *k = (uint16_t *)L->k_cache + slot * Hkv * D;
-    uint16_t *v = (uint16_t *)L->v_cache + slot * Hkv * D;
-    for (int64_t i = 0; i < Hkv * D; i += 8) {
-        _mm_storeu_si128((__m128i *)(k + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(kn + i), _MM_FROUND_TO_NEAREST_INT));
-        _mm_storeu_si128((__m128i *)(v + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(vn + i), _MM_FROUND_TO_NEAREST_INT));
-    }
+    pg_halves_from_floats(kn, Hkv * D, (uint16_t *)L->k_cache + slot * Hkv * D, 1);
+    pg_halves_from_floats(vn, Hkv * D, (uint16_t *)L->v_cache + slot * Hkv * D, 1);
 }
 #endif
 
