@@ -179,73 +179,66 @@ static void rotate(float *x, const float *row, int64_t D, int interleaved) {
     }
 }
 
-/* Token t: rotate its Q and K heads in place in qkv, then copy K and V into the caches. */
+#if PG_X86
+/* rotate, 8 lanes at a time, for `heads` consecutive heads of D (a multiple of 16): the same
+ * products and sums, each rounded as in the scalar loop (no fused multiply-add), so both give
+ * the same bits. */
+AVX2 static void rotate_heads_avx2(float *x, int64_t heads, const float *row, int64_t D,
+                                   int interleaved) {
+    const int64_t half = D / 2;
+    const __m256i twice = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    for (float *end = x + heads * D; x < end; x += D) {
+        if (interleaved) { /* pairs (2i, 2i+1): cos and sin of pair i in lanes 2i and 2i+1 */
+            for (int64_t i = 0; i < half; i += 4) {
+                __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(row + i)),
+                                                    twice);
+                __m256 sn = _mm256_permutevar8x32_ps(
+                    _mm256_castps128_ps256(_mm_loadu_ps(row + half + i)), twice);
+                __m256 v = _mm256_loadu_ps(x + 2 * i), swapped = _mm256_permute_ps(v, 0xb1);
+                /* even lanes x0 c - x1 s, odd lanes x1 c + x0 s */
+                _mm256_storeu_ps(x + 2 * i, _mm256_addsub_ps(_mm256_mul_ps(v, c),
+                                                             _mm256_mul_ps(swapped, sn)));
+            }
+            continue;
+        }
+        for (int64_t i = 0; i < half; i += 8) {
+            __m256 c = _mm256_loadu_ps(row + i), sn = _mm256_loadu_ps(row + half + i);
+            __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
+            _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, sn)));
+            _mm256_storeu_ps(x + half + i,
+                             _mm256_add_ps(_mm256_mul_ps(a, sn), _mm256_mul_ps(b, c)));
+        }
+    }
+}
+#endif
+
+/* Token t: rotate its Q and K heads in place in qkv, then copy K and V into the caches (halves
+ * rounded by F16C on the AVX2 path, as pg_float_to_half). */
 static void rotate_and_store(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
-                             float *qkv) {
+                             float *qkv, int avx2) {
     int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads;
     float *row = qkv + t * (Hq + 2 * Hkv) * D;
     const float *angles = m->cos_sin + s->positions[t] * D;
-    for (int64_t h = 0; h < Hq + Hkv; h++) rotate(row + h * D, angles, D, (int)m->interleaved);
+    int rotated = 0;
+#if PG_X86
+    if (avx2 && D % 16 == 0) {
+        rotate_heads_avx2(row, Hq + Hkv, angles, D, (int)m->interleaved);
+        rotated = 1;
+    }
+#endif
+    for (int64_t h = 0; h < Hq + Hkv && !rotated; h++)
+        rotate(row + h * D, angles, D, (int)m->interleaved);
     int64_t slot = s->slots[t];
     if (slot < 0) return;
     const float *kn = row + Hq * D, *vn = row + (Hq + Hkv) * D;
     if (m->kv_half) {
-        pg_halves_from_floats(kn, Hkv * D, (uint16_t *)L->k_cache + slot * Hkv * D, 0);
-        pg_halves_from_floats(vn, Hkv * D, (uint16_t *)L->v_cache + slot * Hkv * D, 0);
+        pg_halves_from_floats(kn, Hkv * D, (uint16_t *)L->k_cache + slot * Hkv * D, avx2);
+        pg_halves_from_floats(vn, Hkv * D, (uint16_t *)L->v_cache + slot * Hkv * D, avx2);
         return;
     }
-    float *k = (float *)L->k_cache + slot * Hkv * D, *v = (float *)L->v_cache + slot * Hkv * D;
-    for (int64_t i = 0; i < Hkv * D; i++) {
-        k[i] = kn[i];
-        v[i] = vn[i];
-    }
+    memcpy((float *)L->k_cache + slot * Hkv * D, kn, sizeof(float) * (size_t)(Hkv * D));
+    memcpy((float *)L->v_cache + slot * Hkv * D, vn, sizeof(float) * (size_t)(Hkv * D));
 }
-
-#if PG_X86
-/* rotate for D a multiple of 16, 8 lanes at a time: the same products and sums, each rounded
- * as in the scalar loop (no fused multiply-add), so both give the same bits. */
-AVX2_INLINE void rotate_avx2(float *x, const float *row, int64_t D, int interleaved) {
-    int64_t half = D / 2;
-    if (interleaved) { /* pairs (2i, 2i+1): cos and sin of pair i in lanes 2i and 2i+1 */
-        const __m256i twice = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-        for (int64_t i = 0; i < half; i += 4) {
-            __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(row + i)), twice);
-            __m256 sn = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(row + half + i)),
-                                                 twice);
-            __m256 v = _mm256_loadu_ps(x + 2 * i), swapped = _mm256_permute_ps(v, 0xb1);
-            /* even lanes x0 c - x1 s, odd lanes x1 c + x0 s */
-            _mm256_storeu_ps(x + 2 * i, _mm256_addsub_ps(_mm256_mul_ps(v, c),
-                                                         _mm256_mul_ps(swapped, sn)));
-        }
-        return;
-    }
-    for (int64_t i = 0; i < half; i += 8) {
-        __m256 c = _mm256_loadu_ps(row + i), sn = _mm256_loadu_ps(row + half + i);
-        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
-        _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, sn)));
-        _mm256_storeu_ps(x + half + i, _mm256_add_ps(_mm256_mul_ps(a, sn), _mm256_mul_ps(b, c)));
-    }
-}
-
-/* rotate_and_store for D a multiple of 16 (halves rounded by F16C, as pg_float_to_half). */
-AVX2 static void rotate_and_store_avx2(const PgModel *m, const PgLayer *L, const PgStep *s,
-                                       int64_t t, float *qkv) {
-    int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads;
-    float *row = qkv + t * (Hq + 2 * Hkv) * D;
-    const float *angles = m->cos_sin + s->positions[t] * D;
-    for (int64_t h = 0; h < Hq + Hkv; h++) rotate_avx2(row + h * D, angles, D, (int)m->interleaved);
-    int64_t slot = s->slots[t];
-    if (slot < 0) return;
-    const float *kn = row + Hq * D, *vn = row + (Hq + Hkv) * D;
-    if (!m->kv_half) {
-        memcpy((float *)L->k_cache + slot * Hkv * D, kn, sizeof(float) * (size_t)(Hkv * D));
-        memcpy((float *)L->v_cache + slot * Hkv * D, vn, sizeof(float) * (size_t)(Hkv * D));
-        return;
-    }
-    pg_halves_from_floats(kn, Hkv * D, (uint16_t *)L->k_cache + slot * Hkv * D, 1);
-    pg_halves_from_floats(vn, Hkv * D, (uint16_t *)L->v_cache + slot * Hkv * D, 1);
-}
-#endif
 
 /* Element i of a cache row (float, or half when `half`). */
 static inline float kv_at(const char *row, int64_t i, int half) {
@@ -520,15 +513,7 @@ static void layer(const PgModel *m, const PgLayer *L, const PgStep *s, Work *w, 
     product(&L->qkv, &w->in, T, w->qkv, scratch, tid, nthreads, avx2);
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-#if PG_X86
-        if (avx2 && D % 16 == 0) {
-            rotate_and_store_avx2(m, L, s, t, w->qkv);
-            continue;
-        }
-#endif
-        rotate_and_store(m, L, s, t, w->qkv);
-    }
+    for (int64_t t = 0; t < T; t++) rotate_and_store(m, L, s, t, w->qkv, avx2);
     int64_t Hkv = m->num_kv_heads, runs = w->att.runs;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < T * runs; item++) {
