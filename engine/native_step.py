@@ -136,7 +136,7 @@ class NativeDecoder:
         self._embed = model.embed
         self._run = gemm.decode_step_function()
         self.argmax = gemm.argmax  # greedy sampling of the logits these steps lead to
-        self._avx2 = gemm.level  # the C code's level (0 portable, 1 AVX2, 2 + AVX-512)
+        self._level = gemm.level  # the C code's level (0 portable, 1 AVX2, 2 + AVX-512)
         # the step's scratch, kept across steps and grown on demand
         self._workspace = torch.empty(0, dtype=torch.uint8)
         self._workspace_bytes = _I64(0)
@@ -182,7 +182,7 @@ class NativeDecoder:
             self._run(
                 self._model_address, ctypes.addressof(step), hidden.data_ptr(),
                 self._workspace.data_ptr(), ctypes.byref(self._workspace_bytes), threads,
-                self._avx2,
+                self._level,
             )  # fmt: skip
         )
 

@@ -138,12 +138,17 @@ static void norm_rows(const float *h, const float *w, int64_t T, int64_t n, floa
     }
 }
 
-static void take_input(const float *x, int64_t T, int64_t K, Input *in, int avx2) {
+/* Row t of x [T, K] taken as the next product's input: below FLOAT_TILE_ROWS rows its int16
+ * blocks (from that many rows on the products read the floats); row 0 points the input at x. */
+static void take_row(const float *x, int64_t t, int64_t T, int64_t K, Input *in, int avx2) {
     int64_t nb = K / QK;
-    in->x = x;
-    if (pg_float_tiles(T)) return; /* the products read the floats */
-    for (int64_t t = 0; t < T; t++)
+    if (t == 0) in->x = x;
+    if (!pg_float_tiles(T))
         pg_quantize_row(x + t * K, nb, in->q + t * K, in->d + t * nb, in->s + t * nb, avx2);
+}
+
+static void take_input(const float *x, int64_t T, int64_t K, Input *in, int avx2) {
+    for (int64_t t = 0; t < T; t++) take_row(x, t, T, K, in, avx2);
 }
 
 static void add_rows(float *h, const float *delta, int64_t count) {
@@ -156,14 +161,12 @@ static void add_rows(float *h, const float *delta, int64_t count) {
  * the loop's closing barrier ends it. */
 static void residual_norm(const PgModel *m, float *h, const float *delta, const float *weight,
                           int64_t T, float *x, Input *in, int avx2) {
-    const int64_t H = m->hidden, nb = H / QK;
+    const int64_t H = m->hidden;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         if (delta) add_rows(h + t * H, delta + t * H, H);
         norm_rows(h + t * H, weight, 1, H, m->rms_eps, x + t * H);
-        if (t == 0) in->x = x; /* read by the products, after the barrier */
-        if (!pg_float_tiles(T))
-            pg_quantize_row(x + t * H, nb, in->q + t * H, in->d + t * nb, in->s + t * nb, avx2);
+        take_row(x, t, T, H, in, avx2); /* read by the products, after the barrier */
     }
 }
 
@@ -212,6 +215,19 @@ AVX2 static void rotate_heads_avx2(float *x, int64_t heads, const float *row, in
 }
 #endif
 
+/* rotate for `heads` consecutive heads of D, in AVX2 where D allows. */
+static void rotate_heads(float *x, int64_t heads, const float *row, int64_t D, int interleaved,
+                         int avx2) {
+#if PG_X86
+    if (avx2 && D % 16 == 0) {
+        rotate_heads_avx2(x, heads, row, D, interleaved);
+        return;
+    }
+#endif
+    (void)avx2;
+    for (int64_t h = 0; h < heads; h++) rotate(x + h * D, row, D, interleaved);
+}
+
 /* Token t: rotate its Q and K heads in place in qkv, then copy K and V into the caches (halves
  * rounded by F16C on the AVX2 path, as pg_float_to_half). */
 static void rotate_and_store(const PgModel *m, const PgLayer *L, const PgStep *s, int64_t t,
@@ -219,15 +235,7 @@ static void rotate_and_store(const PgModel *m, const PgLayer *L, const PgStep *s
     int64_t D = m->head_dim, Hq = m->num_heads, Hkv = m->num_kv_heads;
     float *row = qkv + t * (Hq + 2 * Hkv) * D;
     const float *angles = m->cos_sin + s->positions[t] * D;
-    int rotated = 0;
-#if PG_X86
-    if (avx2 && D % 16 == 0) {
-        rotate_heads_avx2(row, Hq + Hkv, angles, D, (int)m->interleaved);
-        rotated = 1;
-    }
-#endif
-    for (int64_t h = 0; h < Hq + Hkv && !rotated; h++)
-        rotate(row + h * D, angles, D, (int)m->interleaved);
+    rotate_heads(row, Hq + Hkv, angles, D, (int)m->interleaved, avx2);
     int64_t slot = s->slots[t];
     if (slot < 0) return;
     const float *kn = row + Hq * D, *vn = row + (Hq + Hkv) * D;
