@@ -26,22 +26,9 @@ from typing import Protocol
 import llguidance
 import torch
 
-from engine.grammar_spec import GrammarError, GrammarSpec
+from engine.grammar_spec import GrammarError, GrammarSpec, check_grammar
 
 BITS = 32  # tokens per int32 word of a bitmask
-
-
-def check_grammar(spec: GrammarSpec) -> None:
-    """Raise GrammarError unless llguidance accepts `spec` (no tokenizer needed).
-
-    Unsupported JSON-schema keywords are errors, not silently ignored constraints."""
-    try:
-        grammar = spec.to_llguidance()
-    except (ValueError, TypeError) as exc:
-        raise GrammarError(f"invalid {spec.kind}: {exc}") from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
-    if is_error:
-        raise GrammarError(f"invalid {spec.kind}: {'; '.join(messages) or 'rejected'}")
 
 
 class TokenVocabulary(Protocol):

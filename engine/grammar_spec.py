@@ -58,3 +58,16 @@ class GrammarSpec:
         if self.kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(self.source))
         return str(llguidance.LLMatcher.grammar_from_lark(self.source))
+
+
+def check_grammar(spec: GrammarSpec) -> None:
+    """Raise GrammarError unless llguidance accepts `spec` (no tokenizer needed).
+
+    Unsupported JSON-schema keywords are errors, not silently ignored constraints."""
+    try:
+        grammar = spec.to_llguidance()
+    except (ValueError, TypeError) as exc:
+        raise GrammarError(f"invalid {spec.kind}: {exc}") from None
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error:
+        raise GrammarError(f"invalid {spec.kind}: {'; '.join(messages) or 'rejected'}")

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import orjson
 
+from engine.grammar_spec import GrammarError, GrammarSpec, check_grammar
 from gateway.errors import invalid
 from gateway.types import OutputConstraint
 from prompt_lint.memo import LRU, text_bytes
@@ -69,8 +70,6 @@ def _schema_error(schema_json: str) -> str | None:
 
 
 def _check_schema_json(schema_json: str) -> str:
-    from engine.grammar import GrammarError, GrammarSpec, check_grammar
-
     try:
         check_grammar(GrammarSpec("json_schema", schema_json))
     except GrammarError as exc:
