@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -39,6 +40,7 @@ from gateway.request_state import Gateway, RouteSpec
 from gateway.stats import RecordStore
 from gateway.types import Backend, ChatRequest, ListingBackend, Provider, Usage
 from gateway.usage_report import prefixgate_headers
+from prompt_lint.tokens import shared_counter
 
 log = logging.getLogger("prefixgate.gateway")
 
@@ -157,6 +159,14 @@ def _extra_routes(state_getter: Any) -> list[BaseRoute]:
     return [*api_stats.routes(state_getter), *dashboard.routes()]
 
 
+async def _warm_up() -> None:
+    """What the first request would otherwise load: the token encoding of lint and the shadow
+    caches (~0.2 s) and anyio's event-loop backend (~20 ms; a response's bookkeeping and a
+    worker-thread hop run through it)."""
+    shared_counter()
+    await anyio.sleep(0)
+
+
 def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlette:
     """The gateway app. With `backend` None the app builds (and on shutdown closes) its own:
     the embedded engine, or the upstream pool when `config.upstreams` is set. A backend passed
@@ -178,6 +188,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await _warm_up()
         try:
             yield
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -149,3 +150,12 @@ def test_environment_proxy_is_read_once_per_origin(monkeypatch: pytest.MonkeyPat
     assert str(via.url) == "http://proxy.test:3128" and direct.url is None
     monkeypatch.setenv("HTTP_PROXY", "http://other.test:1")  # read once: not seen again
     assert transport._proxy(httpx.URL("http://up.test/v1/models")) is via
+
+
+def test_certificate_store_is_loaded_once_when_a_transport_is_built() -> None:
+    """certifi's store (~20 ms to load) is read when the first transport is built, before
+    serving, and shared: not on a replica's first request, not once per replica."""
+    first, second = AiohttpTransport(), AiohttpTransport()
+    assert first.tls is second.tls
+    assert first.tls.verify_mode == ssl.CERT_REQUIRED and first.tls.check_hostname
+    assert first.tls.cert_store_stats()["x509_ca"] > 50  # certifi's roots, not an empty store
