@@ -17,6 +17,7 @@ The library choice (llguidance over xgrammar) and its measurements are in
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -133,8 +134,10 @@ class GrammarConfig:
 class GrammarCompiler:
     """Builds `GrammarState`s for one tokenizer; thread-safe for `check` and `new_state`.
 
-    The llguidance tokenizer is built lazily (about half a second) on the first constrained
-    request, so engines that never see one pay nothing.
+    The llguidance tokenizer (about half a second to build for a 49k-token vocabulary) is
+    built by `warm` (a server calls it while starting, so its first constrained request does
+    not wait), else on the first constrained request; an engine that never sees one pays
+    nothing.
     """
 
     def __init__(self, vocab: TokenVocabulary, special: Sequence[int] = (),
@@ -143,6 +146,7 @@ class GrammarCompiler:
         self._vocab = vocab
         self._special = tuple(special)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._building = threading.Lock()  # `warm` runs beside the engine's own thread
         self._grammars: OrderedDict[GrammarSpec, str] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -152,13 +156,18 @@ class GrammarCompiler:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        if self._tokenizer is None:
-            bridge = _VocabularyBridge(self._vocab, self._special)
-            eos = sorted(self._vocab.stop_token_ids) or [0]
-            self._tokenizer = llguidance.LLTokenizer(
-                llguidance.TokenizerWrapper(bridge), eos_token=eos
-            )
-        return self._tokenizer
+        with self._building:
+            if self._tokenizer is None:
+                bridge = _VocabularyBridge(self._vocab, self._special)
+                eos = sorted(self._vocab.stop_token_ids) or [0]
+                self._tokenizer = llguidance.LLTokenizer(
+                    llguidance.TokenizerWrapper(bridge), eos_token=eos
+                )
+            return self._tokenizer
+
+    def warm(self) -> None:
+        """Build the llguidance tokenizer now, not on the first constrained request."""
+        self.tokenizer  # noqa: B018 - the property builds it
 
     def _grammar(self, spec: GrammarSpec) -> str:
         grammar = self._grammars.get(spec)

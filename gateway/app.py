@@ -38,7 +38,14 @@ from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
 from gateway.pipeline import handle
 from gateway.request_state import Gateway, RouteSpec
 from gateway.stats import RecordStore
-from gateway.types import Backend, ChatRequest, ListingBackend, Provider, Usage
+from gateway.types import (
+    Backend,
+    ChatRequest,
+    ListingBackend,
+    Provider,
+    Usage,
+    WarmingBackend,
+)
 from gateway.usage_report import prefixgate_headers
 from prompt_lint.tokens import shared_counter
 
@@ -159,12 +166,14 @@ def _extra_routes(state_getter: Any) -> list[BaseRoute]:
     return [*api_stats.routes(state_getter), *dashboard.routes()]
 
 
-async def _warm_up() -> None:
+async def _warm_up(backend: Backend) -> None:
     """What the first request would otherwise load: the token encoding of lint and the shadow
-    caches (~0.2 s) and anyio's event-loop backend (~20 ms; a response's bookkeeping and a
-    worker-thread hop run through it)."""
+    caches (~0.2 s), anyio's event-loop backend (~20 ms; a response's bookkeeping and a
+    worker-thread hop run through it) and the backend's own (the engine's grammar tokenizer)."""
     shared_counter()
     await anyio.sleep(0)
+    if isinstance(backend, WarmingBackend):
+        await backend.warm_up()
 
 
 def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlette:
@@ -188,7 +197,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await _warm_up()
+        await _warm_up(backend)
         try:
             yield
         finally:

@@ -209,6 +209,15 @@ class CountingBackend(Protocol):
 
 
 @runtime_checkable
+class WarmingBackend(Protocol):
+    """A backend with one-time work that its first request would otherwise wait for."""
+
+    async def warm_up(self) -> None:
+        """Do it now (the app calls this while starting, before it serves)."""
+        ...
+
+
+@runtime_checkable
 class ListingBackend(Protocol):
     """A backend whose model list is asked of its upstreams (a pool with no configured ids)."""
 

@@ -73,6 +73,11 @@ class EmbeddedBackend:
         stats = self.engine.stats()
         return stats.pages_total - stats.pages_free, stats.pages_total
 
+    async def warm_up(self) -> None:
+        """The grammar tokenizer (~0.5 s for SmolLM2's vocabulary): agents send tools, and
+        a constrained request would otherwise build it first."""
+        await anyio.to_thread.run_sync(self.engine.engine.grammar.warm)
+
     async def aclose(self) -> None:
         if self.owns_engine:
             await self.engine.shutdown()

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.grammar import GrammarSpec, allocate_bitmask, apply_token_bitmask, bitmask_to_bool
+from engine.grammar import (
+    GrammarCompiler,
+    GrammarSpec,
+    allocate_bitmask,
+    apply_token_bitmask,
+    bitmask_to_bool,
+)
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
                                            "days": {"type": "integer", "minimum": 1,
@@ -111,3 +118,21 @@ def test_bad_constraints_fail_before_anything_is_queued(engine):
         engine.add_request(PROMPT, greedy(4, regex="(unclosed"))
     assert not engine.has_unfinished()
     engine.check()
+
+
+def test_warm_builds_one_tokenizer_that_serves_every_thread(engine):
+    """`warm` (a server's start) and requests on other threads share one llguidance
+    tokenizer, and a matcher built after it masks as the engine's own lazily built one."""
+    compiler = GrammarCompiler(engine.tokenizer, sorted(engine.tokenizer.special_token_ids))
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(compiler.warm)] + [
+            pool.submit(lambda: compiler.tokenizer) for _ in range(3)]
+        built = [f.result() for f in futures[1:]]
+    assert all(t is built[0] for t in built)
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    ours, theirs = compiler.new_state(spec), engine.grammar.new_state(spec)
+    masks = allocate_bitmask(2, engine.grammar.vocab_size)
+    ours.fill_mask(masks, 0)
+    theirs.fill_mask(masks, 1)
+    allowed = bitmask_to_bool(masks[:1], engine.grammar.vocab_size)
+    assert torch.equal(masks[0], masks[1]) and 0 < int(allowed.sum()) < allowed.numel()

@@ -8,10 +8,18 @@ while the app starts, and the upstream client's certificate store when it is bui
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import httpx
+
+from gateway.app import create_app
+from gateway.types import ChatRequest, Final, TextDelta, WarmingBackend
+from tests.gateway.gateway_fakes import FAKE_MODEL, FakeBackend, fake_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,3 +89,32 @@ def test_startup_loads_what_the_first_request_would() -> None:
     run = subprocess.run([sys.executable, "-c", _WARM], capture_output=True, text=True,
                          timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+class _WarmingFake(FakeBackend):
+    """The fake backend with one-time work: answers only once it is done."""
+
+    warmed: bool = False
+
+    async def warm_up(self) -> None:
+        await asyncio.sleep(0.01)
+        self.warmed = True
+
+    async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        assert self.warmed, "served before warm_up"
+        async for item in super().stream(req):
+            yield item
+
+
+async def test_the_app_warms_its_backend_before_serving(tmp_path: Path) -> None:
+    backend = _WarmingFake()
+    app = create_app(fake_config(tmp_path), backend=backend)
+    assert isinstance(backend, WarmingBackend) and not backend.warmed
+    async with app.router.lifespan_context(app):
+        assert backend.warmed
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            reply = await client.post("/v1/chat/completions", json={
+                "model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi there"}]})
+    assert reply.status_code == 200, reply.text
+    app.state.store.close()
