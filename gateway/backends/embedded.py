@@ -75,8 +75,14 @@ class EmbeddedBackend:
 
     async def warm_up(self) -> None:
         """The grammar tokenizer (~0.5 s for SmolLM2's vocabulary): agents send tools, and
-        a constrained request would otherwise build it first."""
-        await anyio.to_thread.run_sync(self.engine.engine.grammar.warm)
+        a constrained request would otherwise build it first. A vocabulary llguidance cannot
+        take does not stop the server: unconstrained requests are served, and a constrained
+        one gets the error."""
+        try:
+            await anyio.to_thread.run_sync(self.engine.engine.grammar.warm)
+        except Exception as exc:  # noqa: BLE001 - logged; the request that needs it reports it
+            log.warning("grammar tokenizer not built (%s); tool calls and response_format "
+                        "will fail", exc)
 
     async def aclose(self) -> None:
         if self.owns_engine:

@@ -9,13 +9,17 @@ while the app starts, and the upstream client's certificate store when it is bui
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
+import pytest
 
 from gateway.app import create_app
 from gateway.types import ChatRequest, Final, TextDelta, WarmingBackend
@@ -118,3 +122,20 @@ async def test_the_app_warms_its_backend_before_serving(tmp_path: Path) -> None:
                 "model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi there"}]})
     assert reply.status_code == 200, reply.text
     app.state.store.close()
+
+
+class _BrokenGrammar:
+    def warm(self) -> None:
+        raise ValueError("token 7 is not valid UTF-8")
+
+
+async def test_a_grammar_that_cannot_warm_does_not_stop_the_server(
+        tmp_path: Path, caplog: Any) -> None:
+    """A vocabulary llguidance refuses is logged at start-up, not fatal: the engine still
+    serves unconstrained requests (a constrained one reports the error itself)."""
+    embedded = pytest.importorskip("gateway.backends.embedded")
+    stub = SimpleNamespace(engine=SimpleNamespace(grammar=_BrokenGrammar()))
+    backend = embedded.EmbeddedBackend(fake_config(tmp_path), async_engine=stub)
+    with caplog.at_level(logging.WARNING, logger="prefixgate.embedded"):
+        await backend.warm_up()
+    assert "token 7 is not valid UTF-8" in caplog.text
