@@ -197,8 +197,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await _warm_up(backend)
         try:
+            await _warm_up(backend)
             yield
         finally:
             if owns_backend:
