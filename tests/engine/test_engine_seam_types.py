@@ -3,11 +3,6 @@ the prefill time its cached tokens saved, and a config that imports without torc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from engine import (
@@ -22,6 +17,7 @@ from engine import (
     StreamDelta,
 )
 from engine.loader import LoadedModel
+from tests.support import run_fresh_python
 
 from .engine_runtime_support import one_torch_thread, random_prompts, tiny_model
 
@@ -84,8 +80,5 @@ def test_engine_config_and_errors_import_without_torch() -> None:
     code = ("import sys, engine, engine.config, gateway.config; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
             "engine.EngineConfig(page_size=32); engine.InvalidRequest('x', field='prompt')")
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=root, env=env)
+    run = run_fresh_python(code, timeout=120)
     assert run.returncode == 0, run.stderr

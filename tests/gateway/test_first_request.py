@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,8 +21,7 @@ import pytest
 from gateway.app import create_app
 from gateway.types import ChatRequest, Final, TextDelta, WarmingBackend
 from tests.gateway.gateway_fakes import FAKE_MODEL, FakeBackend, fake_config
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import run_fresh_python
 
 _SCRIPT = """
 import asyncio, sys, tempfile
@@ -60,10 +56,7 @@ assert "torch" not in sys.modules, "torch imported"
 
 
 def test_upstream_gateway_serves_tools_and_schemas_without_torch() -> None:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path}
-    run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                         timeout=180, cwd=ROOT, env=env)
+    run = run_fresh_python(_SCRIPT)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
@@ -89,9 +82,7 @@ with tempfile.TemporaryDirectory() as tmp:
 def test_startup_loads_what_the_first_request_would() -> None:
     """Loading cl100k (~0.2 s) and anyio's backend (~20 ms) is startup work: the first request
     must not wait for it."""
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", _WARM], capture_output=True, text=True,
-                         timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
+    run = run_fresh_python(_WARM)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
