@@ -34,7 +34,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.engine_rows import best_seconds, engine_decode  # noqa: E402
+from benchmarks.engine_rows import best_seconds, engine_decode, round_order  # noqa: E402
 from engine.loader import LoadedModel, load_model  # noqa: E402
 from engine.native import native_gemm  # noqa: E402
 from engine.native.block_gemm import BlockGemm, bind  # noqa: E402
@@ -101,7 +101,7 @@ def run(threads: int, tokens: int, rounds: int, repeats: int) -> dict[str, objec
         with code_path(mode):
             engine_decode(models[path], STREAMS[-1], tokens, "float16")
     for i in tqdm(range(rounds), desc="rounds"):
-        order = STREAMS if i % 2 == 0 else STREAMS[::-1]  # 1 4 8, 8 4 1, ...: drift cancels
+        order = round_order(STREAMS, i)
         for path, mode in modes.items():
             with code_path(mode):
                 for streams in order:

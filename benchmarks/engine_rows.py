@@ -104,6 +104,12 @@ def product_rate(threads: int, shape: tuple[int, int], rows: int = 8, repeats: i
         torch.set_num_threads(before)
 
 
+def round_order(counts: tuple[int, ...], round_index: int) -> tuple[int, ...]:
+    """The stream counts of round `round_index`, in alternating order (1 4 8, 8 4 1, ...), so
+    that a drift in the machine's speed within a round hits the first and last count alike."""
+    return counts if round_index % 2 == 0 else counts[::-1]
+
+
 def best_seconds(run: Callable[[], object], repeats: int, warmup: int = 5) -> float:
     """The fastest of `repeats` timed calls of `run`, after `warmup` untimed ones."""
     for _ in range(warmup):
@@ -254,7 +260,7 @@ def stream_rows(loaded: LoadedModel, lcpp: LlamaCpp | None, tokens: int,
     llama: dict[int, list[float]] = {n: [] for n in counts}
     ceilings: list[ProductRate] = []
     for i in range(repeats):
-        order = counts if i % 2 == 0 else counts[::-1]  # 1 4 8, 8 4 1, ...: drift cancels
+        order = round_order(counts, i)
         for streams in order:
             rates[streams].append(engine_decode(loaded, streams, tokens, kv))
         if lcpp is not None:
