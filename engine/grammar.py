@@ -156,6 +156,11 @@ class GrammarCompiler:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
+        return self.warm()
+
+    def warm(self) -> llguidance.LLTokenizer:
+        """The llguidance tokenizer, built now if it is not yet (once, whichever thread
+        asks first)."""
         with self._building:
             if self._tokenizer is None:
                 bridge = _VocabularyBridge(self._vocab, self._special)
@@ -164,10 +169,6 @@ class GrammarCompiler:
                     llguidance.TokenizerWrapper(bridge), eos_token=eos
                 )
             return self._tokenizer
-
-    def warm(self) -> None:
-        """Build the llguidance tokenizer now, not on the first constrained request."""
-        self.tokenizer  # noqa: B018 - the property builds it
 
     def _grammar(self, spec: GrammarSpec) -> str:
         grammar = self._grammars.get(spec)
