@@ -1,4 +1,5 @@
-"""Batched decode per native code path: AVX2 float panels against AVX-512 ones, side by side.
+"""Batched decode per native code path: AVX2 float panels, AVX-512 float tiles and AVX-512 BF16
+dot products, side by side.
 
 Decode steps of two or more sequences are bound by their products' multiply-adds (each weight
 block is dequantized once and used by every row), not by weight bytes as one stream is. This
@@ -8,8 +9,8 @@ runs, in six rounds (every path and stream count once per round, the stream coun
 alternating order, after one untimed run per path: this VM's clock drifts by tens of percent
 within a minute, so a ratio is the median of the rounds' own ratios), then times the products
 alone at 8 activation rows on the model's shapes.
-Each path is selected as a user would (`PREFIXGATE_NATIVE_GEMM=avx2`, or the default) before
-its model and engines are built. Same thread count everywhere (`--threads`, default 2).
+Each path is selected as a user would (`PREFIXGATE_NATIVE_GEMM=avx2`, `=avx512`, or the default)
+before its model and engines are built. Same thread count everywhere (`--threads`, default 2).
 
     PYTHONPATH=$PWD python benchmarks/bench_batched_decode.py [--quick] [--threads N]
 
@@ -70,7 +71,12 @@ def paths() -> dict[str, str]:
         best = native_gemm()
     if best is None or not best.avx2:
         raise SystemExit("needs the native library with AVX2")
-    return {"avx2": "avx2", "avx512": "auto"} if best.avx512 else {"avx2": "avx2"}
+    found = {"avx2": "avx2"}
+    if best.avx512:
+        found["avx512"] = "avx512"
+    if best.bf16:
+        found["avx512bf16"] = "auto"
+    return found
 
 
 def product_ms(gemm: BlockGemm, threads: int, rows: int, repeats: int) -> dict[str, float]:
@@ -125,19 +131,19 @@ def _paired(values: list[float], bases: list[float]) -> float:
 def table(report: dict[str, object]) -> str:
     rates = report["rates"]
     assert isinstance(rates, dict)
-    lines = [f"{'path':8s} {'streams':>7s} {'tok/s':>8s} {'x one stream':>13s} {'x avx2':>7s}"]
+    lines = [f"{'path':10s} {'streams':>7s} {'tok/s':>8s} {'x one stream':>13s} {'x avx2':>7s}"]
     for path, by_streams in rates.items():
         for streams in STREAMS:
             values = by_streams[streams]
             vs_avx2 = _paired(values, rates["avx2"][streams])
-            lines.append(f"{path:8s} {streams:7d} {statistics.median(values):8.1f} "
+            lines.append(f"{path:10s} {streams:7d} {statistics.median(values):8.1f} "
                          f"{_paired(values, by_streams[1]):12.2f}x {vs_avx2:6.2f}x")
     products = report["products_ms_8_rows"]
     assert isinstance(products, dict)
     lines.append("")
-    lines.append(f"{'product at 8 rows':18s} " + " ".join(f"{p:>8s}" for p in products))
+    lines.append(f"{'product at 8 rows':18s} " + " ".join(f"{p:>10s}" for p in products))
     for name, *_ in PRODUCTS:
-        lines.append(f"{name:18s} " + " ".join(f"{products[p][name]:6.3f}ms" for p in products))
+        lines.append(f"{name:18s} " + " ".join(f"{products[p][name]:8.3f}ms" for p in products))
     return "\n".join(lines)
 
 

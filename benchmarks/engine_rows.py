@@ -76,11 +76,11 @@ class ProductRate(NamedTuple):
 def product_rate(threads: int, shape: tuple[int, int], rows: int = 8, repeats: int = 50
                  ) -> ProductRate:
     """What the projections of a `rows`-sequence decode step can reach at `threads` threads:
-    the native float products (`engine/native/block_gemm.c`, `panels_avx512.c`: the kernels
-    that step runs) on a Q4_1 weight of `shape` (out, in: the model's gate/up projection)
-    times `rows` float32 rows, best of `repeats` with weights and rows in cache, so an upper
-    bound for the step; torch's float32 product of the same shape where the native library is
-    off."""
+    the native float products (`engine/native/block_gemm.c`, `panels_avx512.c`,
+    `tiles_bf16.c`: the kernels that step runs) on a Q4_1 weight of `shape` (out, in: the
+    model's gate/up projection) times `rows` float32 rows, best of `repeats` with weights and
+    rows in cache, so an upper bound for the step; torch's float32 product of the same shape
+    where the native library is off."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -92,7 +92,8 @@ def product_rate(threads: int, shape: tuple[int, int], rows: int = 8, repeats: i
             def run() -> None:
                 gemm.matmul(bound, x, threads)
 
-            source = "native AVX-512 fused tiles" if gemm.avx512 else "native float panels"
+            source = ("native AVX-512 BF16 tiles" if gemm.rounds_to_bf16(rows) else
+                      "native AVX-512 fused tiles" if gemm.avx512 else "native float panels")
         else:
 
             def run() -> None:

@@ -50,6 +50,7 @@ def quantize_with_checkpoint_blocks(
     if gemm is None or quantization not in PROJECTION_GRID:
         model.quantize(quantization)
         return
+    gemm = gemm.exact()  # the model's own products: float32 (decode steps: engine.native_step)
     if model.quantization != "none" or model.dtype != torch.float32:
         raise ValueError("quantize needs an unquantised float32 model")
     grid = PROJECTION_GRID[quantization]

@@ -130,11 +130,13 @@ class ModelRunner:
         native = self.native_decoder
         if native is not None and native.accepts(inputs.meta, inputs.input_ids.shape[0]):
             hidden = native(inputs.input_ids, inputs.positions, inputs.meta)  # [T, hidden]
+            head = native.logits
         else:
             hidden = self.model(
                 inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache.k,
                 self.kv_cache.v, self.kernel_backend,
             )  # fmt: skip
+            head = self.model.compute_logits
         if not inputs.sampling:
             return torch.empty(0, 0)
-        return self.model.compute_logits(hidden[inputs.logit_rows])  # [N, vocab]
+        return head(hidden[inputs.logit_rows])  # [N, vocab]

@@ -45,7 +45,7 @@ class BlockLinear(PackedLinear):
         super().__init__()
         self.blocks = blocks
         self._bound = bind(blocks)
-        self._gemm = gemm
+        self.gemm = gemm
         self._label = f"native::{type(blocks).__name__.removesuffix('Blocks').lower()}_matmul"
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
@@ -57,8 +57,8 @@ class BlockLinear(PackedLinear):
     def _forward(self, x: Tensor) -> Tensor:
         threads = torch.get_num_threads()
         if x.shape[0] >= FLOAT_GEMM_ROWS:
-            return F.linear(x, self._gemm.dequantize(self.blocks, threads))
-        return self._gemm.matmul(self._bound, x, threads)
+            return F.linear(x, self.gemm.dequantize(self.blocks, threads))
+        return self.gemm.matmul(self._bound, x, threads)
 
     def dequantized(self) -> Tensor:
         return self.blocks.dequantize()
@@ -94,4 +94,4 @@ def native_linear(weight: Tensor, quantization: Quantization) -> PackedLinear | 
         return None
     grid = PROJECTION_GRID[quantization]
     blocks = quantize_q4_1(weight) if grid is Q4_1Blocks else quantize_q8_0(weight)
-    return blocks_linear(blocks, gemm)
+    return blocks_linear(blocks, gemm.exact())

@@ -5,7 +5,13 @@ and a 30-layer step runs about 300 of them; run one by one from Python each cost
 dispatch than in arithmetic. `NativeDecoder` hands a whole decode step (every layer, then the
 final norm) to C: one OpenMP region with the products split by output rows and attention by
 (token, query head). Same weights and activation rounding as the per-op path
-(`engine.native_linear`); the LM head stays a `Q8_0Linear` call on the result.
+(`engine.native_linear`), except that on a CPU with AVX-512 BF16 the products of steps of 2-8
+sequences (and their LM head, a `Q8_0Linear` call on the result) round activations and
+weights to bfloat16 (`engine/native/tiles_bf16.c`, 1.3-1.4x the 8-stream decode): batched
+decode is where a step is bound by multiply-adds. The model's own products (prefill chunks,
+verify steps, the op-by-op path) stay float32, so a prefix-cache hit or a speculative verify
+computes what a cold prefill or a plain step would. `PREFIXGATE_NATIVE_GEMM=avx512` keeps every
+product float32.
 
 It serves decode steps (one new token per sequence) of up to `MAX_DECODE_ROWS` sequences of a
 float32 CPU model whose projections are all native blocks (`quantization="int8"`/`"int4"`), over
@@ -30,7 +36,7 @@ from engine.attention_metadata import AttentionMetadata
 from engine.model import PROJECTIONS, LlamaModel
 from engine.native import BlockGemm, native_gemm
 from engine.native.block_gemm import NEED_WORKSPACE, check_status
-from engine.native_linear import FLOAT_GEMM_ROWS, BlockLinear
+from engine.native_linear import FLOAT_GEMM_ROWS, BlockLinear, blocks_linear
 from engine.quant_blocks import Q4_1Blocks
 
 # Up to this many sequences a decode step runs natively; from FLOAT_GEMM_ROWS rows on the
@@ -134,9 +140,13 @@ class NativeDecoder:
         self._layers = layers  # the struct points into it
         self._keep = (model, tuple(k_caches), tuple(v_caches))
         self._embed = model.embed
+        # the LM head of these steps' rows, on the step's own products (BF16 tiles where the
+        # CPU has them); the model's own head stays on float products for every other step
+        head = model.lm_head
+        self._head = blocks_linear(head.blocks, gemm) if isinstance(head, BlockLinear) else head
         self._run = gemm.decode_step_function()
         self.argmax = gemm.argmax  # greedy sampling of the logits these steps lead to
-        self._level = gemm.level  # the C code's level (0 portable, 1 AVX2, 2 + AVX-512)
+        self._level = gemm.level  # the C code's level (0 portable, 1 AVX2, 2 + AVX-512, 3 + BF16)
         # the step's scratch, kept across steps and grown on demand
         self._workspace = torch.empty(0, dtype=torch.uint8)
         self._workspace_bytes = _I64(0)
@@ -153,6 +163,11 @@ class NativeDecoder:
             with torch.profiler.record_function("native::decode_step"):
                 return self._step(input_ids, positions, meta)
         return self._step(input_ids, positions, meta)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """[N, hidden] final hidden states of these steps -> [N, vocab] float32 logits."""
+        logits: Tensor = self._head(hidden)
+        return logits.float()
 
     def _step(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata) -> Tensor:
         rows = input_ids.shape[0]

@@ -555,6 +555,7 @@ void pg_product_rows(const Problem *p, int q4_1, int64_t n0, int64_t n1, float *
                      int avx2) {
     float *dw = scratch, *mw = scratch + TILE_N * p->nb;
 #if PG_X86
+    if (avx2 >= PG_AVX512_BF16 && p->xf && pg_bf16_rows_avx512(p, q4_1, n0, n1)) return;
     if (avx2 >= PG_AVX512 && p->xf) {
         pg_float_rows_avx512(p, q4_1, n0, n1);
         return;

@@ -1,7 +1,7 @@
 """Typed ctypes bindings of `block_gemm.c`: y [T, N] = x [T, K] @ W.T for Q4_1 / Q8_0 blocks
 (and of `argmax.c`: greedy sampling's argmax over logit rows).
 
-`BlockGemm(lib, avx2=..., avx512=...)` wraps a loaded library; `native_gemm()` is the
+`BlockGemm(lib, avx2=..., avx512=..., bf16=...)` wraps a loaded library; `native_gemm()` is the
 process-wide one the engine uses (None when the library is off or cannot be built). Wrappers
 check dtypes, shapes and contiguity before handing raw pointers to C; argtypes are set once per
 library.
@@ -22,7 +22,7 @@ from engine.quant_blocks import QK, Q4_1Blocks, Q8_0Blocks
 
 # The C functions' status codes (block_gemm.h); 4, a workspace too small, is handled by callers.
 _ERRORS = {1: "bad shape or index", 2: "out of memory",
-           3: "the CPU lacks the instructions asked for (AVX2/FMA/F16C, AVX-512F)"}
+           3: "the CPU lacks the instructions asked for (AVX2/FMA/F16C, AVX-512F, AVX-512 BF16)"}
 NEED_WORKSPACE = 4
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
@@ -38,6 +38,8 @@ class QuantizedActivations(NamedTuple):
 def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_cpu_has_avx2.argtypes, lib.pg_cpu_has_avx2.restype = [], _INT
     lib.pg_cpu_has_avx512.argtypes, lib.pg_cpu_has_avx512.restype = [], _INT
+    lib.pg_cpu_has_avx512_bf16.argtypes, lib.pg_cpu_has_avx512_bf16.restype = [], _INT
+    lib.pg_bf16_max_rows.argtypes, lib.pg_bf16_max_rows.restype = [], _INT
     lib.pg_float_tile_rows.argtypes, lib.pg_float_tile_rows.restype = [], _INT
     lib.pg_quantize_activations.argtypes = [_P, _I64, _I64, _P, _P, _P, _INT]
     lib.pg_quantize_activations.restype = _INT
@@ -93,44 +95,68 @@ def bind(blocks: Q4_1Blocks | Q8_0Blocks) -> BoundWeight:
 
 
 class BlockGemm:
-    """The native block-quantized products of one loaded library: scalar code, AVX2, or AVX2
-    with the float panels (two or more activation rows) in AVX-512."""
+    """The native block-quantized products of one loaded library: scalar code, AVX2, AVX2 with
+    the float products of two or more activation rows in AVX-512, and those of 2 to
+    `bf16_max_rows` rows in BF16 dot products (activations and weights rounded to bfloat16)."""
 
-    def __init__(self, lib: ctypes.CDLL, *, avx2: bool, avx512: bool = False) -> None:
+    def __init__(self, lib: ctypes.CDLL, *, avx2: bool, avx512: bool = False,
+                 bf16: bool = False) -> None:
         _declare(lib)
         if avx2 and not lib.pg_cpu_has_avx2():
             raise ValueError("avx2=True on a CPU without AVX2/FMA/F16C")
         if avx512 and not (avx2 and lib.pg_cpu_has_avx512()):
             raise ValueError("avx512=True needs avx2=True and a CPU with AVX-512F")
+        if bf16 and not (avx512 and lib.pg_cpu_has_avx512_bf16()):
+            raise ValueError("bf16=True needs avx512=True and a CPU with AVX-512 BW and BF16")
         self._lib = lib
         self.avx2 = avx2
         self.avx512 = avx512
-        # the C entry points' `avx2` argument: 0 portable, 1 AVX2, 2 AVX2 + AVX-512 panels
-        self.level = 2 if avx512 else int(avx2)
+        self.bf16 = bf16
+        # the C entry points' `avx2` argument: 0 portable, 1 AVX2, 2 AVX2 + AVX-512 panels,
+        # 3 those and BF16 dot products
+        self.level = 3 if bf16 else 2 if avx512 else int(avx2)
         # from this many rows of x on, products multiply float x by dequantized weight blocks
         self.float_tile_rows: int = lib.pg_float_tile_rows()
+        # float products of float_tile_rows..bf16_max_rows rows round x and W to bfloat16
+        self.bf16_max_rows: int = lib.pg_bf16_max_rows() if bf16 else 0
         self._q4_1 = lib.pg_q4_1_matmul
         self._q8_0 = lib.pg_q8_0_matmul
         self._argmax = lib.pg_argmax_rows
 
     @classmethod
     def best(cls, lib: ctypes.CDLL) -> BlockGemm:
-        """The widest code the CPU runs: AVX-512 panels, AVX2, else the scalar code."""
+        """The widest code the CPU runs: BF16 dot products, AVX-512 panels, AVX2, else the
+        scalar code."""
         _declare(lib)
         avx2 = bool(lib.pg_cpu_has_avx2())
-        return cls(lib, avx2=avx2, avx512=avx2 and bool(lib.pg_cpu_has_avx512()))
+        avx512 = avx2 and bool(lib.pg_cpu_has_avx512())
+        return cls(lib, avx2=avx2, avx512=avx512,
+                   bf16=avx512 and bool(lib.pg_cpu_has_avx512_bf16()))
 
     @classmethod
     def named(cls, lib: ctypes.CDLL, path: str) -> BlockGemm | None:
-        """The code path `path` ("scalar", "avx2" or "avx512"), None when the CPU lacks it."""
+        """The code path `path` ("scalar", "avx2", "avx512" (float products, no bfloat16) or
+        "avx512bf16"), None when the CPU lacks it."""
         best = cls.best(lib)
         if path == "scalar":
             return cls(lib, avx2=False)
         if path == "avx2":
             return cls(lib, avx2=True) if best.avx2 else None
         if path == "avx512":
-            return best if best.avx512 else None
+            return cls(lib, avx2=True, avx512=True) if best.avx512 else None
+        if path == "avx512bf16":
+            return best if best.bf16 else None
         raise ValueError(f"unknown code path {path!r}")
+
+    def exact(self) -> BlockGemm:
+        """This code path with float32 products of every row count (no bfloat16 rounding)."""
+        if not self.bf16:
+            return self
+        return BlockGemm(self._lib, avx2=self.avx2, avx512=self.avx512)
+
+    def rounds_to_bf16(self, rows: int) -> bool:
+        """Whether a product of `rows` activation rows rounds x and W to bfloat16."""
+        return self.float_tile_rows <= rows <= self.bf16_max_rows
 
     def matmul(self, w: BoundWeight, x: Tensor, threads: int) -> Tensor:
         """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16 below
@@ -211,5 +237,6 @@ def native_gemm() -> BlockGemm | None:
     if lib is None:
         return None
     mode = NativeSettings.from_env().mode
-    chosen = BlockGemm.named(lib, mode) if mode in ("scalar", "avx2") else None
-    return chosen or BlockGemm.best(lib)  # "avx2" on a CPU without it: the scalar code
+    chosen = BlockGemm.named(lib, mode) if mode != "auto" else None
+    # a path the CPU lacks: the widest it has ("avx2" without AVX2 gives the scalar code)
+    return chosen or BlockGemm.best(lib)

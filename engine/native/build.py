@@ -9,9 +9,10 @@ kernels share one thread pool. Nothing is downloaded; with no compiler, or
 `PREFIXGATE_NATIVE_GEMM=off`, `load_library()` returns None and the engine keeps torch's kernels
 (one warning in the log says why).
 
-`PREFIXGATE_NATIVE_GEMM`: "auto" (default: the widest code the CPU runs: AVX-512 float panels
-beside AVX2, AVX2, else the scalar code), "avx2" (no AVX-512), "scalar" (force the portable
-code) or "off" (no native library).
+`PREFIXGATE_NATIVE_GEMM`: "auto" (default: the widest code the CPU runs: BF16 dot products for
+products of 2-8 rows, beside AVX-512 float panels and AVX2; else AVX-512 float panels, AVX2, or
+the scalar code), "avx512" (AVX-512 float products, no bfloat16 rounding), "avx2" (no AVX-512),
+"scalar" (force the portable code) or "off" (no native library).
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from typing import Literal, get_args
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "block_gemm.c", HERE / "panels_avx512.c", HERE / "decode_step.c",
-           HERE / "argmax.c")
+SOURCES = (HERE / "block_gemm.c", HERE / "panels_avx512.c", HERE / "tiles_bf16.c",
+           HERE / "decode_step.c", HERE / "argmax.c")
 HEADERS = (HERE / "block_gemm.h",)
-NativeMode = Literal["auto", "avx2", "scalar", "off"]
+NativeMode = Literal["auto", "avx512", "avx2", "scalar", "off"]
 NATIVE_MODES: tuple[str, ...] = get_args(NativeMode)
 _CFLAGS = ("-O3", "-fPIC", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-Werror")
 

@@ -57,5 +57,6 @@ def test_product_rate_names_the_kernels_it_timed() -> None:
     rate = engine_rows.product_rate(1, (64, 32), repeats=2)
     gemm = native_gemm()
     expected = ("torch float32" if gemm is None else
+                "native AVX-512 BF16 tiles" if gemm.bf16 else
                 "native AVX-512 fused tiles" if gemm.avx512 else "native float panels")
     assert rate.source == expected and rate.flops > 0

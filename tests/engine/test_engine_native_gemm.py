@@ -2,9 +2,10 @@
 
 Reference: the weights dequantized by the `gguf` library from the blocks' GGUF bytes, times the
 activations in float64: below the library's float-tile row count quantized per block of 32 to
-int16 by torch (max|x| / 32767, round half to even), from there on as they are.
-The scalar, AVX2 and AVX-512 code, T in 1..9 and 17 (int16 and float tiles, partial
-tiles), odd out_features.
+int16 by torch (max|x| / 32767, round half to even), from there on as they are, except on the
+BF16 path up to its row limit, where torch rounds both x and W to bfloat16 first.
+The scalar, AVX2, AVX-512 and AVX-512 BF16 code, T in 1..9 and 17 (int16, bfloat16 and float
+tiles, partial tiles), odd out_features.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def library() -> object:
     return lib
 
 
-PATHS = ["scalar", "avx2", "avx512"]
+PATHS = ["scalar", "avx2", "avx512", "avx512bf16"]
 
 
 def _gemms(lib: object) -> list[BlockGemm]:
@@ -103,6 +104,8 @@ def test_kernel_matches_float64_reference(
     if t >= gemm.float_tile_rows:
         x_deq = x.double()  # float tiles: no activation rounding
     w_ref = torch.from_numpy(reference_weight(blocks))  # [n, k] float64
+    if gemm.rounds_to_bf16(t):
+        x_deq, w_ref = x_deq.bfloat16().double(), w_ref.float().bfloat16().double()
     expected = x_deq @ w_ref.t()  # [t, n] float64
     got = _run(gemm, blocks, x)
     assert got.shape == (t, n) and got.dtype == torch.float32
@@ -124,10 +127,14 @@ def test_native_dequantize_is_the_reference_weight(
 
 @pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
 def test_threads_and_code_paths_agree(library: object, grid: str) -> None:
+    """Float products agree across paths; the BF16 path, which rounds x and W first, agrees
+    with itself. A row's sum never depends on the thread split."""
     blocks, x = _problem(grid, 131, 96, 5)
-    outputs = [_run(g, blocks, x, threads) for g in _gemms(library) for threads in (1, 2, 3)]
-    for out in outputs[1:]:  # a row's sum never depends on the thread split
-        torch.testing.assert_close(out, outputs[0], rtol=1e-5, atol=1e-4)
+    gemms = _gemms(library)
+    for family in ([g for g in gemms if not g.bf16], [g for g in gemms if g.bf16]):
+        outputs = [_run(g, blocks, x, threads) for g in family for threads in (1, 2, 3)]
+        for out in outputs[1:]:
+            torch.testing.assert_close(out, outputs[0], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("grid", ["q4_1", "q8_0"])
@@ -196,11 +203,13 @@ def test_settings_reject_unknown_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_library.__wrapped__() is None
 
 
-@pytest.mark.parametrize(("mode", "want"), [("auto", None), ("avx2", "avx2"), ("scalar", "scalar")])
+@pytest.mark.parametrize(("mode", "want"), [("auto", None), ("avx512", "avx512"), ("avx2", "avx2"),
+                                          ("scalar", "scalar")])
 def test_settings_choose_the_code_path(
     monkeypatch: pytest.MonkeyPatch, library: object, mode: str, want: str | None
 ) -> None:
-    """"auto" takes the widest code the CPU runs; "avx2" keeps AVX-512 off; "scalar" both."""
+    """"auto" takes the widest code the CPU runs; "avx512" keeps bfloat16 off; "avx2" AVX-512
+    too; "scalar" all three."""
     best = BlockGemm.best(library)  # type: ignore[arg-type]
     monkeypatch.setenv("PREFIXGATE_NATIVE_GEMM", mode)
     native_gemm.cache_clear()
@@ -211,7 +220,11 @@ def test_settings_choose_the_code_path(
         native_gemm.cache_clear()
     assert got is not None
     if want is None:
-        assert (got.avx2, got.avx512, got.level) == (best.avx2, best.avx512, best.level)
+        assert (got.avx2, got.avx512, got.bf16, got.level) == (
+            best.avx2, best.avx512, best.bf16, best.level)
+    elif want == "avx512":
+        assert (got.avx512, got.bf16, got.level) == (best.avx512, False, 2 if best.avx512 else
+                                                     int(best.avx2))
     elif want == "avx2":
         assert (got.avx2, got.avx512, got.level) == (best.avx2, False, int(best.avx2))
     else:

@@ -19,6 +19,7 @@ from engine.llm_engine import Engine
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.native import BlockGemm, load_library, native_gemm
+from engine.native_linear import BlockLinear
 from engine.native_step import MAX_DECODE_ROWS, NativeDecoder, native_decoder
 from engine.sampling_params import SamplingParams
 
@@ -107,7 +108,7 @@ class Pages:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16], ids=["kv32", "kv16"])
-@pytest.mark.parametrize("path", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("path", ["avx512bf16", "avx512", "avx2", "scalar"])
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 @pytest.mark.parametrize(("head_dim", "layout"), [(32, "interleaved"), (16, "half")])
 def test_native_step_equals_the_torch_path(
@@ -120,6 +121,9 @@ def test_native_step_equals_the_torch_path(
     if gemm is None:
         pytest.skip(f"CPU without {path}")
     model = _model(head_dim, layout, quantization)
+    for module in model.modules():  # the torch path's products: the same code as the step's
+        if isinstance(module, BlockLinear):
+            module.gemm = gemm
     # contexts: none, within one page, past one run of 128 keys, past two runs
     pages = Pages(model, [0, 5, 130, 300], seed=head_dim, kv_dtype=kv_dtype)
     reference = pages.copy()
@@ -157,6 +161,35 @@ def test_halves_are_stored_rounded_as_torch_rounds(path: str) -> None:
     got, want = gemm.halves(values), values.to(torch.float16)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert gemm.halves(torch.full((9,), float("nan"))).isnan().all()
+
+
+def test_only_batched_decode_steps_round_to_bf16() -> None:
+    """On the BF16 path a decode step of several sequences and its LM head round to bfloat16;
+    the model's own products (prefill chunks, verify steps) stay float32."""
+    lib = load_library()
+    assert lib is not None
+    gemm = BlockGemm.named(lib, "avx512bf16")
+    if gemm is None:
+        pytest.skip("CPU without AVX-512 BF16")
+    model = _model(32, "interleaved", "int4")
+    linears = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    assert linears and not any(m.gemm.bf16 for m in linears)  # quantize() takes gemm.exact()
+    pages = Pages(model, [3, 20, 40], seed=4)
+    native = NativeDecoder(model, gemm, pages.k, pages.v)
+    meta, ids, pos = pages.decode_inputs(seed=0)
+    with torch.inference_mode():
+        hidden = native(ids, pos, meta)
+        got = native.logits(hidden)
+        model_head = model.compute_logits(hidden)
+    head = model.lm_head
+    assert isinstance(head, BlockLinear)
+    w = head.dequantized().double()
+    rounded = hidden.bfloat16().double() @ w.bfloat16().double().t()
+    exact = hidden.double() @ w.t()
+    tol = 8 * w.shape[1] * 2**-24 * (hidden.double().abs() @ w.abs().t()) + 1e-6
+    assert bool(((got.double() - rounded).abs() <= tol).all())
+    assert bool(((model_head.double() - exact).abs() <= tol).all())
+    assert not torch.allclose(got, model_head, atol=1e-4, rtol=0)  # the two heads do differ
 
 
 def test_negative_slot_is_not_stored_and_bad_indices_are_refused() -> None:
@@ -204,13 +237,22 @@ def test_decoder_takes_decode_steps_of_block_models_only(monkeypatch: pytest.Mon
 def test_engine_generates_the_same_tokens_with_and_without_the_native_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The real model (int4, the GGUF's own blocks), two prompts batched: greedy tokens equal."""
+    """The real model (int4, the GGUF's own blocks), two prompts batched: greedy tokens equal.
+    Float products on both sides: with bfloat16 ones, the paths' last-bit differences in
+    attention round some activations the other way, and near-ties then part (the BF16
+    products' quality is measured in test_engine_model_quant)."""
     prompts = ["Name three primary colours.", "Write a Python function that reverses a string."]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    monkeypatch.setenv("PREFIXGATE_NATIVE_GEMM", "avx512")
+    native_gemm.cache_clear()
     outputs = []
-    for setting in ("on", "off"):
-        monkeypatch.setenv("PREFIXGATE_NATIVE_STEP", setting)
-        engine = Engine(EngineConfig(quantization="int4"))
-        assert (engine.runner.native_decoder is not None) == (setting == "on")
-        outputs.append([out.token_ids for out in engine.generate(prompts, params)])
+    try:
+        for setting in ("on", "off"):
+            monkeypatch.setenv("PREFIXGATE_NATIVE_STEP", setting)
+            engine = Engine(EngineConfig(quantization="int4"))
+            assert (engine.runner.native_decoder is not None) == (setting == "on")
+            outputs.append([out.token_ids for out in engine.generate(prompts, params)])
+    finally:
+        monkeypatch.undo()
+        native_gemm.cache_clear()
     assert outputs[0] == outputs[1] and all(len(ids) == 24 for ids in outputs[0])
