@@ -5,7 +5,7 @@ and a 30-layer step runs about 300 of them; run one by one from Python each cost
 dispatch than in arithmetic. `NativeDecoder` hands a whole decode step (every layer, then the
 final norm) to C: one OpenMP region with the products split by output rows and attention by
 (token, query head). Same weights and activation rounding as the per-op path
-(`engine.native_linear`), except that on a CPU with AVX-512 BF16 the products of steps of 2-8
+(`engine.native_linear`), except that on a CPU with AVX-512 BF16 the products of steps of 5-8
 sequences (and their LM head, a `Q8_0Linear` call on the result) round activations and
 weights to bfloat16 (`engine/native/tiles_bf16.c`, 1.3-1.4x the 8-stream decode): batched
 decode is where a step is bound by multiply-adds. The model's own products (prefill chunks,

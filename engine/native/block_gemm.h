@@ -49,14 +49,17 @@ int pg_cpu_has_avx2(void);
  * below. */
 int pg_cpu_has_avx512(void);
 #define PG_AVX512 2
-/* Level PG_AVX512_BF16 (3): PG_AVX512, and products of 2..BF16_MAX_ROWS activation rows in
- * BF16 dot products (tiles_bf16.c: activations and weights rounded to bfloat16). */
+/* Level PG_AVX512_BF16 (3): PG_AVX512, and products of BF16_MIN_ROWS..BF16_MAX_ROWS activation
+ * rows in BF16 dot products (tiles_bf16.c: activations and weights rounded to bfloat16). */
 #define PG_AVX512_BF16 3
+#define BF16_MIN_ROWS 5
 #define BF16_MAX_ROWS 8
 /* AVX-512 BW and BF16 besides AVX-512F (tiles_bf16.c). */
 int pg_cpu_has_avx512_bf16(void);
+int pg_bf16_min_rows(void);
 int pg_bf16_max_rows(void);
-/* Products of weight rows n0..n1 (p->xf set, 2 <= T <= BF16_MAX_ROWS) in BF16 dot products;
+/* Products of weight rows n0..n1 (p->xf set, BF16_MIN_ROWS <= T <= BF16_MAX_ROWS) in BF16 dot
+ * products;
  * 0 when it does not take them (other T, no memory for the rounded rows). */
 int pg_bf16_rows_avx512(const Problem *p, int q4_1, int64_t n0, int64_t n1);
 static inline int pg_cpu_lacks(int avx2) {

@@ -39,6 +39,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pg_cpu_has_avx2.argtypes, lib.pg_cpu_has_avx2.restype = [], _INT
     lib.pg_cpu_has_avx512.argtypes, lib.pg_cpu_has_avx512.restype = [], _INT
     lib.pg_cpu_has_avx512_bf16.argtypes, lib.pg_cpu_has_avx512_bf16.restype = [], _INT
+    lib.pg_bf16_min_rows.argtypes, lib.pg_bf16_min_rows.restype = [], _INT
     lib.pg_bf16_max_rows.argtypes, lib.pg_bf16_max_rows.restype = [], _INT
     lib.pg_float_tile_rows.argtypes, lib.pg_float_tile_rows.restype = [], _INT
     lib.pg_quantize_activations.argtypes = [_P, _I64, _I64, _P, _P, _P, _INT]
@@ -96,8 +97,9 @@ def bind(blocks: Q4_1Blocks | Q8_0Blocks) -> BoundWeight:
 
 class BlockGemm:
     """The native block-quantized products of one loaded library: scalar code, AVX2, AVX2 with
-    the float products of two or more activation rows in AVX-512, and those of 2 to
-    `bf16_max_rows` rows in BF16 dot products (activations and weights rounded to bfloat16)."""
+    the float products of two or more activation rows in AVX-512, and those of `bf16_min_rows`
+    to `bf16_max_rows` rows in BF16 dot products (activations and weights rounded to
+    bfloat16)."""
 
     def __init__(self, lib: ctypes.CDLL, *, avx2: bool, avx512: bool = False,
                  bf16: bool = False) -> None:
@@ -117,8 +119,9 @@ class BlockGemm:
         self.level = 3 if bf16 else 2 if avx512 else int(avx2)
         # from this many rows of x on, products multiply float x by dequantized weight blocks
         self.float_tile_rows: int = lib.pg_float_tile_rows()
-        # float products of float_tile_rows..bf16_max_rows rows round x and W to bfloat16
-        self.bf16_max_rows: int = lib.pg_bf16_max_rows() if bf16 else 0
+        # products of bf16_min_rows..bf16_max_rows rows round x and W to bfloat16
+        self.bf16_min_rows: int = lib.pg_bf16_min_rows() if bf16 else 0
+        self.bf16_max_rows: int = lib.pg_bf16_max_rows() if bf16 else -1
         self._q4_1 = lib.pg_q4_1_matmul
         self._q8_0 = lib.pg_q8_0_matmul
         self._argmax = lib.pg_argmax_rows
@@ -156,7 +159,7 @@ class BlockGemm:
 
     def rounds_to_bf16(self, rows: int) -> bool:
         """Whether a product of `rows` activation rows rounds x and W to bfloat16."""
-        return self.float_tile_rows <= rows <= self.bf16_max_rows
+        return self.bf16_min_rows <= rows <= self.bf16_max_rows
 
     def matmul(self, w: BoundWeight, x: Tensor, threads: int) -> Tensor:
         """x [T, in] float32 @ W.T -> [T, out] float32 (x quantized per block to int16 below

@@ -10,7 +10,7 @@ kernels share one thread pool. Nothing is downloaded; with no compiler, or
 (one warning in the log says why).
 
 `PREFIXGATE_NATIVE_GEMM`: "auto" (default: the widest code the CPU runs: BF16 dot products for
-products of 2-8 rows, beside AVX-512 float panels and AVX2; else AVX-512 float panels, AVX2, or
+products of 5-8 rows, beside AVX-512 float panels and AVX2; else AVX-512 float panels, AVX2, or
 the scalar code), "avx512" (AVX-512 float products, no bfloat16 rounding), "avx2" (no AVX-512),
 "scalar" (force the portable code) or "off" (no native library).
 """

@@ -1,5 +1,5 @@
-/* Products of 2 to BF16_MAX_ROWS activation rows in BF16 dot products (AVX-512 BF16): batched
- * decode and short verifies, where a step is bound by multiply-adds, not by weight bytes.
+/* Products of BF16_MIN_ROWS to BF16_MAX_ROWS activation rows in BF16 dot products (AVX-512
+ * BF16): batched decode steps, bound by multiply-adds, not by weight bytes.
  *
  * Each weight block is dequantized once per tile (d * q + m for Q4_1, d * q for Q8_0, one
  * float rounding as on every path) and rounded to bfloat16; the activation rows are rounded to
@@ -10,9 +10,11 @@
  * bfloat16 (2^-9 relative per value): measured ~2e-3 of a row's product on random blocks,
  * against Q4_1's own step of ~3% of a block's range. Subnormal inputs count as zero.
  *
- * Measured side by side on this file's shapes at 8 rows (Zen 5, 2 threads): gate_up 3072 x 576
- * 206 -> 389 GFLOP/s, down 576 x 1536 187 -> 433, qkv 960 x 576 206 -> 373, against
- * panels_avx512.c's float fused tiles.
+ * Measured side by side against panels_avx512.c's float fused tiles, 2 threads, SmolLM2's shapes
+ * (ms per product): gate_up 3072 x 576 at 8 rows 0.107 -> 0.078, 6 rows 0.081 -> 0.066, 5 rows
+ * 0.066 -> 0.060, 4 rows 0.056 -> 0.055, 2 rows 0.044 -> 0.045; the Q8_0 LM head at 8 rows 1.54
+ * -> 1.14. Below BF16_MIN_ROWS rows dequantizing the blocks costs more than the multiply-adds
+ * it feeds, the halved multiply-adds gain nothing, and the float tiles (no rounding) run there.
  *
  * Q4_1 codes become bfloat16 with one word permute: a block's 16 entries d * c + m (c = 0..15)
  * rounded to bfloat16 fill both halves of a table of 32 words; the 16 code bytes widened to
@@ -22,6 +24,7 @@
  */
 #include "block_gemm.h"
 
+int pg_bf16_min_rows(void) { return BF16_MIN_ROWS; }
 int pg_bf16_max_rows(void) { return BF16_MAX_ROWS; }
 
 #if PG_X86
@@ -106,9 +109,6 @@ BF16_INLINE void tiles(const Problem *p, const uint16_t *xb, int q4_1, int64_t n
 BF16_INLINE void products(const Problem *p, const uint16_t *xb, int q4_1, int64_t n0,
                           int64_t n1) {
     switch (p->T) {
-    case 2: tiles(p, xb, q4_1, n0, n1, 6, 2); break;
-    case 3: tiles(p, xb, q4_1, n0, n1, 6, 3); break;
-    case 4: tiles(p, xb, q4_1, n0, n1, 6, 4); break;
     case 5: tiles(p, xb, q4_1, n0, n1, 4, 5); break;
     case 6: tiles(p, xb, q4_1, n0, n1, 4, 6); break;
     case 7: tiles(p, xb, q4_1, n0, n1, 3, 7); break;
@@ -132,7 +132,7 @@ static _Thread_local int64_t rows_capacity;
 __attribute__((target(BF16_TARGET))) int pg_bf16_rows_avx512(const Problem *p, int q4_1,
                                                              int64_t n0, int64_t n1) {
     const int64_t count = p->T * p->K;
-    if (p->T < 2 || p->T > BF16_MAX_ROWS || !p->xf) return 0;
+    if (p->T < BF16_MIN_ROWS || p->T > BF16_MAX_ROWS || !p->xf) return 0;
     if (count > rows_capacity) {
         uint16_t *grown = realloc(rows_bf16, (size_t)count * sizeof(uint16_t));
         if (!grown) return 0; /* the caller takes the float tiles */

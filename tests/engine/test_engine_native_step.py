@@ -174,7 +174,8 @@ def test_only_batched_decode_steps_round_to_bf16() -> None:
     model = _model(32, "interleaved", "int4")
     linears = [m for m in model.modules() if isinstance(m, BlockLinear)]
     assert linears and not any(m.gemm.bf16 for m in linears)  # quantize() takes gemm.exact()
-    pages = Pages(model, [3, 20, 40], seed=4)
+    pages = Pages(model, [3, 20, 40, 0, 7, 33], seed=4)  # six rows: in the BF16 tiles' range
+    assert gemm.rounds_to_bf16(6)
     native = NativeDecoder(model, gemm, pages.k, pages.v)
     meta, ids, pos = pages.decode_inputs(seed=0)
     with torch.inference_mode():
