@@ -59,8 +59,7 @@ int pg_cpu_has_avx512_bf16(void);
 int pg_bf16_min_rows(void);
 int pg_bf16_max_rows(void);
 /* Products of weight rows n0..n1 (p->xf set, BF16_MIN_ROWS <= T <= BF16_MAX_ROWS) in BF16 dot
- * products;
- * 0 when it does not take them (other T, no memory for the rounded rows). */
+ * products; 0 when it does not take them (other T, no memory for the rounded rows). */
 int pg_bf16_rows_avx512(const Problem *p, int q4_1, int64_t n0, int64_t n1);
 static inline int pg_cpu_lacks(int avx2) {
     return (avx2 && !pg_cpu_has_avx2()) || (avx2 >= PG_AVX512 && !pg_cpu_has_avx512()) ||
