@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = (HERE / "block_gemm.c", HERE / "panels_avx512.c", HERE / "tiles_bf16.c",
            HERE / "decode_step.c", HERE / "argmax.c")
-HEADERS = (HERE / "block_gemm.h",)
+HEADERS = (HERE / "block_gemm.h", HERE / "blocks_avx512.h")
 NativeMode = Literal["auto", "avx512", "avx2", "scalar", "off"]
 NATIVE_MODES: tuple[str, ...] = get_args(NativeMode)
 _CFLAGS = ("-O3", "-fPIC", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-Werror")

@@ -16,16 +16,14 @@
  * rows to pay for it). One thread's multiply-adds from L1 on this CPU: 31 GMAC/s in 16 lanes
  * against 17 in AVX2's 8.
  */
-#include "block_gemm.h"
+#include "blocks_avx512.h"
 
 #if PG_X86
 #define AVX512 __attribute__((target("avx2,fma,f16c,avx512f")))
-#define AVX512_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c,avx512f")))
 
 #define PANEL_ROWS 6    /* weight rows of a panel */
 #define TILE_COLS 4     /* activation rows of a register tile */
 #define PANEL_BLOCKS 24 /* the most blocks of a panel (18 KB): longer rows in K chunks */
-#define LANES 16
 
 int pg_cpu_has_avx512(void) {
 #if defined(__GNUC__)
@@ -38,31 +36,6 @@ int pg_cpu_has_avx512(void) {
 #else
     return 0;
 #endif
-}
-
-/* Block b of the weight row starting at block `row` as two vectors of 16 values: for Q4_1
- * d * q + m looked up by code (a block's 16 code bytes hold elements 0..15 in their low
- * nibbles, 16..31 in their high ones; a permute reads an index's low 4 bits, so the low
- * nibble needs no mask), for Q8_0 d * q. One rounding per value, as every other path. */
-AVX512_INLINE void dequantize_block(const Problem *p, int q4_1, int64_t row, int64_t b,
-                                    __m512 w[2]) {
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(p->d[row + b]));
-    if (q4_1) {
-        const __m512 codes16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-                                              14, 15);
-        const __m512 values = _mm512_fmadd_ps(d, codes16,
-                                              _mm512_set1_ps(_cvtsh_ss(p->m[row + b])));
-        const __m128i c = _mm_loadu_si128((const __m128i *)(p->codes + (row + b) * 16));
-        const __m512i q = _mm512_cvtepu8_epi32(c);
-        w[0] = _mm512_permutexvar_ps(q, values);
-        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values);
-    } else {
-        const int8_t *c = (const int8_t *)p->codes + (row + b) * QK;
-        for (int i = 0; i < 2; i++) {
-            const __m128i q8 = _mm_loadu_si128((const __m128i *)(c + LANES * i));
-            w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)));
-        }
-    }
 }
 
 /* Weight rows n..n+rn (rn <= PANEL_ROWS), blocks b0..b1, dequantized into the panel. */

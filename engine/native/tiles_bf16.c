@@ -22,7 +22,7 @@
  * the high nibble's low bit only picks the table's copy), the high nibbles shifted down.
  * Elements come out in their natural order (0..15 low, 16..31 high), as the activations.
  */
-#include "block_gemm.h"
+#include "blocks_avx512.h"
 
 int pg_bf16_min_rows(void) { return BF16_MIN_ROWS; }
 int pg_bf16_max_rows(void) { return BF16_MAX_ROWS; }
@@ -30,7 +30,6 @@ int pg_bf16_max_rows(void) { return BF16_MAX_ROWS; }
 #if PG_X86
 #define BF16_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512bf16"
 #define BF16_INLINE static inline __attribute__((always_inline, target(BF16_TARGET)))
-#define LANES 16
 #define MAX_TILE_ROWS 6 /* weight rows of a tile */
 
 int pg_cpu_has_avx512_bf16(void) {
@@ -59,15 +58,12 @@ BF16_INLINE __m512i block_q4_1(const Problem *p, int64_t at) {
     return _mm512_permutexvar_epi16(index, table);
 }
 
-/* Weight block `at` of Q8_0 as 32 bfloat16 values in element order. */
+/* Weight block `at` of Q8_0 as 32 bfloat16 values in element order: the float tiles' d * q,
+ * rounded. */
 BF16_INLINE __m512i block_q8_0(const Problem *p, int64_t at) {
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(p->d[at]));
-    const int8_t *c = (const int8_t *)p->codes + at * QK;
-    const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(
-                                           _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c))));
-    const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                           _mm_loadu_si128((const __m128i *)(c + LANES)))));
-    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    __m512 w[2];
+    dequantize_block(p, 0, at, 0, w);
+    return (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]);
 }
 
 /* y[t][n..n+rn] = weight rows n..n+rn . activation rows t (tc of them, bfloat16 xb [tc, K]). */
