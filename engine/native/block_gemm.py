@@ -122,6 +122,7 @@ class BlockGemm:
         # products of bf16_min_rows..bf16_max_rows rows round x and W to bfloat16
         self.bf16_min_rows: int = lib.pg_bf16_min_rows() if bf16 else 0
         self.bf16_max_rows: int = lib.pg_bf16_max_rows() if bf16 else -1
+        self._exact: BlockGemm | None = None
         self._q4_1 = lib.pg_q4_1_matmul
         self._q8_0 = lib.pg_q8_0_matmul
         self._argmax = lib.pg_argmax_rows
@@ -155,7 +156,9 @@ class BlockGemm:
         """This code path with float32 products of every row count (no bfloat16 rounding)."""
         if not self.bf16:
             return self
-        return BlockGemm(self._lib, avx2=self.avx2, avx512=self.avx512)
+        if self._exact is None:  # one per path: every projection of a model asks for it
+            self._exact = BlockGemm(self._lib, avx2=self.avx2, avx512=self.avx512)
+        return self._exact
 
     def rounds_to_bf16(self, rows: int) -> bool:
         """Whether a product of `rows` activation rows rounds x and W to bfloat16."""
