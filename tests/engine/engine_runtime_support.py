@@ -17,6 +17,8 @@ from engine.llm_engine import Engine
 from engine.loader import LoadedModel, parameter_bytes
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
+from engine.native import BlockGemm
+from engine.native_linear import BlockLinear
 from engine.scheduler import SchedulerOutput
 
 STOP = 256
@@ -129,3 +131,11 @@ def watch_steps(eng: Engine, measure: Callable[[SchedulerOutput], object]) -> li
 
     eng.scheduler.schedule = spy  # type: ignore[method-assign]
     return seen
+
+
+def pin_products(model: LlamaModel, gemm: BlockGemm) -> LlamaModel:
+    """`model` with every native block projection (and its LM head) on `gemm`'s code path."""
+    for module in model.modules():
+        if isinstance(module, BlockLinear):
+            module.gemm = gemm
+    return model

@@ -22,7 +22,9 @@ from engine.linear import (
 from engine.loader import LoadedModel, default_model_path, load_model
 from engine.model import LlamaModel
 from engine.native import BlockGemm, load_library
-from engine.native_linear import FLOAT_GEMM_ROWS, BlockLinear, Q4_1Linear, Q8_0Linear
+from engine.native_linear import FLOAT_GEMM_ROWS, Q4_1Linear, Q8_0Linear
+
+from .engine_runtime_support import pin_products
 
 FP16_LOGITS_ATOL = 0.1  # observed max |diff| ~0.03 against fp32 on logits of magnitude ~30
 # Max |logit - fp32 logit| over the prompt set's prefill rows and every decode step's logits
@@ -327,10 +329,7 @@ def test_batched_int4_decode_quality_against_fp32(loaded_model: LoadedModel, pat
     gemm = BlockGemm.named(load_library(), path)  # type: ignore[arg-type]
     if gemm is None:
         pytest.skip(f"this CPU cannot run the {path} code")
-    model = load_model(quantization="int4").model
-    for module in model.modules():
-        if isinstance(module, BlockLinear):
-            module.gemm = gemm
+    model = pin_products(load_model(quantization="int4").model, gemm)
     tok = loaded_model.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in BATCH_PROMPTS]
     bound = BATCH_BOUNDS[path]

@@ -23,6 +23,8 @@ from engine.native_linear import BlockLinear
 from engine.native_step import MAX_DECODE_ROWS, NativeDecoder, native_decoder
 from engine.sampling_params import SamplingParams
 
+from .engine_runtime_support import pin_products
+
 pytestmark = pytest.mark.skipif(native_gemm() is None, reason="no C compiler for the kernels")
 
 PAGE_SIZE = 16
@@ -120,10 +122,8 @@ def test_native_step_equals_the_torch_path(
     gemm = BlockGemm.named(lib, path)
     if gemm is None:
         pytest.skip(f"CPU without {path}")
-    model = _model(head_dim, layout, quantization)
-    for module in model.modules():  # the torch path's products: the same code as the step's
-        if isinstance(module, BlockLinear):
-            module.gemm = gemm
+    # the torch path's products run the same code as the step's
+    model = pin_products(_model(head_dim, layout, quantization), gemm)
     # contexts: none, within one page, past one run of 128 keys, past two runs
     pages = Pages(model, [0, 5, 130, 300], seed=head_dim, kv_dtype=kv_dtype)
     reference = pages.copy()
