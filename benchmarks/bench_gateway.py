@@ -69,7 +69,7 @@ SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worke
          "httptools): the fake upstream (no caching), prefixgate serve --upstream openai=... "
          "(lint report; lint and the shadow's tokens run once the request is sent, for a body up "
          "to 64 KiB on the event loop, a larger one in a worker thread; its upstream client: "
-         "httpx's interface over aiohttp), "
+         "httpx's interface over its own HTTP/1.1 connections), "
          "the bare proxy (benchmarks/bare_proxy.py: uvicorn + aiohttp, forwarding only), "
          "LiteLLM's proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
          f"{os.cpu_count()} CPUs shared by all")

@@ -124,6 +124,15 @@ def _timeout(request: httpx.Request) -> aiohttp.ClientTimeout:
                                  sock_connect=connect, sock_read=t.get("read"))
 
 
+def env_proxy(url: httpx.URL) -> _Proxy:
+    """The proxy the environment names for `url` (`HTTP(S)_PROXY`, `NO_PROXY`), else none."""
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(str(url)))
+        return _Proxy(proxy, auth)
+    except LookupError:
+        return _Proxy(None, None)
+
+
 @functools.cache
 def tls_context() -> ssl.SSLContext:
     """certifi's certificate store, as httpx's: loaded once per process (~20 ms), when the
@@ -146,12 +155,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         origin = (url.scheme, url.host, url.port)
         found = self._proxies.get(origin)
         if found is None:
-            try:
-                proxy, auth = get_env_proxy_for_url(URL(str(url)))
-                found = _Proxy(proxy, auth)
-            except LookupError:
-                found = _Proxy(None, None)
-            self._proxies[origin] = found
+            found = self._proxies[origin] = env_proxy(url)
         return found
 
     def _open(self) -> aiohttp.ClientSession:

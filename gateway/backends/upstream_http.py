@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import httpx
 import orjson
 
-from gateway.backends.aiohttp_transport import AiohttpTransport
+from gateway.backends.http1_transport import Http1Transport
 from gateway.types import BackendError, Final, TextDelta
 
 REPLICA_FAULT_KINDS = frozenset(
@@ -95,8 +95,9 @@ def client_limits(options: UpstreamOptions) -> httpx.Limits:
 
 
 def make_transport(options: UpstreamOptions) -> httpx.AsyncBaseTransport:
-    """The network transport of one replica: httpx's interface over aiohttp's client."""
-    return AiohttpTransport(client_limits(options))
+    """The network transport of one replica: httpx's interface over pooled HTTP/1.1
+    connections (gateway.backends.http1_transport; aiohttp's client for a proxied origin)."""
+    return Http1Transport(client_limits(options))
 
 
 def make_client(

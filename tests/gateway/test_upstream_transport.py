@@ -1,4 +1,5 @@
-"""The upstream backends' network transport (aiohttp under httpx's interface), on real sockets.
+"""The upstream backends' network transports (HTTP/1.1 on asyncio's sockets, and aiohttp, both
+under httpx's interface), on real sockets.
 
 Every behaviour is checked against httpx's own network transport as the reference: the same
 fake upstream, the same requests, the same items out. Then what the pooled transport must
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from gateway.backends.aiohttp_transport import AiohttpTransport
+from gateway.backends.http1_transport import Http1Transport
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.providers import make_upstream
 from gateway.backends.upstream_http import UpstreamOptions, client_limits
@@ -27,6 +29,7 @@ from .upstream_helpers import chat_request, fake_replicas, serving
 
 Transport = Callable[[UpstreamOptions], httpx.AsyncBaseTransport]
 TRANSPORTS: dict[str, Transport] = {
+    "http1": lambda o: Http1Transport(client_limits(o)),
     "aiohttp": lambda o: AiohttpTransport(client_limits(o)),
     "httpx": lambda o: httpx.AsyncHTTPTransport(limits=client_limits(o)),  # the reference
 }
@@ -55,17 +58,21 @@ def _usage(final: Any) -> tuple[int, int, int | None]:
     return u.prompt_tokens, u.completion_tokens, u.reported_cached_tokens
 
 
+OURS = ("http1", "aiohttp")
+
+
 @pytest.mark.parametrize("stream", [False, True])
-async def test_aiohttp_transport_serves_what_httpx_serves(stream: bool) -> None:
+async def test_each_transport_serves_what_httpx_serves(stream: bool) -> None:
     results = {}
     for name, transport in TRANSPORTS.items():
         app = fake_replicas(1)[0]  # a fresh cache per transport: the same hits
         with serving(app) as server:
             results[name] = await _serve_all(_pool(f"{server.url}/v1", transport), stream)
-    assert results["aiohttp"] == results["httpx"]
-    assert results["aiohttp"][2][-1][2] > 0  # the later turns hit the fake's cache
-    if stream:
-        assert sum(kind == "TextDelta" for kind, *_ in results["aiohttp"][0][:-1]) > 1
+    for name in OURS:
+        assert results[name] == results["httpx"], name
+        assert results[name][2][-1][2] > 0  # the later turns hit the fake's cache
+        if stream:
+            assert sum(kind == "TextDelta" for kind, *_ in results[name][0][:-1]) > 1
 
 
 def _recording_app(seen: list[dict[str, Any]], answer: Callable[[], tuple[list[Any], bytes]]
@@ -91,12 +98,13 @@ def _completion(text: str = "ok") -> bytes:
                        "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
 
 
-async def test_no_cookie_rides_along_and_one_connection_is_reused() -> None:
+@pytest.mark.parametrize("name", OURS)
+async def test_no_cookie_rides_along_and_one_connection_is_reused(name: str) -> None:
     seen: list[dict[str, Any]] = []
     app = _recording_app(seen, lambda: ([(b"set-cookie", b"session=tenant-a; Path=/")],
                                         _completion()))
     with serving(app) as server:
-        pool = _pool(f"{server.url}/v1", TRANSPORTS["aiohttp"])
+        pool = _pool(f"{server.url}/v1", TRANSPORTS[name])
         for tenant in ("a", "b", "c"):
             items = [x async for x in pool.stream(chat_request(
                 [{"role": "user", "content": "hi"}], namespace=tenant))]
@@ -106,12 +114,13 @@ async def test_no_cookie_rides_along_and_one_connection_is_reused() -> None:
     assert len({s["port"] for s in seen}) == 1  # keep-alive: one connection for all three
 
 
-async def test_a_gzip_answer_is_decoded() -> None:
+@pytest.mark.parametrize("name", OURS)
+async def test_a_gzip_answer_is_decoded(name: str) -> None:
     seen: list[dict[str, Any]] = []
     app = _recording_app(seen, lambda: ([(b"content-encoding", b"gzip")],
                                         gzip.compress(_completion("zipped"))))
     with serving(app) as server:
-        pool = _pool(f"{server.url}/v1", TRANSPORTS["aiohttp"])
+        pool = _pool(f"{server.url}/v1", TRANSPORTS[name])
         items = [x async for x in pool.stream(chat_request([{"role": "user", "content": "hi"}]))]
         await pool.aclose()
     assert isinstance(items[-1], Final) and items[-1].text == "zipped"
@@ -135,10 +144,11 @@ async def test_faults_map_as_with_httpx(fault: str) -> None:
                     items.append(item)
             await pool.aclose()
         errors[name] = (caught.value.status, caught.value.kind, len(items))
-    assert errors["aiohttp"] == errors["httpx"]
     expected = {"5xx": "upstream_error", "cut": "upstream_stream_cut",
                 "timeout": "upstream_timeout", "refused": "upstream_unavailable"}[fault]
-    assert errors["aiohttp"][1] == expected
+    for name in OURS:
+        assert errors[name] == errors["httpx"], name
+        assert errors[name][1] == expected
 
 
 def test_environment_proxy_is_read_once_per_origin(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,3 +169,164 @@ def test_certificate_store_is_loaded_once_when_a_transport_is_built() -> None:
     assert first.tls is second.tls
     assert first.tls.verify_mode == ssl.CERT_REQUIRED and first.tls.check_hostname
     assert first.tls.cert_store_stats()["x509_ca"] > 50  # certifi's roots, not an empty store
+
+
+# The HTTP/1.1 transport's own connection handling, against raw socket servers.
+
+class _RawServer:
+    """An asyncio socket server that reads each request whole and answers with `reply(n)`
+    (the raw bytes for the n-th request; None: close without answering); it counts
+    connections and requests."""
+
+    def __init__(self, reply: Callable[[int], bytes | None], close_after: bool = False) -> None:
+        self.reply, self.close_after = reply, close_after
+        self.connections = self.requests = 0
+        self.server: Any = None
+
+    async def __aenter__(self) -> str:
+        import asyncio
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: Any, writer: Any) -> None:
+        import asyncio
+        self.connections += 1
+        try:
+            while await self._answer_one(reader, writer):
+                pass
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed its kept connection
+        finally:
+            writer.close()
+
+    async def _answer_one(self, reader: Any, writer: Any) -> bool:
+        """Read one request and answer it; False when the connection should end."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        await reader.readexactly(length)
+        answer = self.reply(self.requests)
+        self.requests += 1
+        if answer is None:
+            return False
+        writer.write(answer)
+        await writer.drain()
+        return not self.close_after
+
+
+def _json_answer(payload: bytes, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(payload)).encode() + b"\r\n" + extra + b"\r\n" + payload)
+
+
+async def _post(transport: httpx.AsyncBaseTransport, url: str, body: bytes = b"{}",
+                **timeouts: float) -> tuple[int, bytes]:
+    from gateway.backends.upstream_http import send
+    request = httpx.Request("POST", f"{url}/v1/chat/completions", content=body,
+                            extensions={"timeout": {"connect": 5.0, "read": 5.0, "pool": 5.0,
+                                                    **timeouts}})
+    response = await send(transport, request)
+    try:
+        return response.status_code, await response.aread()
+    finally:
+        await response.aclose()
+
+
+async def test_a_connection_the_server_dropped_while_idle_is_replaced() -> None:
+    """The server keeps no connection past its answer but does not say so: the next request
+    finds its kept connection closed and goes out on a new one, unharmed."""
+    server = _RawServer(lambda n: _json_answer(b'{"n": %d}' % n), close_after=True)
+    async with server as url:
+        transport = Http1Transport(httpx.Limits(max_connections=4))
+        answers = [await _post(transport, url) for _ in range(3)]
+        await transport.aclose()
+    assert answers == [(200, b'{"n": 0}'), (200, b'{"n": 1}'), (200, b'{"n": 2}')]
+    assert server.connections == 3
+
+
+async def test_a_silent_close_on_a_kept_connection_is_retried_once() -> None:
+    """A kept connection that closes before any byte of its answer (the server dropped it
+    while the request was on its way) is retried on a new one; a second failure is the
+    request's error."""
+    replies = iter([_json_answer(b"{}"), None, _json_answer(b'{"again": 1}')])
+    server = _RawServer(lambda n: next(replies))
+    async with server as url:
+        transport = Http1Transport()
+        first = await _post(transport, url)
+        second = await _post(transport, url)  # first try: closed unanswered; retried
+        await transport.aclose()
+    assert first == (200, b"{}") and second == (200, b'{"again": 1}')
+    assert server.connections == 2 and server.requests == 3
+
+
+async def test_answers_framed_by_chunks_and_by_the_close_are_read_whole() -> None:
+    payload = b"x" * (600 << 10)  # past the high-water mark: reading pauses and resumes
+    chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"".join(
+        b"%x\r\n%s\r\n" % (len(piece), piece)
+        for piece in (payload[i:i + 70000] for i in range(0, len(payload), 70000))) + b"0\r\n\r\n"
+    until_close = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + payload
+    for answer, connections in ((chunked, 1), (until_close, 2)):
+        server = _RawServer(lambda n, a=answer: a, close_after=answer is until_close)
+        async with server as url:
+            transport = Http1Transport()
+            got = [await _post(transport, url) for _ in range(2)]
+            await transport.aclose()
+        assert got == [(200, payload)] * 2
+        assert server.connections == connections  # a chunked answer keeps its connection
+
+
+async def test_connections_are_capped_and_a_wait_for_one_times_out() -> None:
+    import asyncio
+    server = _RawServer(lambda n: _json_answer(b'{"n": %d}' % n))
+    async with server as url:
+        transport = Http1Transport(httpx.Limits(max_connections=1))
+        answers = await asyncio.gather(*(_post(transport, url) for _ in range(4)))
+        assert sorted(a[1] for a in answers) == [b'{"n": %d}' % n for n in range(4)]
+        assert server.connections == 1
+        held = await transport.handle_async_request(httpx.Request(
+            "POST", f"{url}/v1/x", content=b"{}",
+            extensions={"timeout": {"read": 5.0, "pool": 0.05}}))
+        with pytest.raises(httpx.PoolTimeout):
+            await _post(transport, url, pool=0.05)
+        await held.aclose()
+        assert (await _post(transport, url))[0] == 200  # given back: usable again
+        await transport.aclose()
+
+
+async def test_the_sent_callback_hears_of_each_request_once_written() -> None:
+    from gateway.types import REQUEST_SENT
+    heard: list[int] = []
+    server = _RawServer(lambda n: _json_answer(b"{}"))
+    async with server as url:
+        transport = Http1Transport()
+        token = REQUEST_SENT.set(lambda: heard.append(server.requests))
+        try:
+            await _post(transport, url, body=b'{"a": 1}')
+        finally:
+            REQUEST_SENT.reset(token)
+        await transport.aclose()
+    assert heard == [0]  # called once, before the server had read the request
+
+
+def test_a_proxied_origin_goes_through_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    monkeypatch.setenv("NO_PROXY", "direct.test")
+    transport = Http1Transport()
+    assert transport._proxy_for_url(httpx.URL("http://up.test/v1/chat/completions"))
+    assert not transport._proxy_for_url(httpx.URL("http://direct.test/v1/chat/completions"))
+
+
+def test_the_transport_runs_on_uvloop() -> None:
+    """The gateway serves on uvloop, whose transports are its own classes: the same answers,
+    kept connections and framings there."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def both() -> None:
+        await test_a_connection_the_server_dropped_while_idle_is_replaced()
+        await test_answers_framed_by_chunks_and_by_the_close_are_read_whole()
+        await test_connections_are_capped_and_a_wait_for_one_times_out()
+
+    uvloop.run(both())
