@@ -1,9 +1,10 @@
 """The floor for any Python proxy on this stack: a pass-through with no work of its own.
 
 A raw ASGI app on uvicorn (uvloop, httptools), one worker, forwarding each request body
-unchanged to the upstream over one pooled aiohttp session and its answer back unchanged: the
-same server and client libraries the gateway uses, none of the gateway's work (no parsing,
-lint, tokenizing, routing, records or metrics). bench_gateway measures it beside the gateway,
+unchanged to the upstream over the gateway's own pooled HTTP/1.1 transport
+(gateway.backends.http1_transport) and its answer back unchanged: the same server and upstream
+client the gateway uses, none of the gateway's work (no parsing, lint, tokenizing, routing,
+records or metrics). bench_gateway measures it beside the gateway,
 so the latency a proxy hop itself costs here (two more processes woken, two more HTTP
 exchanges) is told apart from the gateway's own.
 
@@ -15,10 +16,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import aiohttp
+import httpx
 import uvicorn
 
+from gateway.backends.http1_transport import Http1Transport
+
 _HOP_HEADERS = (b"content-type",)
+_TIMEOUTS = {"connect": 10.0, "read": 60.0, "write": 60.0, "pool": 60.0}
 
 
 class BareProxy:
@@ -26,7 +30,7 @@ class BareProxy:
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
-        self.session: aiohttp.ClientSession | None = None
+        self.transport: Http1Transport | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -40,27 +44,31 @@ class BareProxy:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self.session = aiohttp.ClientSession(auto_decompress=False)
+                self.transport = Http1Transport()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self.session is not None:
-                    await self.session.close()
+                if self.transport is not None:
+                    await self.transport.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def _forward(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        assert self.session is not None
+        assert self.transport is not None
         chunks, more = [], True
         while more:
             message = await receive()
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
-        headers = {k.decode(): v.decode() for k, v in scope["headers"] if k in _HOP_HEADERS}
-        async with self.session.post(self.upstream + scope["path"], data=b"".join(chunks),
-                                     headers=headers) as response:
-            body = await response.read()
-            kept = [(k, v) for k, v in response.raw_headers if k.lower() in _HOP_HEADERS]
-            await _answer(send, response.status, kept, body)
+        headers = [(k, v) for k, v in scope["headers"] if k in _HOP_HEADERS]
+        request = httpx.Request("POST", self.upstream + scope["path"], content=b"".join(chunks),
+                                headers=headers, extensions={"timeout": _TIMEOUTS})
+        response = await self.transport.handle_async_request(request)
+        try:
+            body = await response.aread()
+        finally:
+            await response.aclose()
+        kept = [(k, v) for k, v in response.headers.raw if k.lower() in _HOP_HEADERS]
+        await _answer(send, response.status_code, kept, body)
 
 
 async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]],

@@ -260,11 +260,14 @@ class Http1Transport(httpx.AsyncBaseTransport):
         else:
             conn.close()
             self._open -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                break
+                return
 
     async def _acquire(self, origin: _Origin, timeouts: dict[str, float | None],
                        request: httpx.Request) -> _Connection:
@@ -298,6 +301,10 @@ class Http1Transport(httpx.AsyncBaseTransport):
         except TimeoutError:
             raise httpx.PoolTimeout("no upstream connection free in time",
                                     request=request) from None
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # woken, then cancelled: the wake-up goes to the next one
+            raise
 
     async def _connect(self, origin: _Origin, timeout: float | None,
                        request: httpx.Request) -> _Connection:

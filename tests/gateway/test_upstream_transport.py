@@ -330,3 +330,25 @@ def test_the_transport_runs_on_uvloop() -> None:
         await test_connections_are_capped_and_a_wait_for_one_times_out()
 
     uvloop.run(both())
+
+
+async def test_a_wake_up_for_a_cancelled_waiter_goes_to_the_next() -> None:
+    """With one connection and two requests waiting for it: the first is woken as it is given
+    back, then cancelled before it runs; the second still gets the connection. (Python 3.11's
+    `wait_for` lets the woken first one finish instead; from 3.12 it is cancelled, and the
+    transport passes its wake-up on.)"""
+    import asyncio
+    server = _RawServer(lambda n: _json_answer(b"{}"))
+    async with server as url:
+        transport = Http1Transport(httpx.Limits(max_connections=1))
+        held = await transport.handle_async_request(httpx.Request(
+            "POST", f"{url}/v1/x", content=b"{}", extensions={"timeout": {"read": 5.0}}))
+        await held.aread()
+        first = asyncio.ensure_future(_post(transport, url, pool=10.0))
+        second = asyncio.ensure_future(_post(transport, url, pool=10.0))
+        await asyncio.sleep(0.01)  # both wait for the one connection
+        await held.aclose()  # wakes the first...
+        first.cancel()  # ...which is cancelled before it runs
+        assert await asyncio.wait_for(second, 2.0) == (200, b"{}")
+        assert first.cancelled() or first.result() == (200, b"{}")
+        await transport.aclose()
