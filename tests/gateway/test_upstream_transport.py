@@ -352,3 +352,42 @@ async def test_a_wake_up_for_a_cancelled_waiter_goes_to_the_next() -> None:
         assert await asyncio.wait_for(second, 2.0) == (200, b"{}")
         assert first.cancelled() or first.result() == (200, b"{}")
         await transport.aclose()
+
+
+def _self_signed(tmp_path: Any) -> tuple[Any, Any]:
+    """A certificate for localhost / 127.0.0.1 and its key (openssl's CLI)."""
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_https_answers_and_verifies_the_certificate(tmp_path: Any) -> None:
+    """An https:// upstream is spoken to over TLS on a kept connection, and a certificate the
+    client's store does not trust is refused as a connect error."""
+    import asyncio
+    cert, key = _self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    served = _RawServer(lambda n: _json_answer(b'{"tls": %d}' % n))
+    server = await asyncio.start_server(served._serve, "127.0.0.1", 0, ssl=server_tls)
+    url = f"https://localhost:{server.sockets[0].getsockname()[1]}"
+    try:
+        trusting = Http1Transport()
+        trusting.tls = ssl.create_default_context(cafile=str(cert))
+        assert [await _post(trusting, url) for _ in range(2)] == [(200, b'{"tls": 0}'),
+                                                                  (200, b'{"tls": 1}')]
+        assert served.connections == 1
+        await trusting.aclose()
+        default = Http1Transport()  # certifi's store: this certificate is not in it
+        with pytest.raises(httpx.ConnectError):
+            await _post(default, url)
+        await default.aclose()
+    finally:
+        server.close()
