@@ -52,7 +52,6 @@ from gateway.types import (
     BackendError,
     ChatRequest,
     Final,
-    PreparingBackend,
     TextDelta,
 )
 from gateway.usage_report import SUMMARY_FIELD, prefixgate_headers, summary
@@ -173,8 +172,7 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes
 def _lint_can_wait(gw: Gateway, req: ChatRequest) -> bool:
     """Report-mode lint changes nothing that is sent, so it can run while an upstream works,
     unless the upstream body carries the prompt family (api.openai.com's cache key)."""
-    backend = gw.backend
-    return isinstance(backend, PreparingBackend) and not backend.family_in_body(req)
+    return gw.preparing is not None and not gw.preparing.family_in_body(req)
 
 
 async def _start_then_lint(gw: Gateway, ticket: Ticket, req: ChatRequest, job: _LintJob
@@ -217,7 +215,7 @@ def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
     """The tenant's upstream salt and the backend's `prepare`, without lint."""
     assert gw.salter is not None
     req = replace(req, upstream_salt=gw.salter.salt(req.namespace))
-    return gw.backend.prepare(req) if isinstance(gw.backend, PreparingBackend) else req
+    return gw.preparing.prepare(req) if gw.preparing is not None else req
 
 
 def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, mode: Any

@@ -19,7 +19,15 @@ from gateway.lint_stage import LintStage
 from gateway.metrics import GatewayMetrics
 from gateway.salt import UpstreamSalter
 from gateway.stats import RecordStore
-from gateway.types import Backend, ChatRequest, Final, Provider, TextDelta, Usage
+from gateway.types import (
+    Backend,
+    ChatRequest,
+    Final,
+    PreparingBackend,
+    Provider,
+    TextDelta,
+    Usage,
+)
 from gateway.validate import ParseContext
 
 CLIENT_CLOSED = 499  # the status recorded for a client that went away
@@ -54,6 +62,8 @@ class Gateway:
     lint: LintStage = field(default_factory=LintStage)
     admission: Admission | None = None  # None: built from config
     salter: UpstreamSalter | None = None  # None: built from config
+    _preparing: tuple[Backend, PreparingBackend | None] | None = field(
+        init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -64,6 +74,17 @@ class Gateway:
                 tenant_rate_per_s=c.tenant_rate_per_s, tenant_burst=c.tenant_burst))
         if self.salter is None:
             self.salter = UpstreamSalter(c.salt_secret)
+
+    @property
+    def preparing(self) -> PreparingBackend | None:
+        """The backend when it prepares requests (`PreparingBackend`), else None. A Protocol
+        isinstance walks the protocol's members: asked once per backend, not per request."""
+        known = self._preparing
+        if known is None or known[0] is not self.backend:
+            backend = self.backend
+            known = self._preparing = (
+                backend, backend if isinstance(backend, PreparingBackend) else None)
+        return known[1]
 
 
 _ID_PREFIX = uuid.uuid4().hex[:12]

@@ -42,6 +42,9 @@ def _warn_once(logger: logging.Logger, message: str) -> None:
         logger.warning(message)
 
 
+SALT_MEMO = 4096  # namespaces whose salt is remembered
+
+
 class UpstreamSalter:
     """Derives the upstream salt of a cache namespace under the server secret."""
 
@@ -52,15 +55,24 @@ class UpstreamSalter:
                         "between gateway replicas)")
             secret = secrets.token_hex(32)
         self._key = secret.encode()
+        self._known: dict[str, str] = {}  # namespace -> salt (bounded: SALT_MEMO entries)
 
     def __repr__(self) -> str:  # never show the secret
         return "UpstreamSalter()"
 
     def salt(self, namespace: str) -> str:
-        """The salt sent upstream for `namespace` (tenant or tenant/client_salt)."""
-        digest = hmac.new(self._key, namespace.encode("utf-8", "surrogatepass"),
-                          hashlib.sha256).hexdigest()
-        return SALT_PREFIX + digest[:40]
+        """The salt sent upstream for `namespace` (tenant or tenant/client_salt); remembered
+        for the next request of the namespace (a client's `cache_salt` chooses namespaces, so
+        the memo is emptied when it reaches SALT_MEMO entries)."""
+        found = self._known.get(namespace)
+        if found is None:
+            digest = hmac.new(self._key, namespace.encode("utf-8", "surrogatepass"),
+                              hashlib.sha256).hexdigest()
+            found = SALT_PREFIX + digest[:40]
+            if len(self._known) >= SALT_MEMO:
+                self._known.clear()
+            self._known[namespace] = found
+        return found
 
 
 def prompt_cache_key(salt: str, family: str | None) -> str:

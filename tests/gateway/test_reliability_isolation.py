@@ -89,6 +89,22 @@ def test_the_salt_is_an_hmac_of_the_namespace_under_the_secret() -> None:
     assert SECRET not in repr(salter)
 
 
+def test_remembered_salts_stay_the_hmac_and_the_memo_stays_bounded() -> None:
+    """Salts are remembered per namespace (a client's `cache_salt` picks namespaces, so the
+    memo is bounded): every answer, remembered or not, is the HMAC itself."""
+    import hashlib
+    import hmac
+
+    from gateway.salt import SALT_MEMO
+
+    salter = UpstreamSalter(SECRET)
+    names = [f"tenant-a/s{i}" for i in range(SALT_MEMO + 50)] + ["tenant-a/s3", "tenant-a/s3"]
+    for name in names:
+        expected = hmac.new(SECRET.encode(), name.encode(), hashlib.sha256).hexdigest()[:40]
+        assert salter.salt(name) == SALT_PREFIX + expected
+        assert len(salter._known) <= SALT_MEMO
+
+
 async def test_openai_gets_a_per_tenant_prompt_cache_key_not_a_salt(tmp_path: Path) -> None:
     seen: list[dict[str, Any]] = []
 

@@ -308,6 +308,19 @@ class QuickBackend(FakeEmbedded):
         yield Final("ok", (), "stop", Usage(len(req.messages), 1, 0))
 
 
+def test_the_gateway_knows_whether_its_current_backend_prepares(make_fake_app) -> None:
+    """`Gateway.preparing` follows the backend it serves with, also after a swap."""
+    from .upstream_helpers import fake_replicas, pool_over
+
+    gw = make_fake_app().state.gateway
+    assert gw.preparing is None  # the fake engine does not prepare requests
+    pool = pool_over(fake_replicas(1))
+    gw.backend = pool
+    assert gw.preparing is pool
+    gw.backend = QuickBackend()
+    assert gw.preparing is None
+
+
 async def test_a_100k_message_body_never_freezes_healthz(make_fake_app) -> None:
     app = make_fake_app(lint_mode="report", lint_max_messages=200_000,
                         max_body_bytes=8 << 20)
