@@ -8,8 +8,8 @@
    mode, and lint off for comparison), tokenized (prompt_lint's layout), looked up in the shadow
    caches, proxied, and recorded. LiteLLM's proxy on the same upstream is a side row when it is
    installed in its own venv (see `benchmarks/gateway_servers.py`). A bare pass-through proxy
-   (`benchmarks/bare_proxy.py`: the same uvicorn and aiohttp, none of the gateway's work) is
-   the floor row: what one more Python HTTP hop costs here. Targets: at 1 client p50
+   (`benchmarks/bare_proxy.py`: the same uvicorn and upstream transport, none of the gateway's
+   work) is the floor row: what one more Python HTTP hop costs here. Targets: at 1 client p50
    added <= 1 ms and p99 added <= 5 ms; at 32 clients >= 0.8x the upstream's own throughput.
 2. Routing. A multi-session agent trace (sessions run concurrently, turns in order) over 4 fake
    replicas that really cache and prefill one prompt at a time (simulated time per uncached
@@ -70,7 +70,8 @@ SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worke
          "(lint report; lint and the shadow's tokens run once the request is sent, for a body up "
          "to 64 KiB on the event loop, a larger one in a worker thread; its upstream client: "
          "httpx's interface over its own HTTP/1.1 connections), "
-         "the bare proxy (benchmarks/bare_proxy.py: uvicorn + aiohttp, forwarding only), "
+         "the bare proxy (benchmarks/bare_proxy.py: uvicorn + the gateway's upstream transport, "
+         "forwarding only), "
          "LiteLLM's proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
          f"{os.cpu_count()} CPUs shared by all")
 MODES = ["direct", "bare_proxy", "gateway", "gateway_lint_off"]  # + "litellm" when installed
