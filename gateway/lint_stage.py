@@ -16,6 +16,7 @@ import prompt_lint
 from gateway.config import LINT_MODES, LintMode
 from gateway.errors import invalid
 from gateway.types import Provider
+from prompt_lint.layout import TokenLayout
 from prompt_lint.templates import LearnerConfig
 
 log = logging.getLogger("prefixgate.lint")
@@ -66,22 +67,25 @@ class LintStage:
         return self.learners[tenant]
 
     def run(
-        self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode
+        self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode,
+        layout: TokenLayout | None = None,
     ) -> LintOutcome:
-        """Lint (and in rewrite mode rewrite) one client body."""
+        """Lint (and in rewrite mode rewrite) one client body (`layout`: its token layout,
+        when the request's tokens were counted already)."""
         if mode == "off":
             return LintOutcome(body, (), None, False)
         try:
-            return self._run(body, provider, tenant, mode)
+            return self._run(body, provider, tenant, mode, layout)
         except Exception:  # noqa: BLE001 - linting must never break serving
             log.exception("prompt_lint failed; serving the request unchanged")
             return LintOutcome(body, (), None, False)
 
     def _run(
-        self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode
+        self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode,
+        layout: TokenLayout | None,
     ) -> LintOutcome:
         learner = self.learner(tenant)
-        report = prompt_lint.lint_request(body, provider, learner=learner)
+        report = prompt_lint.lint_request(body, provider, learner=learner, layout=layout)
         ids = tuple(sorted({f.rule for f in report.findings}))
         family = report.family
         if mode != "rewrite":

@@ -52,6 +52,7 @@ from gateway.types import (
     BackendError,
     ChatRequest,
     Final,
+    LayoutShare,
     TextDelta,
 )
 from gateway.usage_report import SUMMARY_FIELD, prefixgate_headers, summary
@@ -212,9 +213,10 @@ def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticke
 
 
 def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
-    """The tenant's upstream salt and the backend's `prepare`, without lint."""
+    """The tenant's upstream salt and the backend's `prepare`, without lint; the request's
+    token layout is kept for a lint that comes after (`LayoutShare`)."""
     assert gw.salter is not None
-    req = replace(req, upstream_salt=gw.salter.salt(req.namespace))
+    req = replace(req, upstream_salt=gw.salter.salt(req.namespace), layout_share=LayoutShare())
     return gw.preparing.prepare(req) if gw.preparing is not None else req
 
 
@@ -222,7 +224,9 @@ def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, m
           ) -> ChatRequest:
     """`req` with its lint findings and family (re-parsed when rewrite mode changed the body);
     the findings counted in the metrics."""
-    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode)
+    share = req.layout_share
+    layout = share.layout if share is not None and share.body is body else None
+    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode, layout)
     if outcome.changed:
         ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
         req = ticket.route.parse(outcome.body, ctx)

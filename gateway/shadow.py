@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gateway.types import ChatRequest
+from prompt_lint.layout import layout_of
 from prompt_lint.providers import segments
 from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
 from radix_cache import PackedTokens, RadixCache
@@ -75,16 +76,23 @@ def _layout(req: ChatRequest) -> tuple[array[int], tuple[int, ...]]:
         return array("i", counter.encode_cached(req.prompt)), ()
     out = array("i")
     marks: dict[str, int] = {}
+    sizes: list[int] = []
     messages = req.body.get("messages") or []
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-    for seg in segments(req.body, req.provider):
+    segs = segments(req.body, req.provider)
+    for seg in segs:
         if seg.message >= 0 and "tools" not in marks:
             marks["tools"] = len(out)
         if seg.message >= 0 and "system" not in marks and _past_system(messages, seg.message):
             marks["system"] = len(out)
         if seg.message == last_user and "history" not in marks:
             marks["history"] = len(out)
-        out.extend(counter.encode_cached(seg.text))
+        ids = counter.encode_cached(seg.text)
+        sizes.append(len(ids))
+        out.extend(ids)
+    share = req.layout_share
+    if share is not None and share.layout is None:  # for lint, which would count them again
+        share.body, share.layout = req.body, layout_of(segs, sizes)
     return out, tuple(sorted({m for m in marks.values() if m > 0}))
 
 

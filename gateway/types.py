@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_ch
 
 if TYPE_CHECKING:
     from gateway.shadow import Prompt
+    from prompt_lint.layout import TokenLayout
 
 Provider = Literal["openai", "anthropic"]
 #: Where `Usage.cached_tokens` comes from: the engine or provider ("reported"), or the
@@ -48,6 +49,18 @@ class OutputConstraint:
     json_document: bool = False
 
 
+class LayoutShare:
+    """One request's token layout (prompt_lint's segments and their token counts), left by
+    the shadow's tokenizing for lint to reuse: both run under prompt_lint's lock, the shadow's
+    first when the request is sent before either. `body` is the body it was made from."""
+
+    __slots__ = ("body", "layout")
+
+    def __init__(self) -> None:
+        self.body: dict[str, Any] | None = None
+        self.layout: TokenLayout | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """One validated request, whichever route it came in on."""
@@ -72,6 +85,8 @@ class ChatRequest:
     # the request's tokens for the upstream shadow caches, computed once off the event loop
     # by the backend's `prepare` (in the same worker-thread call as lint); None: not yet
     shadow_prompt: Prompt | None = None
+    # the token layout shared by the shadow's tokenizing and lint (one per request)
+    layout_share: LayoutShare | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

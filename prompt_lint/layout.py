@@ -34,7 +34,12 @@ def token_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter
                  toolset: ToolSet | None = None) -> TokenLayout:
     """Tokenize each segment of `body` (through the counter's chunk cache)."""
     segs = segments(body, provider, toolset)
-    sizes = counter.count_segments(segs)
+    return layout_of(segs, counter.count_segments(segs))
+
+
+def layout_of(segs: list[Segment], sizes: list[int]) -> TokenLayout:
+    """The layout of segments whose token counts are known (a caller that encoded each
+    segment already: `sizes[i]` is segment i's count)."""
     starts = list(accumulate(sizes, initial=0))
     total = starts.pop()
     return TokenLayout(segs, starts, sizes, total, {s.path: i for i, s in enumerate(segs)})

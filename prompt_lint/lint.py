@@ -41,12 +41,15 @@ MARKER_TOKENS = 6
 def lint_request(body: dict[str, Any], provider: Provider | None = None,
                  learner: TemplateLearner | None = None,
                  session: SessionTracker | str | None = None,
-                 encoding: str | None = None) -> LintReport:
-    """Lint one OpenAI or Anthropic request body; see the package docstring."""
+                 encoding: str | None = None, layout: TokenLayout | None = None) -> LintReport:
+    """Lint one OpenAI or Anthropic request body; see the package docstring. `layout`: the
+    body's token layout when the caller has tokenized it already (`layout_of`), in the
+    encoding `encoding` names."""
     prov = provider or detect_provider(body)
     toolset = check_request(body, prov)
     counter = shared_counter(encoding or DEFAULT_ENCODING)
-    layout = token_layout(body, prov, counter, toolset)
+    if layout is None:
+        layout = token_layout(body, prov, counter, toolset)
     targets = scan_targets(body, layout.segments, toolset)
     spans = {t.path: detect(t.text, t.path) for t in targets}
     match = FamilyMatch(None, [])

@@ -6,7 +6,7 @@ one-replica pool tokenizes for its shadow cache while the upstream works too (pr
 over several replicas needs the tokens first), and the record is written once the client holds
 its answer.
 
-The upstream is a real server (a thread) and the gateway's upstream client its real aiohttp
+The upstream is a real server (a thread) and the gateway's upstream client its real HTTP/1.1
 transport. The lint stage waits (a bounded wait) for the upstream to have received the body:
 lint that runs after sending sees it arrive; lint that runs first sees nothing and times out.
 """
@@ -116,6 +116,36 @@ async def test_report_lint_runs_once_the_upstream_holds_the_request(
     assert r.headers["x-prefixgate-lint"] == ",".join(expected)
     assert [row.lint_ids for row in rows] == [",".join(expected)]
     assert rows[0].family is not None
+
+
+async def test_report_lint_reuses_the_token_layout_the_shadow_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over one replica the shadow's tokens come first; lint then reads their layout instead
+    of counting every segment again, and finds what a lint of its own finds."""
+    import prompt_lint.lint as lint_module
+
+    counted: list[int] = []
+    own_layout = lint_module.token_layout
+    monkeypatch.setattr(lint_module, "token_layout",
+                        lambda *a: counted.append(1) or own_layout(*a))
+    bodies = [t.body for t in agent_trace(sessions=2, turns=3, seed=5)]
+    with serving(fake_replicas(1)[0]) as server:
+        options = UpstreamOptions(url=f"{server.url}/v1", name="r0")
+        app = gateway_app(tmp_path, ReplicaPool("openai", [make_upstream("openai", options)]),
+                          salt_secret=SALT)
+        async with asgi_client(app) as http:
+            found = [(await http.post("/v1/chat/completions", json=body, headers={
+                "x-prefixgate-lint-mode": "report"})).headers["x-prefixgate-lint"]
+                for body in bodies]
+        rows = records(app)
+        app.state.store.close()
+        await app.state.backend.aclose()
+    assert counted == []  # no request's lint laid its body out again
+    reference = LintStage()
+    expected = [reference.run(body, "openai", "default", "report") for body in bodies]
+    assert found == [",".join(e.lint_ids) for e in expected]
+    assert [row.family for row in rows] == [e.family for e in expected]
+    assert any(found)
 
 
 @pytest.mark.parametrize(("mode", "derive_key"), [("rewrite", None), ("report", True)])

@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
 from prompt_lint.detectors import DETECTORS, Span, _detect_line
+from prompt_lint.layout import layout_of
 from prompt_lint.memo import LRU, compact_json_cached, set_caching
 from prompt_lint.providers import segments, tool_description_path, tool_name
+from prompt_lint.tokens import shared_counter
 from prompt_lint.toolset import keys_sorted, tool_schema, tool_set
 
 from .lint_corpus import CorpusRequest
@@ -54,6 +56,22 @@ def test_online_lint_and_rewrite_equal_uncached(corpus: list[CorpusRequest],
     assert cached == plain
     assert warm == plain
     assert sum(len(r[0].findings) for r in plain) > 0
+
+
+def test_a_layout_given_by_a_caller_that_encoded_the_segments_lints_the_same(
+        corpus: list[CorpusRequest], online: Any) -> None:
+    """The gateway hands lint the layout its shadow tokenized (every segment encoded whole):
+    the reports equal those of lint's own layout (counted piece by piece), request by request
+    through one learner each."""
+    counter = shared_counter()
+    learner = TemplateLearner()
+    given = []
+    for req in corpus:
+        segs = segments(req.body, req.provider)
+        layout = layout_of(segs, [len(counter.encode(s.text)) for s in segs])
+        given.append(lint_request(req.body, learner=learner, layout=layout))
+    assert given == online.reports
+    assert sum(len(r.findings) for r in given) > 0
 
 
 def test_two_pass_equals_uncached(corpus: list[CorpusRequest]) -> None:
