@@ -72,7 +72,7 @@ class LintStage:
     ) -> LintOutcome:
         """Lint (and in rewrite mode rewrite) one client body (`layout`: its token layout,
         when the request's tokens were counted already)."""
-        if mode == "off":
+        if mode == "off" or "messages" not in body:  # a legacy completion's prompt: no layout
             return LintOutcome(body, (), None, False)
         try:
             return self._run(body, provider, tenant, mode, layout)

@@ -1,11 +1,13 @@
 """The request path's cheap forms behave like the plain ones they replace: copy-on-write cache
 breakpoints (vs a deep copy), plain-dict stats rows (vs ORM objects), bisected histogram
-buckets (vs a naive scan), counter-based request ids, the valid-message fast path."""
+buckets (vs a naive scan), counter-based request ids, the valid-message fast path, the API
+routes served past Starlette's router (vs the router)."""
 
 from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +138,68 @@ def test_invalid_messages_still_name_the_field(msg: Any, field: str) -> None:
     with pytest.raises(GatewayError) as err:
         parse_chat(body, ParseContext("r", "t", ("*",)))
     assert err.value.param == field
+
+
+async def test_api_routes_answer_as_the_router_would(make_fake_app: Any) -> None:
+    """The three POST API routes are served from the app's own ASGI call, past Starlette's
+    middleware and router: every answer (a reply, a 400, another format, a stream) equals the
+    one the router gives, and other methods and paths still go through the router."""
+    import httpx
+    from starlette.applications import Starlette
+
+    from .gateway_fakes import FAKE_MODEL
+
+    app = make_fake_app(lint_mode="report")
+    through_router: list[str] = []
+    router_stack = app.router.middleware_stack
+
+    async def counted(scope: Any, receive: Any, send: Any) -> None:
+        through_router.append(scope["method"])
+        await router_stack(scope, receive, send)
+
+    app.router.middleware_stack = counted
+
+    async def routed(scope: Any, receive: Any, send: Any) -> None:
+        await Starlette.__call__(app, scope, receive, send)
+
+    chat = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello there"}]}
+    calls = [("/v1/chat/completions", chat), ("/v1/chat/completions", {**chat, "stream": True}),
+             ("/v1/chat/completions", {"model": FAKE_MODEL, "messages": []}),
+             ("/v1/completions", {"model": FAKE_MODEL, "prompt": "once upon"}),
+             ("/v1/messages", {"model": FAKE_MODEL, "max_tokens": 8, "messages": [
+                 {"role": "user", "content": "hi"}]}),
+             ("/v1/messages", {"model": FAKE_MODEL, "messages": "nope"})]
+
+    def same(response: httpx.Response) -> tuple[Any, ...]:
+        text = response.text
+        for noisy in ("id", "created", "request_id"):  # fresh per request
+            text = re.sub(rf'"{noisy}":\s*("[^"]*"|\d+)', f'"{noisy}":_', text)
+        headers = {k: v for k, v in response.headers.items()
+                   if k.startswith("x-prefixgate") or k == "content-type"}
+        return response.status_code, headers, text
+
+    answers, routed_methods = {}, {}
+    for name, asgi in (("fast", app), ("routed", routed)):
+        through_router.clear()
+        transport = httpx.ASGITransport(app=asgi, root_path="/gw")
+        async with httpx.AsyncClient(transport=transport, base_url="http://t/gw") as http:
+            answers[name] = [same(await http.post(path, json=body)) for path, body in calls]
+            wrong_method = await http.get("/v1/chat/completions")
+            assert wrong_method.status_code == 405
+            assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+        routed_methods[name] = list(through_router)
+    assert answers["fast"] == answers["routed"]
+    assert routed_methods == {"fast": ["GET"], "routed": ["POST"] * len(calls) + ["GET"]}
+    assert [a[0] for a in answers["fast"]] == [200, 200, 400, 200, 200, 400]
+
+
+def test_a_legacy_completion_is_served_unlinted_without_an_error_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A /v1/completions body has a prompt, not messages: nothing for prompt_lint to lay out,
+    and no failure to log on every such request."""
+    from gateway.lint_stage import LintStage
+
+    body = {"model": "m", "prompt": "once upon a time"}
+    outcome = LintStage().run(body, "openai", "t", "report")
+    assert outcome.body is body and outcome.lint_ids == () and not outcome.changed
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
