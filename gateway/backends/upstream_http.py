@@ -126,6 +126,15 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request) -> h
     return response
 
 
+async def read_body(response: httpx.Response) -> bytes:
+    """A whole answer's body: its bytes as they came when nothing encodes them (not through
+    httpx's decoder and chunker), else httpx's decoded read."""
+    stream = response.stream
+    if "content-encoding" in response.headers or not isinstance(stream, httpx.AsyncByteStream):
+        return await response.aread()
+    return b"".join([chunk async for chunk in stream])
+
+
 def dumps_body(body: dict[str, Any]) -> bytes:
     """A request body as compact JSON bytes (orjson; the standard library for what orjson
     refuses, such as integers past 64 bits)."""
@@ -281,7 +290,7 @@ async def exchange(
                         started = True
                         yield item
             else:
-                yield read_whole(orjson.loads(await response.aread()))
+                yield read_whole(orjson.loads(await read_body(response)))
         finally:
             await response.aclose()
     except httpx.HTTPError as exc:
