@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
@@ -185,7 +185,10 @@ class GatewayApp(Starlette):
     middleware stack and the router, ~0.1 ms a request here (measured paired, one client),
     are left for everything else (other methods and paths, the dashboard, the stats API)."""
 
-    api: dict[str, RouteSpec] = {}  # path (below the root path) -> its route
+    def __init__(self, *args: Any, api: Mapping[str, RouteSpec] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.api = dict(api or {})  # path (below the root path) -> its route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -237,10 +240,9 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = GatewayApp(routes=routes, lifespan=lifespan,
+    api = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/messages": MESSAGES}
+    app = GatewayApp(routes=routes, lifespan=lifespan, api=api,
                      exception_handlers={404: _no_such_endpoint, 405: _no_such_endpoint})
-    app.api = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS,
-               "/v1/messages": MESSAGES}
     app.router.routes.extend(_extra_routes(lambda: app.state))
     app.state.config = config
     app.state.backend = backend
