@@ -124,6 +124,11 @@ def _timeout(request: httpx.Request) -> aiohttp.ClientTimeout:
                                  sock_connect=connect, sock_read=t.get("read"))
 
 
+async def request_bytes(request: httpx.Request) -> bytes:
+    """A request's whole body (read from its stream when it was not built from bytes)."""
+    return request.content if hasattr(request, "_content") else await request.aread()
+
+
 def env_proxy(url: httpx.URL) -> _Proxy:
     """The proxy the environment names for `url` (`HTTP(S)_PROXY`, `NO_PROXY`), else none."""
     try:
@@ -173,7 +178,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request`; the answer's body streams from the connection."""
         session = self._session or self._open()
-        body = request.content if hasattr(request, "_content") else await request.aread()
+        body = await request_bytes(request)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
                    if k.lower() not in _SKIP_REQUEST_HEADERS]
         proxy = self._proxy(request.url)

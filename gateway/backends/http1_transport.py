@@ -31,7 +31,12 @@ from typing import Any, NamedTuple
 import httptools
 import httpx
 
-from gateway.backends.aiohttp_transport import AiohttpTransport, env_proxy, tls_context
+from gateway.backends.aiohttp_transport import (
+    AiohttpTransport,
+    env_proxy,
+    request_bytes,
+    tls_context,
+)
 from gateway.types import REQUEST_SENT
 
 HIGH_WATER = 256 << 10  # unread answer bytes past which a connection stops reading
@@ -94,12 +99,6 @@ class _Connection(asyncio.Protocol):
                        else "server closed the connection without answering")
         self._wake()
 
-    def pause_writing(self) -> None:  # the event loop buffers what the socket cannot take yet
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
@@ -128,9 +127,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
         self._reset()
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self.transport.write(body)
+        self.transport.writelines((head, body))
 
     async def head(self, timeout: float | None, request: httpx.Request) -> int:
         while self.status is None:
@@ -226,18 +223,19 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._idle: dict[_Origin, list[_Connection]] = {}
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._proxied: dict[_Origin, bool] = {}
+        self._via: dict[_Origin, bool] = {}  # origin -> reached through a proxy
         self._via_proxy: AiohttpTransport | None = None
         self._limits = limits
         self._closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request`; the answer's body streams from the connection."""
-        if self._proxy_for_url(request.url):
+        origin = _origin(request.url)
+        if self._proxied(origin, request.url):
             return await self._proxy_transport().handle_async_request(request)
         timeouts: dict[str, float | None] = request.extensions.get("timeout") or {}
-        body = request.content if hasattr(request, "_content") else await request.aread()
-        conn = await self._acquire(_origin(request.url), timeouts, request)
+        body = await request_bytes(request)
+        conn = await self._acquire(origin, timeouts, request)
         try:
             conn.send(_head(request, len(body)), body)
             sent = REQUEST_SENT.get()
@@ -322,12 +320,11 @@ class Http1Transport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
         return conn
 
-    def _proxy_for_url(self, url: httpx.URL) -> bool:
+    def _proxied(self, origin: _Origin, url: httpx.URL) -> bool:
         """Whether the environment routes `url`'s origin through a proxy (read once)."""
-        origin = _origin(url)
-        found = self._proxied.get(origin)
+        found = self._via.get(origin)
         if found is None:
-            found = self._proxied[origin] = env_proxy(url).url is not None
+            found = self._via[origin] = env_proxy(url).url is not None
         return found
 
     def _proxy_transport(self) -> AiohttpTransport:

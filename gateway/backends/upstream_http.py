@@ -126,7 +126,7 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request) -> h
     return response
 
 
-async def read_body(response: httpx.Response) -> bytes:
+async def whole_answer(response: httpx.Response) -> bytes:
     """A whole answer's body: its bytes as they came when nothing encodes them (not through
     httpx's decoder and chunker), else httpx's decoded read."""
     stream = response.stream
@@ -290,7 +290,7 @@ async def exchange(
                         started = True
                         yield item
             else:
-                yield read_whole(orjson.loads(await read_body(response)))
+                yield read_whole(orjson.loads(await whole_answer(response)))
         finally:
             await response.aclose()
     except httpx.HTTPError as exc:

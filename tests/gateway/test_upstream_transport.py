@@ -312,11 +312,17 @@ async def test_the_sent_callback_hears_of_each_request_once_written() -> None:
 
 
 def test_a_proxied_origin_goes_through_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.backends.http1_transport import _origin
+
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
     monkeypatch.setenv("NO_PROXY", "direct.test")
     transport = Http1Transport()
-    assert transport._proxy_for_url(httpx.URL("http://up.test/v1/chat/completions"))
-    assert not transport._proxy_for_url(httpx.URL("http://direct.test/v1/chat/completions"))
+
+    def proxied(url: str) -> bool:
+        return transport._proxied(_origin(httpx.URL(url)), httpx.URL(url))
+
+    assert proxied("http://up.test/v1/chat/completions")
+    assert not proxied("http://direct.test/v1/chat/completions")
 
 
 def test_the_transport_runs_on_uvloop() -> None:
