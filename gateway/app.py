@@ -150,9 +150,7 @@ async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
     """A 404 / 405 under /v1/ in the caller's API format (an SDK reads the JSON error, not
     Starlette's plain text); elsewhere (dashboard, stats API) Starlette's own answer."""
     assert isinstance(exc, HTTPException)
-    path, root = request.url.path, request.scope.get("root_path", "")
-    if root and path.startswith(root):  # served below a root path: the route's own path
-        path = path[len(root):]
+    path = _route_path(request.scope)
     if not path.startswith("/v1/"):
         return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
     provider: Provider = "anthropic" if path.startswith("/v1/messages") else "openai"
@@ -167,6 +165,12 @@ async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
 def _extra_routes(state_getter: Any) -> list[BaseRoute]:
     """The stats API (/api/stats) and the dashboard (/dashboard)."""
     return [*api_stats.routes(state_getter), *dashboard.routes()]
+
+
+def _route_path(scope: Scope) -> str:
+    """The request's path below the app's root path (what the routes are matched on)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else str(path)
 
 
 async def _warm_up(backend: Backend) -> None:
@@ -192,8 +196,7 @@ class GatewayApp(Starlette):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            path, root = scope["path"], scope.get("root_path", "")
-            route = self.api.get(path[len(root):] if root and path.startswith(root) else path)
+            route = self.api.get(_route_path(scope))
             if route is not None:
                 scope["app"] = self
                 response = await handle(self.state.gateway, Request(scope, receive, send), route)
