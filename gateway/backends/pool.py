@@ -5,15 +5,18 @@ asks the `Router` for a replica, streams the answer from it, and completes the `
 shadow cache's prediction beside the upstream's own report. A replica fault before any text was
 sent fails over to another replica; after that it reaches the client as an error (an SSE error
 event when streaming). A one-replica pool whose cache model steers nothing sends first and
-tokenizes while the upstream works (`sends_before_tokens`). gateway.backends.providers builds
-the pools from the configuration.
+tokenizes while the upstream works (`sends_before_tokens`). The shadow's bookkeeping (recording
+the prompt, learning from the report) and the pool's metrics wait until the item they follow is
+handed on, so no answer waits for them; closing the stream still runs them.
+gateway.backends.providers builds the pools from the configuration.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
-from collections.abc import AsyncGenerator, Sequence, Sized
+from collections.abc import AsyncGenerator, Callable, Sequence, Sized
 from contextlib import aclosing
 from typing import Any
 
@@ -250,21 +253,28 @@ class ReplicaPool:
                 # the router scored the prompt with this replica's model (predict's answer)
                 matched = route.matched
                 predicted = matched if matched >= replica.shadow.config.min_cached_tokens else 0
+                # the shadow's bookkeeping waits until the item it follows is on its way
+                after: list[Callable[[], None]] = []
                 if item is not None:  # the upstream has prefilled the prompt by now
-                    replica.shadow.record(prompt, ns)
+                    after.append(functools.partial(replica.shadow.record, prompt, ns))
                     if not isinstance(item, Final):
                         item = dataclasses.replace(item, usage=head_usage(item.usage, prompt,
                                                                           predicted))
-                while item is not None:
-                    if isinstance(item, Final):
-                        replica.mark_ok()
-                        replica.served += 1
-                        item = self._complete(item, replica, prompt, ns, predicted)
-                        if started is not None:  # the upstream is done with it now
-                            replica.shadow.finished(started, ns)
-                            started = None
-                    yield item
-                    item = await _next(upstream)
+                try:
+                    while item is not None:
+                        if isinstance(item, Final):
+                            replica.mark_ok()
+                            replica.served += 1
+                            item = self._complete(item, replica, prompt, ns, predicted, after)
+                            if started is not None:  # the upstream is done with it now
+                                after.append(functools.partial(replica.shadow.finished,
+                                                               started, ns))
+                                started = None
+                        yield item
+                        _settle(after)
+                        item = await _next(upstream)
+                finally:
+                    _settle(after)  # closed after its last item (or on a fault): still once
         except BackendError as err:
             if is_replica_fault(err):
                 replica.mark_failed(self.router.config)
@@ -311,17 +321,20 @@ class ReplicaPool:
             self._probed = False
 
     def _complete(self, final: Final, replica: Replica, prompt: Prompt, namespace: str,
-                  predicted: int) -> Final:
+                  predicted: int, after: list[Callable[[], None]]) -> Final:
+        """`final` with the prediction beside the upstream's usage; the shadow's learning and
+        the metrics are left in `after` (done once the answer is on its way)."""
         if self._detect:
             self._detected(replica)
         usage = final_usage(final.usage, prompt, predicted)
         if usage.reported_cached_tokens is not None:
             reported = in_shadow_tokens(usage.reported_cached_tokens, len(prompt),
                                         usage.prompt_tokens)
-            replica.shadow.learn(prompt, namespace, predicted, reported)
+            after.append(functools.partial(replica.shadow.learn, prompt, namespace, predicted,
+                                           reported))
         final = dataclasses.replace(final, usage=usage, replica=replica.name)
         if self.metrics:
-            self.metrics.final(replica.name, final)
+            after.append(functools.partial(self.metrics.final, replica.name, final))
         return final
 
 
@@ -346,6 +359,12 @@ def final_usage(usage: Usage, prompt: Prompt, predicted: int) -> Usage:
         cached_tokens=usage.cached_tokens if reported else scaled,
         cached_source="reported" if reported else "predicted",
         estimated=usage.estimated or not usage.prompt_tokens)
+
+
+def _settle(after: list[Callable[[], None]]) -> None:
+    """Run the bookkeeping calls left in `after`, in order, each once."""
+    while after:
+        after.pop(0)()
 
 
 async def _next(stream: AsyncGenerator[TextDelta | Final, None]) -> TextDelta | Final | None:

@@ -248,3 +248,36 @@ def test_prediction_is_rescaled_to_upstream_tokens() -> None:
     assert in_upstream_tokens(500, tokens, 1200) == 600  # half the prompt, in upstream units
     assert in_upstream_tokens(500, tokens, 0) == 500  # upstream did not say: shadow units
     assert in_upstream_tokens(1000, tokens, 990) == 990
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_shadow_bookkeeping_follows_the_answer_and_is_never_lost(stream: bool) -> None:
+    """The shadow records a prompt, learns from its report and counts it in the metrics once
+    the item it follows is handed on (the answer is not held for them), and a consumer that
+    closes the stream at its Final, as a whole answer's does, still leaves all of it done."""
+    from gateway.metrics import Registry
+
+    pool = pool_over(fake_replicas(1))
+    pool.bind_metrics(Registry())
+    assert pool.metrics is not None
+    shadow = pool.router.replicas[0].shadow
+    req = chat_request([{"role": "system", "content": "You follow the house rules. " * 80},
+                        {"role": "user", "content": "hello"}], stream=stream)
+    tokens = prompt_tokens(req)
+    reference = ShadowCache(shadow.config)  # what the shadow holds once the prompt is recorded
+    reference.record(tokens, "t")
+    stream_items = pool.stream(req)
+    item = await anext(stream_items)
+    assert shadow.match_length(tokens, "t") == 0  # handed on before the bookkeeping
+    recorded = reference.match_length(tokens, "t")
+    if stream:  # recorded once the first chunk is on its way and the next is asked for
+        while not isinstance(item, Final):
+            item = await anext(stream_items)
+        assert shadow.match_length(tokens, "t") == recorded > 0
+    assert isinstance(item, Final)
+    assert pool.metrics.prompt.get(replica="r0") == 0  # the Final's figures: not yet counted
+    await stream_items.aclose()
+    assert shadow.match_length(tokens, "t") == recorded > 0
+    assert pool.metrics.prompt.get(replica="r0") == item.usage.prompt_tokens > 0
+    assert pool.metrics.requests.get(replica="r0", outcome="ok") == 1
+    await pool.aclose()
