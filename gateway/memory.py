@@ -8,8 +8,10 @@ freed the memory. Fixing the mmap and trim thresholds (`mallopt`, the same as th
 `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` environment variables, but settable after
 start) keeps large buffers in their own mappings, returned to the system when freed. Measured
 on the reliability benchmark's large-prompt scenario (40 distinct ~0.9 MB prompts): plateau
-~215-225 MB with glibc's defaults, ~170-180 MB with a 128 KiB threshold. On a C library
-without `mallopt` (musl, macOS) this is a no-op.
+~215-225 MB with glibc's defaults, ~170-180 MB with a 128 KiB threshold; over 120 prompts
+176-183 MB at 128 KiB and 190-194 MB at 1 MiB, the default in front of upstreams
+(`GatewayConfig.malloc_threshold`: below it, small bodies' parse buffers are mapped afresh on
+every request). On a C library without `mallopt` (musl, macOS) this is a no-op.
 """
 
 from __future__ import annotations
