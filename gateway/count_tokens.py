@@ -25,7 +25,6 @@ from gateway.pipeline import read_body
 from gateway.request_state import CLIENT_CLOSED, Gateway, new_request_id
 from gateway.shadow import prompt_tokens
 from gateway.types import ApiError, ChatRequest, CountingBackend, TokenCount
-from gateway.validate import ParseContext
 
 
 async def estimate(req: ChatRequest, inline_bytes: int) -> TokenCount:
@@ -42,7 +41,7 @@ async def count_tokens(request: Request) -> Response:
         tenant = tenant_for(request, gw.config)
         raw = await read_body(request, gw.config.max_body_bytes)
         body = parse_body(raw, gw.config.max_json_depth)
-        ctx = ParseContext(new_request_id(), tenant, tuple(gw.backend.models()))
+        ctx = gw.parse_context(new_request_id(), tenant)
         req = parse_messages({**body, "max_tokens": 1, "stream": False}, ctx)
         backend = gw.backend
         if isinstance(backend, CountingBackend):

@@ -50,7 +50,7 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     for i, msg in enumerate(req_list(body, "messages")):
         messages.extend(_message(msg, i))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
-    constraint = _constraint(body.get("tool_choice"), tools)
+    constraint = _constraint(body.get("tool_choice"), tools, ctx.grammar)
     metadata = opt_dict(body, "metadata") or {}
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
         raise invalid("'metadata.user_id' must be a string", "metadata.user_id")
@@ -186,13 +186,15 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def _constraint(choice: Any, tools: tuple[dict[str, Any], ...]) -> OutputConstraint | None:
-    """The output grammar of tools + tool_choice (400s name the field)."""
+def _constraint(choice: Any, tools: tuple[dict[str, Any], ...], grammar: bool
+                ) -> OutputConstraint | None:
+    """The output grammar of tools + tool_choice (400s name the field); none without `grammar`
+    (an upstream's request: the fields are still checked)."""
     schemas = tool_schemas(tools, [f"tools[{i}].input_schema" for i in range(len(tools))])
     parsed = _tool_choice(choice, bool(tools))
     if parsed.name is not None:
         check_named_tool(parsed.name, schemas, "tool_choice.name")
-    return build_constraint(schemas, parsed, None)
+    return build_constraint(schemas, parsed, None, grammar)
 
 
 _ANTHROPIC_MODES: dict[str, ToolMode] = {"auto": "auto", "any": "required", "none": "none"}

@@ -43,7 +43,7 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     model = check_model(body, ctx)
     messages = tuple(_message(m, i) for i, m in enumerate(req_list(body, "messages")))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
-    constraint = _constraint(body, tools)
+    constraint = _constraint(body, tools, ctx.grammar)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -222,14 +222,16 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def _constraint(body: dict[str, Any], tools: tuple[dict[str, Any], ...]) -> OutputConstraint | None:
-    """The output grammar of tools + tool_choice + response_format (400s name the field)."""
+def _constraint(body: dict[str, Any], tools: tuple[dict[str, Any], ...], grammar: bool
+                ) -> OutputConstraint | None:
+    """The output grammar of tools + tool_choice + response_format (400s name the field);
+    none without `grammar` (an upstream's request: the fields are still checked)."""
     schemas = tool_schemas(tools, [f"tools[{i}].function.parameters" for i in range(len(tools))])
     choice = _tool_choice(body.get("tool_choice"), bool(tools))
     choice = ToolChoice(choice.mode, choice.name, opt_bool(body, "parallel_tool_calls", True))
     if choice.name is not None:
         check_named_tool(choice.name, schemas, "tool_choice.function.name")
-    return build_constraint(schemas, choice, _response_format(body))
+    return build_constraint(schemas, choice, _response_format(body, grammar), grammar)
 
 
 def _tool_choice(choice: Any, has_tools: bool) -> ToolChoice:
@@ -249,7 +251,7 @@ def _tool_choice(choice: Any, has_tools: bool) -> ToolChoice:
     raise invalid("'tool_choice' must be none, auto, required or a function object", "tool_choice")
 
 
-def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+def _response_format(body: dict[str, Any], grammar: bool) -> dict[str, Any] | None:
     """The JSON document schema response_format asks for; None for text."""
     fmt = opt_dict(body, "response_format")
     if fmt is None or fmt.get("type") == "text":
@@ -267,4 +269,4 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
         raise invalid("'response_format.json_schema.strict' must be a boolean",
                       "response_format.json_schema.strict")
-    return document_schema(spec.get("schema"), "response_format.json_schema.schema")
+    return document_schema(spec.get("schema"), "response_format.json_schema.schema", grammar)

@@ -154,7 +154,7 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes
                    ) -> tuple[ChatRequest, _LintJob | None]:
     """The validated, linted (or to be linted: the job) and prepared request."""
     mode = request_mode(request.headers.get(MODE_HEADER), gw.config.lint_mode)
-    ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
+    ctx = gw.parse_context(ticket.request_id, ticket.tenant)
     if len(raw) > INLINE_PARSE_BYTES:  # a large body is parsed and validated off the loop
         body, req = await anyio.to_thread.run_sync(_parse, gw.config, ticket, raw, ctx)
     else:
@@ -228,8 +228,7 @@ def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, m
     layout = share.layout if share is not None and share.body is body else None
     outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode, layout)
     if outcome.changed:
-        ctx = ParseContext(ticket.request_id, ticket.tenant, tuple(gw.backend.models()))
-        req = ticket.route.parse(outcome.body, ctx)
+        req = ticket.route.parse(outcome.body, gw.parse_context(ticket.request_id, ticket.tenant))
     for rule in outcome.lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
     return replace(req, lint_ids=outcome.lint_ids, family=outcome.family)

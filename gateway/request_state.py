@@ -75,6 +75,14 @@ class Gateway:
         if self.salter is None:
             self.salter = UpstreamSalter(c.salt_secret)
 
+    def parse_context(self, request_id: str, tenant: str) -> ParseContext:
+        """What a parser needs for this backend: its models, and whether it constrains its
+        output with the gateway's grammar (the embedded engine; upstreams enforce tools and
+        response formats themselves)."""
+        backend = self.backend
+        return ParseContext(request_id, tenant, tuple(backend.models()),
+                            grammar=backend.name == "embedded")
+
     @property
     def preparing(self) -> PreparingBackend | None:
         """The backend when it prepares requests (`PreparingBackend`), else None. A Protocol

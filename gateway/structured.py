@@ -14,6 +14,10 @@ template writes earlier calls), so a small model cannot wander into endless blan
 
 Every schema is checked before anything reaches the engine: an invalid schema or a keyword the
 grammar engine does not implement is a 400 naming the field (`tools[0].function.parameters`).
+A request for an upstream builds no grammar (`ParseContext.grammar`): the provider enforces its
+own tools and response formats, and takes keywords the grammar engine does not implement
+(`uniqueItems`, `not`, `if`/`then`, any `format`), so its schemas are checked only for being
+JSON Schemas (the meta-schema of their draft), as a provider checks them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import Draft202012Validator, validator_for
 
 from engine.grammar_spec import GrammarError, GrammarSpec, check_grammar
 from gateway.errors import invalid
@@ -53,23 +59,25 @@ class ToolSchema:
     path: str
 
 
-#: Schema JSON -> its error ("" when valid): 512 schemas and at most 4 MiB of them (a
-#: client chooses the schema text, so an entry count alone would not bound the memory).
-SCHEMA_MEMO: LRU[str, str] = LRU(512, max_weight=4 << 20)
+#: (grammar, schema JSON) -> its error ("" when valid): 512 schemas and at most 4 MiB of them
+#: (a client chooses the schema text, so an entry count alone would not bound the memory).
+SCHEMA_MEMO: LRU[tuple[bool, str], str] = LRU(512, max_weight=4 << 20)
 _SCHEMA_LOCK = threading.Lock()  # bodies are parsed on the loop and in worker threads
 
 
-def _schema_error(schema_json: str) -> str | None:
+def _schema_error(schema_json: str, grammar: bool) -> str | None:
+    key = (grammar, schema_json)
     with _SCHEMA_LOCK:
-        found = SCHEMA_MEMO.get(schema_json)
+        found = SCHEMA_MEMO.get(key)
     if found is None:
-        found = _check_schema_json(schema_json)
+        found = _grammar_error(schema_json) if grammar else _json_schema_error(schema_json)
         with _SCHEMA_LOCK:
-            SCHEMA_MEMO.put(schema_json, found, 2 * text_bytes(schema_json))
+            SCHEMA_MEMO.put(key, found, 2 * text_bytes(schema_json))
     return found or None
 
 
-def _check_schema_json(schema_json: str) -> str:
+def _grammar_error(schema_json: str) -> str:
+    """Why the grammar engine cannot constrain output to the schema ("" when it can)."""
     try:
         check_grammar(GrammarSpec("json_schema", schema_json))
     except GrammarError as exc:
@@ -77,11 +85,25 @@ def _check_schema_json(schema_json: str) -> str:
     return ""
 
 
-def check_schema(schema: dict[str, Any], path: str) -> None:
-    """400 naming `path` when the schema is invalid or uses an unsupported keyword."""
-    error = _schema_error(_sorted_json(schema))
+def _json_schema_error(schema_json: str) -> str:
+    """Why the schema is not a JSON Schema ("" when it is): checked against the meta-schema of
+    the draft its `$schema` names, else 2020-12's (what providers read tool schemas as)."""
+    schema = json.loads(schema_json)
+    try:
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(map(str, exc.absolute_path))
+        return f"{exc.message} (at {where})" if where else exc.message
+    return ""
+
+
+def check_schema(schema: dict[str, Any], path: str, grammar: bool = True) -> None:
+    """400 naming `path` when the schema is not a JSON Schema or, with `grammar` (for the
+    embedded engine), uses what the grammar engine does not implement."""
+    error = _schema_error(_sorted_json(schema), grammar)
     if error is not None:
-        raise invalid(f"'{path}' is not a supported JSON schema: {error}", path)
+        what = "a supported" if grammar else "a valid"
+        raise invalid(f"'{path}' is not {what} JSON schema: {error}", path)
 
 
 def _sorted_json(schema: dict[str, Any]) -> str:
@@ -138,15 +160,20 @@ def tool_grammar(tools: list[ToolSchema], choice: ToolChoice,
 
 
 def build_constraint(tools: list[ToolSchema], choice: ToolChoice,
-                     document: dict[str, Any] | None) -> OutputConstraint | None:
-    """Check every schema (400 naming its field), then the combined grammar."""
+                     document: dict[str, Any] | None, grammar: bool = True
+                     ) -> OutputConstraint | None:
+    """Check every schema (400 naming its field), then the combined grammar; without
+    `grammar` (an upstream's request, see `ParseContext.grammar`) only the schemas' validity
+    is checked and there is no constraint."""
     for tool in tools:
-        check_schema(tool.schema, tool.path)
-    grammar = tool_grammar(tools, choice, document)
-    if grammar is None:
+        check_schema(tool.schema, tool.path, grammar)
+    if not grammar:
+        return None
+    grammar_text = tool_grammar(tools, choice, document)
+    if grammar_text is None:
         return None
     forced = choice.mode == "required" and bool(tools)
-    return OutputConstraint(grammar=grammar, tool_calls_required=forced,
+    return OutputConstraint(grammar=grammar_text, tool_calls_required=forced,
                             json_document=document is not None and not forced)
 
 
@@ -165,13 +192,14 @@ def check_named_tool(name: str, tools: list[ToolSchema], path: str) -> None:
         raise invalid(f"'{path}' names tool {name!r}, which is not in 'tools'", path)
 
 
-def document_schema(schema: Any, path: str) -> dict[str, Any]:
-    """A response document's schema (an object), checked; 400 naming `path` otherwise."""
+def document_schema(schema: Any, path: str, grammar: bool = True) -> dict[str, Any]:
+    """A response document's schema (an object, checked as `check_schema` does); 400 naming
+    `path` otherwise."""
     if schema is None:
         return dict(ANY_OBJECT)
     if not isinstance(schema, dict):
         raise invalid(f"'{path}' must be an object", path)
-    check_schema(schema, path)
+    check_schema(schema, path, grammar)
     return schema
 
 

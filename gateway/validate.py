@@ -18,6 +18,10 @@ class ParseContext:
     tenant: str
     models: tuple[str, ...]  # served model ids; "*" accepts any
     default_max_tokens: int = 256
+    # the backend constrains its output with the grammar the parser builds (the embedded
+    # engine); an upstream gets tools and response formats in its body and enforces them
+    # itself, so neither the grammar nor the grammar engine's view of a schema applies there
+    grammar: bool = True
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

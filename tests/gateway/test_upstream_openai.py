@@ -289,3 +289,53 @@ async def test_an_upstream_cookie_never_rides_on_the_next_request() -> None:
         assert isinstance(items[-1], Final)
     assert seen == [None, None]
     await pool.aclose()
+
+
+# JSON Schema keywords providers take in tool schemas that the embedded engine's grammar does not
+PROVIDER_ONLY_SCHEMA = {"type": "object", "properties": {
+    "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+    "mode": {"not": {"const": "unsafe"}}},
+    "if": {"required": ["tags"]}, "then": {"properties": {"mode": {"format": "label-id"}}}}
+
+
+async def test_an_upstream_gets_tool_schemas_the_engine_grammar_would_refuse(
+        tmp_path: Path) -> None:
+    """The grammar is the embedded engine's: an upstream's request builds none, so a schema
+    keyword only the grammar engine lacks is the provider's to judge, not a gateway 400; what
+    is wrong for every backend still is one (a tool_choice naming no tool, a schema that is
+    not a JSON Schema)."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    tool = {"type": "function", "function": {"name": "label", "parameters": PROVIDER_ONLY_SCHEMA}}
+    client = sdk(app)
+    answer = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "label it"}], tools=[tool],  # type: ignore[list-item]
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "labels", "schema": PROVIDER_ONLY_SCHEMA}})
+    assert answer.choices[0].message.content
+    sent = replica.state.replica.config.bodies[0]
+    assert sent["tools"] == [tool]
+    assert sent["response_format"]["json_schema"]["schema"] == PROVIDER_ONLY_SCHEMA
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        r = await http.post("/v1/messages", json={
+            "model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "label", "input_schema": PROVIDER_ONLY_SCHEMA}]})
+        assert r.status_code == 200, r.text
+        assert replica.state.replica.config.bodies[1]["tools"][0]["function"]["parameters"] \
+            == PROVIDER_ONLY_SCHEMA
+    broken = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": "one"}}}}}
+    for extra, param, words in [
+            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "no"}}},
+             "tool_choice.function.name", "'no'"),
+            ({"tools": [broken]}, "tools[0].function.parameters", "properties/n/minimum")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], **extra)
+        assert isinstance(info.value.body, dict)
+        assert info.value.body["param"] == param and words in info.value.body["message"]
+    assert len(replica.state.replica.config.bodies) == 2  # the 400s reached no upstream
+    app.state.store.close()
+    await pool.aclose()
