@@ -1,10 +1,11 @@
 """The first request costs what any other does: startup work stays at startup.
 
 An upstream-only gateway never imports torch: not at start, not for a request that carries
-tools and a JSON schema (whose check runs through llguidance alone). Importing torch there cost
-the first such request about a second, and the process torch's heap. The token encoding that
-lint and the shadow caches use (~0.2 s to load) and anyio's event-loop backend (~20 ms) load
-while the app starts, and the upstream client's certificate store when it is built (~20 ms)."""
+tools and a JSON schema (checked against the JSON Schema meta-schema, with no grammar built).
+Importing torch there cost the first such request about a second, and the process torch's heap.
+The token encoding that lint and the shadow caches use (~0.2 s to load) and anyio's event-loop
+backend (~20 ms) load while the app starts, and the upstream client's certificate store when it
+is built (~20 ms)."""
 
 from __future__ import annotations
 
