@@ -1,9 +1,10 @@
 """The floor for any Python proxy on this stack: a pass-through with no work of its own.
 
-A raw ASGI app on uvicorn (uvloop, httptools), one worker, forwarding each request body
-unchanged to the upstream over the gateway's own pooled HTTP/1.1 transport
-(gateway.backends.http1_transport) and its answer back unchanged: the same server and upstream
-client the gateway uses, none of the gateway's work (no parsing, lint, tokenizing, routing,
+A raw ASGI app on uvicorn (uvloop, httptools, with the gateway's own server protocol
+gateway.http_protocol.OneWriteProtocol), one worker, forwarding each request body unchanged to
+the upstream over the gateway's own pooled HTTP/1.1 transport (gateway.backends.http1_transport)
+and its answer back unchanged, with its length: the same server and upstream client the gateway
+uses, none of the gateway's work (no parsing, lint, tokenizing, routing,
 records or metrics). bench_gateway measures it beside the gateway,
 so the latency a proxy hop itself costs here (two more processes woken, two more HTTP
 exchanges) is told apart from the gateway's own.
@@ -20,6 +21,7 @@ import httpx
 import uvicorn
 
 from gateway.backends.http1_transport import Http1Transport
+from gateway.http_protocol import OneWriteProtocol
 
 _HOP_HEADERS = (b"content-type",)
 _TIMEOUTS = {"connect": 10.0, "read": 60.0, "write": 60.0, "pool": 60.0}
@@ -68,6 +70,7 @@ class BareProxy:
         finally:
             await response.aclose()
         kept = [(k, v) for k, v in response.headers.raw if k.lower() in _HOP_HEADERS]
+        kept.append((b"content-length", str(len(body)).encode()))
         await _answer(send, response.status_code, kept, body)
 
 
@@ -80,7 +83,7 @@ async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]],
 def main(argv: list[str]) -> None:
     port, upstream = int(argv[0]), argv[1]
     uvicorn.run(BareProxy(upstream), host="127.0.0.1", port=port, loop="uvloop",
-                http="httptools", log_level="warning")
+                http=OneWriteProtocol, log_level="warning")
 
 
 if __name__ == "__main__":
