@@ -85,7 +85,9 @@ class LintStage:
         layout: TokenLayout | None,
     ) -> LintOutcome:
         learner = self.learner(tenant)
-        report = prompt_lint.lint_request(body, provider, learner=learner, layout=layout)
+        # the route's parser validated the body, more strictly than prompt_lint would
+        report = prompt_lint.lint_request(body, provider, learner=learner, layout=layout,
+                                          validated=True)
         ids = tuple(sorted({f.rule for f in report.findings}))
         family = report.family
         if mode != "rewrite":

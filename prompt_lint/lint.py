@@ -27,6 +27,7 @@ from prompt_lint.rules import DYNAMIC_KINDS, RULES
 from prompt_lint.session import SessionTracker, fingerprint
 from prompt_lint.templates import FamilyMatch, TemplateLearner
 from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
+from prompt_lint.toolset import tool_set
 from prompt_lint.types import Finding, LintReport
 
 _RULE_FOR_KIND = {"timestamp": "PL001", "identifier": "PL002", "nonce": "PL003",
@@ -41,12 +42,14 @@ MARKER_TOKENS = 6
 def lint_request(body: dict[str, Any], provider: Provider | None = None,
                  learner: TemplateLearner | None = None,
                  session: SessionTracker | str | None = None,
-                 encoding: str | None = None, layout: TokenLayout | None = None) -> LintReport:
+                 encoding: str | None = None, layout: TokenLayout | None = None,
+                 validated: bool = False) -> LintReport:
     """Lint one OpenAI or Anthropic request body; see the package docstring. `layout`: the
     body's token layout when the caller has tokenized it already (`layout_of`), in the
-    encoding `encoding` names."""
+    encoding `encoding` names. `validated`: the caller has checked the body already, at least
+    as strictly as `providers.validate` (the gateway's parsers do), so it is not checked again."""
     prov = provider or detect_provider(body)
-    toolset = check_request(body, prov)
+    toolset = tool_set(body.get("tools") or []) if validated else check_request(body, prov)
     counter = shared_counter(encoding or DEFAULT_ENCODING)
     if layout is None:
         layout = token_layout(body, prov, counter, toolset)

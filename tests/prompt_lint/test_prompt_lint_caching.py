@@ -74,6 +74,17 @@ def test_a_layout_given_by_a_caller_that_encoded_the_segments_lints_the_same(
     assert sum(len(r.findings) for r in given) > 0
 
 
+def test_a_body_the_caller_validated_lints_the_same(
+        corpus: list[CorpusRequest], online: Any) -> None:
+    """The gateway's parsers check a body more strictly than prompt_lint does and say so
+    (`validated=True`): prompt_lint's own check is skipped, and the reports are those of the
+    checking path, request by request through one learner."""
+    learner = TemplateLearner()
+    reports = [lint_request(req.body, learner=learner, validated=True) for req in corpus]
+    assert reports == online.reports
+    assert sum(len(r.findings) for r in reports) > 0
+
+
 def test_two_pass_equals_uncached(corpus: list[CorpusRequest]) -> None:
     part = corpus[:90]  # the uncached path tokenizes everything: keep it short
     cached = _two_pass(part)
