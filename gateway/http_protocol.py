@@ -4,8 +4,8 @@ uvicorn writes a response's head as soon as the app sends `http.response.start`,
 chunk as it comes: two writes for one JSON answer, and a client waiting on its socket is woken
 twice. Waking a waiting process is the dear part of a write on a machine whose CPUs idle
 between requests (a virtual CPU halts and is woken by the host): in front of an upstream that
-answers after 20 ms, this one write took 0.69-0.77 ms off the gateway's p50 (paired, one
-client, bench_gateway's requests), and nothing measurable when nothing idles.
+answers after 20 ms, one write took 0.62-0.95 ms off the gateway's p50 (paired, one client,
+bench_gateway's requests, three rounds), and nothing measurable when nothing idles.
 
 `OneWriteProtocol` holds the head of a whole response (one that declares its length, or has
 no body: 204, 304) until its first body chunk and writes both with one `writelines`; a response
