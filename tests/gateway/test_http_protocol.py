@@ -87,9 +87,9 @@ class RecordingTransport(asyncio.Transport):
 
 
 async def serve_once(protocol_class: type[HttpToolsProtocol], request: bytes,
-                     until: bytes) -> RecordingTransport:
-    """`request` through a fresh connection; returns once `until` ends what was written (or
-    the transport closed)."""
+                     until: bytes, responses: int = 1) -> RecordingTransport:
+    """`request` through a fresh connection; returns once `until` ends what was written after
+    `responses` response heads (or the transport closed)."""
     config = Config(app=APP, http=protocol_class, date_header=False, server_header=False,
                     log_level="critical", lifespan="off")
     config.load()
@@ -99,7 +99,8 @@ async def serve_once(protocol_class: type[HttpToolsProtocol], request: bytes,
     protocol.connection_made(transport)
     protocol.data_received(request)
     for _ in range(400):
-        if transport.closed or transport.received().endswith(until):
+        got = transport.received()
+        if transport.closed or (got.endswith(until) and got.count(b"HTTP/1.1 ") >= responses):
             break
         await asyncio.sleep(0.005)
     protocol.connection_lost(None)
@@ -147,3 +148,12 @@ async def test_a_held_head_is_written_before_the_connection_closes() -> None:
     assert reference.closed and ours.closed
     assert ours.received() == reference.received()
     assert ours.received().startswith(b"HTTP/1.1 200") and ours.received().endswith(b"\r\n\r\n")
+
+
+async def test_pipelined_requests_each_get_one_write() -> None:
+    two = GET % b"/json" + GET % b"/json"
+    reference = await serve_once(HttpToolsProtocol, two, b"x\"}", responses=2)
+    ours = await serve_once(OneWriteProtocol, two, b"x\"}", responses=2)
+    assert reference.received().count(b"HTTP/1.1 200") == 2
+    assert ours.received() == reference.received()
+    assert [kind for kind, _ in ours.calls] == ["writelines", "writelines"]
