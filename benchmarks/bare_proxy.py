@@ -4,10 +4,9 @@ A raw ASGI app on uvicorn (uvloop, httptools, with the gateway's own server prot
 gateway.http_protocol.OneWriteProtocol), one worker, forwarding each request body unchanged to
 the upstream over the gateway's own pooled HTTP/1.1 transport (gateway.backends.http1_transport)
 and its answer back unchanged, with its length: the same server and upstream client the gateway
-uses, none of the gateway's work (no parsing, lint, tokenizing, routing,
-records or metrics). bench_gateway measures it beside the gateway,
-so the latency a proxy hop itself costs here (two more processes woken, two more HTTP
-exchanges) is told apart from the gateway's own.
+uses, none of the gateway's work (no parsing, lint, tokenizing, routing, records or metrics).
+bench_gateway measures it beside the gateway, so the latency a proxy hop itself costs here (two
+more processes woken, two more HTTP exchanges) is told apart from the gateway's own.
 
     python benchmarks/bare_proxy.py PORT UPSTREAM_BASE_URL
 """

@@ -2,13 +2,14 @@
 
 `ReplicaPool` tokenizes each request once (prompt_lint's token layout, for the shadow caches),
 asks the `Router` for a replica, streams the answer from it, and completes the `Final` with the
-shadow cache's prediction beside the upstream's own report. A replica fault before any text was
-sent fails over to another replica; after that it reaches the client as an error (an SSE error
-event when streaming). A one-replica pool whose cache model steers nothing sends first and
-tokenizes while the upstream works (`sends_before_tokens`). The shadow's bookkeeping (recording
-the prompt, learning from the report) and the pool's metrics wait until the item they follow is
-handed on, so no answer waits for them; closing the stream still runs them.
-gateway.backends.providers builds the pools from the configuration.
+shadow cache's prediction beside the upstream's own report (gateway.backends.predicted_usage).
+A replica fault before any text was sent fails over to another replica; after that it reaches
+the client as an error (an SSE error event when streaming). A one-replica pool whose cache
+model steers nothing sends first and tokenizes while the upstream works
+(`sends_before_tokens`). The shadow's bookkeeping (recording the prompt, learning from the
+report) and the pool's metrics wait until the item they follow is handed on, so no answer waits
+for them; closing the stream still runs them. gateway.backends.providers builds the pools from
+the configuration.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-from collections.abc import AsyncGenerator, Callable, Sequence, Sized
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -24,6 +25,7 @@ import anyio
 
 from gateway.backends.anthropic_upstream import AnthropicUpstream
 from gateway.backends.openai_upstream import OpenAIUpstream
+from gateway.backends.predicted_usage import final_usage, head_usage, in_shadow_tokens
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_http import is_replica_fault
@@ -35,7 +37,7 @@ from gateway.metrics import Registry
 from gateway.overlap import cpu_work, first_while_sent
 from gateway.shadow import NO_PROMPT, CacheModel, Prompt, request_prompt
 from gateway.shadow_models import cache_model_for
-from gateway.types import BackendError, ChatRequest, Final, TextDelta, TokenCount, Usage
+from gateway.types import BackendError, ChatRequest, Final, TextDelta, TokenCount
 from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
 
@@ -338,29 +340,6 @@ class ReplicaPool:
         return final
 
 
-def head_usage(early: Usage | None, prompt: Prompt, predicted: int) -> Usage:
-    """What a stream's head says: the upstream's early report (Anthropic's message_start)
-    beside the prediction, else the prediction itself, marked predicted and estimated."""
-    if early is not None:
-        scaled = in_upstream_tokens(predicted, len(prompt), early.prompt_tokens)
-        return dataclasses.replace(early, predicted_cached_tokens=scaled)
-    return Usage(prompt_tokens=len(prompt), completion_tokens=0, cached_tokens=predicted,
-                 predicted_cached_tokens=predicted, cached_source="predicted", estimated=True)
-
-
-def final_usage(usage: Usage, prompt: Prompt, predicted: int) -> Usage:
-    """The upstream's usage with the prediction beside it; counts the upstream did not send
-    are the gateway's, and marked so (estimated prompt tokens, predicted cached tokens)."""
-    prompt_tokens = usage.prompt_tokens or len(prompt)
-    scaled = in_upstream_tokens(predicted, len(prompt), usage.prompt_tokens)
-    reported = usage.reported_cached_tokens is not None
-    return dataclasses.replace(
-        usage, predicted_cached_tokens=scaled, prompt_tokens=prompt_tokens,
-        cached_tokens=usage.cached_tokens if reported else scaled,
-        cached_source="reported" if reported else "predicted",
-        estimated=usage.estimated or not usage.prompt_tokens)
-
-
 def _settle(after: list[Callable[[], None]]) -> None:
     """Run the bookkeeping calls left in `after`, in order, each once."""
     while after:
@@ -381,22 +360,6 @@ def _model_kind(kind: str) -> str:
 def _prompt_of(req: ChatRequest) -> Prompt:
     with MEMO_LOCK:
         return request_prompt(req)
-
-
-def in_upstream_tokens(predicted: int, tokens: Sized | int, upstream_prompt: int) -> int:
-    """The shadow's prediction (tiktoken tokens) in the upstream's own token units: the same
-    fraction of the prompt, so predicted and reported hits compare whatever the tokenizer."""
-    n = tokens if isinstance(tokens, int) else len(tokens)
-    if not upstream_prompt or not n:
-        return predicted
-    return min(upstream_prompt, round(predicted * upstream_prompt / n))
-
-
-def in_shadow_tokens(reported: int, shadow_prompt: int, upstream_prompt: int) -> int:
-    """The upstream's reported hit in the shadow's token units (inverse of the above)."""
-    if not upstream_prompt:
-        return reported
-    return min(shadow_prompt, round(reported * shadow_prompt / upstream_prompt))
 
 
 def _unique(names: list[str]) -> list[str]:

@@ -26,7 +26,8 @@ import pytest
 from gateway import pipeline, sse_response
 from gateway.agent_trace import agent_trace
 from gateway.backends import pool as pool_module
-from gateway.backends.pool import ReplicaPool, in_upstream_tokens
+from gateway.backends.pool import ReplicaPool
+from gateway.backends.predicted_usage import in_upstream_tokens
 from gateway.backends.providers import make_upstream
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.lint_stage import LintStage

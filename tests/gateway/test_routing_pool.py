@@ -242,7 +242,7 @@ async def test_create_app_builds_one_pool_per_kind_from_config(tmp_path: Path) -
 
 
 def test_prediction_is_rescaled_to_upstream_tokens() -> None:
-    from gateway.backends.pool import in_upstream_tokens
+    from gateway.backends.predicted_usage import in_upstream_tokens
 
     tokens = list(range(1000))
     assert in_upstream_tokens(500, tokens, 1200) == 600  # half the prompt, in upstream units
