@@ -6,7 +6,11 @@
    agents resend history) go to the upstream directly and through the gateway, interleaved, at 1
    and at 32 concurrent clients. Through the gateway each request is parsed, linted (report
    mode, and lint off for comparison), tokenized (prompt_lint's layout), looked up in the shadow
-   caches, proxied, and recorded. LiteLLM's proxy on the same upstream is a side row when it is
+   caches, proxied, and recorded. Lint off is a second gateway process (`--lint-mode off`), so
+   each gateway meets each request once, as a gateway meets an agent's turn: one process serving
+   both modes would tokenize and lint a body on its first visit and find it in its memos on the
+   second (that bias made lint off look 0.3 ms cheaper than it is). The warm-up requests are
+   not among the measured ones. LiteLLM's proxy on the same upstream is a side row when it is
    installed in its own venv (see `benchmarks/gateway_servers.py`). A bare pass-through proxy
    (`benchmarks/bare_proxy.py`: the same uvicorn and upstream transport, none of the gateway's
    work) is the floor row: what one more Python HTTP hop costs here. Targets: at 1 client p50
@@ -78,6 +82,7 @@ MODES = ["direct", "bare_proxy", "gateway", "gateway_lint_off"]  # + "litellm" w
 IN_PROCESS_MODES = ("direct", "gateway", "gateway_lint_off")
 # a GPU server's time to first token for a 4k-token prompt whose prefix it holds: about this
 SLOW_UPSTREAM_MS = 20.0
+WARM_UP = 10  # requests sent to every server before the measured ones (not among them)
 
 
 # ---------------------------------------------------------------- added latency
@@ -96,14 +101,10 @@ def latency_bodies(n: int) -> tuple[list[dict[str, Any]], float]:
 
 
 def _target(mode: str, urls: dict[str, str]) -> tuple[str, dict[str, str]]:
-    if mode == "direct":
-        return f"{urls['direct']}/v1/chat/completions", {}
+    """A mode's URL and headers (each mode is its own server process)."""
     if mode == "litellm":
         return f"{urls['litellm']}/v1/chat/completions", {"authorization": f"Bearer {LITELLM_KEY}"}
-    if mode == "bare_proxy":
-        return f"{urls['bare_proxy']}/v1/chat/completions", {}
-    headers = {"x-prefixgate-lint-mode": "off"} if mode == "gateway_lint_off" else {}
-    return f"{urls['gateway']}/v1/chat/completions", headers
+    return f"{urls[mode]}/v1/chat/completions", {}
 
 
 async def _timed(client: httpx.AsyncClient, url: str, headers: dict[str, str],
@@ -151,26 +152,37 @@ async def _burst(client: httpx.AsyncClient, url: str, headers: dict[str, str],
 
 
 async def many_clients(urls: dict[str, str], bodies: list[bytes], concurrency: int,
-                       rounds: int, gateway_pid: int | None = None) -> dict[str, Any]:
+                       rounds: int, pids: dict[str, int] | None = None) -> dict[str, Any]:
     """Bursts of `concurrency` clients per mode, alternating modes for `rounds` rounds; with
-    `gateway_pid`, also the gateway process's CPU ms per request in its modes (from /proc:
-    user + system time over a burst, so it holds all the gateway's threads)."""
+    `pids` (a gateway mode's server process), also that process's CPU ms per request (from
+    /proc: user + system time over a burst, so it holds all the gateway's threads)."""
+    pids = pids or {}
     lat: dict[str, list[float]] = {m: [] for m in MODES}
     rps: dict[str, list[float]] = {m: [] for m in MODES}
-    cpu: dict[str, list[float]] = {m: [] for m in MODES if m.startswith("gateway")}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES if m in pids}
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
     for _ in tqdm(range(rounds), desc=f"{concurrency} clients", leave=False):
         for mode in MODES:
             url, headers = _target(mode, urls)
-            before = cpu_ms(gateway_pid) if gateway_pid else 0.0
+            before = cpu_ms(pids[mode]) if mode in pids else 0.0
             async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
                 values, rate = await _burst(client, url, headers, bodies, concurrency)
-            if gateway_pid and mode in cpu:
-                cpu[mode].append((cpu_ms(gateway_pid) - before) / len(bodies))
+            if mode in pids:
+                cpu[mode].append((cpu_ms(pids[mode]) - before) / len(bodies))
             lat[mode] += values
             rps[mode].append(rate)
     return {"latencies": lat, "rps": {m: statistics.median(v) for m, v in rps.items()},
             "gateway_cpu_ms": {m: statistics.median(v) for m, v in cpu.items() if v}}
+
+
+def _balanced_order(i: int) -> list[str]:
+    """The in-process modes for body `i`: rotated, and the two gateway modes swapped every
+    other rotation, so that over six bodies each mode comes first, second and third as often,
+    and each gateway mode meets an unseen body half the time."""
+    direct, first, second = IN_PROCESS_MODES
+    modes = [direct, first, second] if (i // 3) % 2 == 0 else [direct, second, first]
+    k = i % 3
+    return modes[k:] + modes[:k]
 
 
 def _summary(lat: dict[str, list[float]], rps: dict[str, float] | None) -> dict[str, Any]:
@@ -192,8 +204,9 @@ def _summary(lat: dict[str, list[float]], rps: dict[str, float] | None) -> dict[
 
 def run_latency(quick: bool, litellm: str | None) -> dict[str, Any]:
     n = 40 if quick else 200
-    bodies_json, mean_tokens = latency_bodies(n)
-    bodies = [json.dumps(b).encode() for b in bodies_json]
+    bodies_json, mean_tokens = latency_bodies(n + WARM_UP)
+    every = [json.dumps(b).encode() for b in bodies_json]
+    bodies, warm = every[:n], every[n:]  # the warm-up's requests are not measured
     stages = stage_breakdown(bodies)
     executable = litellm_path(litellm)
     if executable is None:
@@ -201,17 +214,16 @@ def run_latency(quick: bool, litellm: str | None) -> dict[str, Any]:
     elif "litellm" not in MODES:
         MODES.append("litellm")
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        inproc, cpu = asyncio.run(in_process(bodies, Path(tmp)))
+        inproc, cpu = asyncio.run(in_process(bodies, warm, Path(tmp)))
         up = stack.enter_context(fake_upstream())
-        gw = stack.enter_context(gateway_server(up, Path(tmp) / "b.db"))
-        urls = {"direct": up, "gateway": gw.url,
-                "bare_proxy": stack.enter_context(bare_proxy(up))}
+        urls, pids = gateways(stack, up, Path(tmp))
+        urls["bare_proxy"] = stack.enter_context(bare_proxy(up))
         if executable is not None:
             urls["litellm"] = stack.enter_context(litellm_proxy(executable, up, Path(tmp)))
-        asyncio.run(one_client(urls, bodies[: min(10, n)]))  # warm-up: caches, connections
+        asyncio.run(one_client(urls, warm))  # warm-up: caches, connections
         single = asyncio.run(one_client(urls, bodies))
-        multi = asyncio.run(many_clients(urls, bodies, 32, 2 if quick else 4, gw.pid))
-    slow = slow_upstream(bodies)
+        multi = asyncio.run(many_clients(urls, bodies, 32, 2 if quick else 4, pids))
+    slow = slow_upstream(bodies, warm)
     return {"requests": n, "mean_prompt_tokens": round(mean_tokens), "stages": stages,
             "setup": SETUP,
             "in_process": _summary(inproc, None), "cpu_ms_per_request": cpu,
@@ -221,17 +233,26 @@ def run_latency(quick: bool, litellm: str | None) -> dict[str, Any]:
                                  **_summary(slow, None)}}
 
 
-def slow_upstream(bodies: list[bytes]) -> dict[str, list[float]]:
+def gateways(stack: contextlib.ExitStack, upstream: str, tmp: Path
+             ) -> tuple[dict[str, str], dict[str, int]]:
+    """The direct URL and the two gateway processes (lint report, lint off) in front of
+    `upstream`: URLs and process ids by mode."""
+    report = stack.enter_context(gateway_server(upstream, tmp / "report.db"))
+    off = stack.enter_context(gateway_server(upstream, tmp / "off.db", lint_mode="off"))
+    urls = {"direct": upstream, "gateway": report.url, "gateway_lint_off": off.url}
+    return urls, {"gateway": report.pid, "gateway_lint_off": off.pid}
+
+
+def slow_upstream(bodies: list[bytes], warm: list[bytes]) -> dict[str, list[float]]:
     """One client again, in front of a fake upstream that answers `SLOW_UPSTREAM_MS` after it
     has read a request: the gateway's work that waits for the send (report-mode lint, the
     shadow's tokens) then overlaps the upstream's time, as it does against a real server."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         up = stack.enter_context(fake_upstream(SLOW_UPSTREAM_MS))
-        urls = {"direct": up,
-                "gateway": stack.enter_context(gateway_server(up, Path(tmp) / "s.db")).url,
-                "bare_proxy": stack.enter_context(bare_proxy(up))}
-        modes = [m for m in MODES if m in urls or m == "gateway_lint_off"]
-        asyncio.run(one_client(urls, bodies[:10], modes))  # warm-up
+        urls, _ = gateways(stack, up, Path(tmp))
+        urls["bare_proxy"] = stack.enter_context(bare_proxy(up))
+        modes = [m for m in MODES if m in urls]
+        asyncio.run(one_client(urls, warm, modes))  # warm-up
         return asyncio.run(one_client(urls, bodies, modes))
 
 
@@ -279,12 +300,14 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
     }
 
 
-async def in_process(bodies: list[bytes], tmp: Path) -> tuple[dict[str, list[float]],
-                                                               dict[str, float]]:
+async def in_process(bodies: list[bytes], warm: list[bytes], tmp: Path
+                     ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Client -> gateway app -> fake upstream app over ASGI transports (no TCP, one process):
     wall-clock latencies per mode, and CPU ms per request per mode (blocks of one mode, CPU
     time of the whole process, the least of three blocks, so it depends little on how busy
-    the machine is)."""
+    the machine is). Both gateway modes are one app here and share prompt_lint's process-wide
+    memos, so each goes first (meets a body unseen) for half the bodies; the CPU blocks come
+    after, when every body has been served (memos warm for both)."""
     from gateway.app import create_app
     from gateway.config import GatewayConfig
 
@@ -301,11 +324,10 @@ async def in_process(bodies: list[bytes], tmp: Path) -> tuple[dict[str, list[flo
     mounts = {"http://up.bench": httpx.ASGITransport(app=fake),
               "http://gw.bench": httpx.ASGITransport(app=app)}
     async with httpx.AsyncClient(mounts=mounts) as client:
-        for body in bodies[:10]:
+        for body in warm:
             await _timed(client, targets["gateway"][0], {}, body)
         for i, body in enumerate(tqdm(bodies, desc="in-process", leave=False)):
-            for k in range(len(IN_PROCESS_MODES)):
-                mode = IN_PROCESS_MODES[(i + k) % len(IN_PROCESS_MODES)]
+            for mode in _balanced_order(i):
                 url, headers = targets[mode]
                 out[mode].append(await _timed(client, url, headers, body))
         cpu: dict[str, float] = {m: float("inf") for m in IN_PROCESS_MODES}

@@ -94,12 +94,12 @@ class Server(NamedTuple):
 
 
 @contextlib.contextmanager
-def gateway_server(upstream: str, db: Path) -> Iterator[Server]:
-    """`prefixgate serve --upstream openai=...` (lint in report mode)."""
+def gateway_server(upstream: str, db: Path, lint_mode: str = "report") -> Iterator[Server]:
+    """`prefixgate serve --upstream openai=... --lint-mode MODE` (report by default)."""
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
            "--upstream", f"openai={upstream}/v1", "--db", f"sqlite:///{db}",
-           "--lint-mode", "report", "--log-level", "warning"]
+           "--lint-mode", lint_mode, "--log-level", "warning"]
     with process(cmd, f"http://127.0.0.1:{port}/healthz", _env()) as proc:
         yield Server(f"http://127.0.0.1:{port}", proc.pid)
 
