@@ -56,16 +56,17 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     targets = scan_targets(body, layout.segments, toolset)
     spans = {t.path: detect(t.text, t.path) for t in targets}
     match = FamilyMatch(None, [])
+    turn = None if isinstance(session, str) else first_turn(body)
     if learner is not None:
         match = learner.observe(targets, spans, list(toolset.labels),
-                                conversation(body, session))
+                                conversation(body, session, turn))
     findings = _dynamic_findings(targets, spans, match, layout, counter)
     tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset)
     findings += tool_found
     tracker = session if isinstance(session, SessionTracker) else (
         learner.sessions if learner is not None else None)
     if tracker is not None:
-        key = session_key(body, match.family.id if match.family else None, session)
+        key = session_key(body, match.family.id if match.family else None, session, turn)
         findings += history_findings(body, layout, tracker, key)
     cacheable = _first_break(findings, layout.total)
     after = _after_fix(body, prov, findings, resolved, layout, counter)
@@ -90,24 +91,31 @@ def learn_request(body: dict[str, Any], learner: TemplateLearner,
     return match.family.id if match.family else None
 
 
-def conversation(body: dict[str, Any], session: SessionTracker | str | None) -> str:
+def conversation(body: dict[str, Any], session: SessionTracker | str | None,
+                 turn: str | None = None) -> str:
     """The learner's session evidence key: the explicit session string, else the
-    first non-system message (the learner scopes it by prompt family)."""
+    first non-system message (the learner scopes it by prompt family); `turn`: that
+    message's `first_turn` when the caller has it."""
     if isinstance(session, str):
         return "s:" + session
-    first: Any = next((m for m in body["messages"] if m.get("role") not in {"system", "developer"}),
-                      {})
-    return "a:" + fingerprint(compact_json(first))
+    return "a:" + (first_turn(body) if turn is None else turn)
 
 
 def session_key(body: dict[str, Any], family: str | None,
-                session: SessionTracker | str | None) -> str:
-    """The explicit session string, else family + first non-system message."""
+                session: SessionTracker | str | None, turn: str | None = None) -> str:
+    """The explicit session string, else family + first non-system message (`turn` as in
+    `conversation`)."""
     if isinstance(session, str):
         return "s:" + session
+    return "a:" + fingerprint(family or "", first_turn(body) if turn is None else turn)
+
+
+def first_turn(body: dict[str, Any]) -> str:
+    """A fingerprint of the first non-system message's compact JSON (of "{}" when there is
+    none): what the turns of one conversation share."""
     first: Any = next((m for m in body["messages"] if m.get("role") not in {"system", "developer"}),
-                 {})
-    return "a:" + fingerprint(family or "", compact_json(first))
+                      {})
+    return fingerprint(compact_json(first))
 
 
 def _token_offsets(target: Segment, starts: list[int], layout: TokenLayout,
