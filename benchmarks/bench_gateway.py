@@ -76,7 +76,10 @@ SETUP = ("setup: every server in its own process on 127.0.0.1, one uvicorn worke
          "httpx's interface over its own HTTP/1.1 connections), "
          "the bare proxy (benchmarks/bare_proxy.py: uvicorn + the gateway's upstream transport, "
          "forwarding only), "
-         "LiteLLM's proxy (--num_workers 1); the client (httpx) in the benchmark's own process; "
+         "LiteLLM's proxy (--num_workers 1; in its own pass beside direct requests: its 10 ms "
+         "of Python a request leave the CPU caches cold for whichever request follows, which "
+         "added up to 0.5 ms to the gateway's p50 when interleaved with it); "
+         "the client (httpx) in the benchmark's own process; "
          f"{os.cpu_count()} CPUs shared by all")
 MODES = ["direct", "bare_proxy", "gateway", "gateway_lint_off"]  # + "litellm" when installed
 IN_PROCESS_MODES = ("direct", "gateway", "gateway_lint_off")
@@ -152,17 +155,20 @@ async def _burst(client: httpx.AsyncClient, url: str, headers: dict[str, str],
 
 
 async def many_clients(urls: dict[str, str], bodies: list[bytes], concurrency: int,
-                       rounds: int, pids: dict[str, int] | None = None) -> dict[str, Any]:
-    """Bursts of `concurrency` clients per mode, alternating modes for `rounds` rounds; with
-    `pids` (a gateway mode's server process), also that process's CPU ms per request (from
-    /proc: user + system time over a burst, so it holds all the gateway's threads)."""
+                       rounds: int, pids: dict[str, int] | None = None,
+                       modes: list[str] | None = None) -> dict[str, Any]:
+    """Bursts of `concurrency` clients per mode, alternating `modes` (default MODES) for
+    `rounds` rounds; with `pids` (a gateway mode's server process), also that process's CPU
+    ms per request (from /proc: user + system time over a burst, so it holds all the gateway's
+    threads)."""
     pids = pids or {}
-    lat: dict[str, list[float]] = {m: [] for m in MODES}
-    rps: dict[str, list[float]] = {m: [] for m in MODES}
-    cpu: dict[str, list[float]] = {m: [] for m in MODES if m in pids}
+    modes = modes or MODES
+    lat: dict[str, list[float]] = {m: [] for m in modes}
+    rps: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes if m in pids}
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
     for _ in tqdm(range(rounds), desc=f"{concurrency} clients", leave=False):
-        for mode in MODES:
+        for mode in modes:
             url, headers = _target(mode, urls)
             before = cpu_ms(pids[mode]) if mode in pids else 0.0
             async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
@@ -173,6 +179,13 @@ async def many_clients(urls: dict[str, str], bodies: list[bytes], concurrency: i
             rps[mode].append(rate)
     return {"latencies": lat, "rps": {m: statistics.median(v) for m, v in rps.items()},
             "gateway_cpu_ms": {m: statistics.median(v) for m, v in cpu.items() if v}}
+
+
+def _beside(summary: dict[str, Any], side: dict[str, Any]) -> None:
+    """Add LiteLLM's rows, measured in their own pass, to `summary` (its `added` figures are
+    against that pass's own direct requests, kept as `litellm_direct`)."""
+    summary["litellm"], summary["litellm_added"] = side["litellm"], side["litellm_added"]
+    summary["litellm_direct"] = side["direct"]
 
 
 def _balanced_order(i: int) -> list[str]:
@@ -221,13 +234,21 @@ def run_latency(quick: bool, litellm: str | None) -> dict[str, Any]:
         if executable is not None:
             urls["litellm"] = stack.enter_context(litellm_proxy(executable, up, Path(tmp)))
         asyncio.run(one_client(urls, warm))  # warm-up: caches, connections
-        single = asyncio.run(one_client(urls, bodies))
-        multi = asyncio.run(many_clients(urls, bodies, 32, 2 if quick else 4, pids))
+        ours = [m for m in MODES if m != "litellm"]
+        rounds = 2 if quick else 4
+        single = _summary(asyncio.run(one_client(urls, bodies, ours)), None)
+        multi = asyncio.run(many_clients(urls, bodies, 32, rounds, pids, ours))
+        c32 = _summary(multi["latencies"], multi["rps"])
+        if "litellm" in urls:  # its own pass beside direct (see SETUP)
+            side = ["direct", "litellm"]
+            _beside(single, _summary(asyncio.run(one_client(urls, bodies, side)), None))
+            lite = asyncio.run(many_clients(urls, bodies, 32, rounds, None, side))
+            _beside(c32, _summary(lite["latencies"], lite["rps"]))
     slow = slow_upstream(bodies, warm)
     return {"requests": n, "mean_prompt_tokens": round(mean_tokens), "stages": stages,
             "setup": SETUP,
             "in_process": _summary(inproc, None), "cpu_ms_per_request": cpu,
-            "c1": _summary(single, None), "c32": _summary(multi["latencies"], multi["rps"]),
+            "c1": single, "c32": c32,
             "gateway_server_cpu_ms_per_request": multi["gateway_cpu_ms"],
             "c1_slow_upstream": {"upstream_delay_ms": SLOW_UPSTREAM_MS,
                                  **_summary(slow, None)}}
