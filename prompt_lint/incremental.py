@@ -127,8 +127,12 @@ class PieceMemo(Generic[V]):
             return self._fresh(text)
         before = next((p for p in map(self.slots.get, slots) if p is not None), None)
         result = self._fresh(text) if before is None else self._reuse(before, text)
-        weight = self.pieces_bytes(result)
+        weight = -1
         for slot in slots:
+            if self.slots.get(slot) is result:  # the same text again: held (now refreshed)
+                continue
+            if weight < 0:
+                weight = self.pieces_bytes(result)
             self.slots.put(slot, result, approx_bytes(slot) + weight)
         return result
 

@@ -51,3 +51,19 @@ def test_incremental_counts_and_spans_equal_direct(texts: list[str]) -> None:
         assert counter.count_prefixes_at(text, "system", ends) == \
             counter.count_prefixes(text, ends)
         assert scanner.scan_at(text, "system") == scanner.scan(text)
+
+
+def test_a_text_seen_again_keeps_its_slots_recent_and_its_weight() -> None:
+    """The same text again answers the pieces the memo holds, cutting and weighing nothing
+    again (the memo's weight stays), and every slot that holds them becomes the most recently
+    used (LRU order: least recent first), so a text each request repeats is dropped last."""
+    values: list[str] = []
+    memo: PieceMemo[int] = PieceMemo(chunks, lambda p: values.append(p) or len(p))
+    text = "\n".join(f"line {i}" for i in range(40))
+    slots = (("system", "tail"), ("system", "head"))
+    first = memo.get(text, slots)
+    memo.get(text.replace("line", "item"), (("other", "tail"),))
+    weight, cut = memo.slots.weight, len(values)
+    assert memo.get(text, slots) is first
+    assert (memo.slots.weight, len(values)) == (weight, cut)
+    assert list(memo.slots) == [("other", "tail"), *slots]
