@@ -56,15 +56,18 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     targets = scan_targets(body, layout.segments, toolset)
     spans = {t.path: detect(t.text, t.path) for t in targets}
     match = FamilyMatch(None, [])
-    turn = None if isinstance(session, str) else first_turn(body)
+    tracker = session if isinstance(session, SessionTracker) else (
+        learner.sessions if learner is not None else None)
+    # the first turn keys both the learner's evidence and the session (an explicit session
+    # string keys both instead)
+    keyed = not isinstance(session, str) and (learner is not None or tracker is not None)
+    turn = first_turn(body) if keyed else None
     if learner is not None:
         match = learner.observe(targets, spans, list(toolset.labels),
                                 conversation(body, session, turn))
     findings = _dynamic_findings(targets, spans, match, layout, counter)
     tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset)
     findings += tool_found
-    tracker = session if isinstance(session, SessionTracker) else (
-        learner.sessions if learner is not None else None)
     if tracker is not None:
         key = session_key(body, match.family.id if match.family else None, session, turn)
         findings += history_findings(body, layout, tracker, key)
