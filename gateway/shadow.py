@@ -29,6 +29,7 @@ from gateway.types import ChatRequest
 from prompt_lint.layout import layout_of
 from prompt_lint.providers import segments
 from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
+from prompt_lint.toolset import tool_set
 from radix_cache import PackedTokens, RadixCache
 
 ENCODING = DEFAULT_ENCODING
@@ -79,7 +80,8 @@ def _layout(req: ChatRequest) -> tuple[array[int], tuple[int, ...]]:
     sizes: list[int] = []
     messages = req.body.get("messages") or []
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-    segs = segments(req.body, req.provider)
+    toolset = tool_set(req.body.get("tools") or [])
+    segs = segments(req.body, req.provider, toolset)
     for seg in segs:
         if seg.message >= 0 and "tools" not in marks:
             marks["tools"] = len(out)
@@ -92,7 +94,7 @@ def _layout(req: ChatRequest) -> tuple[array[int], tuple[int, ...]]:
         out.extend(ids)
     share = req.layout_share
     if share is not None and share.layout is None:  # for lint, which would count them again
-        share.body, share.layout = req.body, layout_of(segs, sizes)
+        share.body, share.layout = req.body, layout_of(segs, sizes, toolset)
     return out, tuple(sorted({m for m in marks.values() if m > 0}))
 
 

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from prompt_lint.providers import Provider, Segment, detect_provider, segments
 from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
-from prompt_lint.toolset import ToolSet
+from prompt_lint.toolset import ToolSet, tool_set
 
 
 class TokenLayout(NamedTuple):
@@ -18,6 +18,7 @@ class TokenLayout(NamedTuple):
     sizes: list[int]
     total: int
     paths: dict[str, int]
+    toolset: ToolSet | None = None  # the tool list's facts the segments were made with
 
     def start_of(self, path: str) -> int | None:
         """Token offset where the segment at `path` starts (None if unknown)."""
@@ -33,16 +34,21 @@ class TokenLayout(NamedTuple):
 def token_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter,
                  toolset: ToolSet | None = None) -> TokenLayout:
     """Tokenize each segment of `body` (through the counter's chunk cache)."""
+    if toolset is None:
+        toolset = tool_set(body.get("tools") or [])
     segs = segments(body, provider, toolset)
-    return layout_of(segs, counter.count_segments(segs))
+    return layout_of(segs, counter.count_segments(segs), toolset)
 
 
-def layout_of(segs: list[Segment], sizes: list[int]) -> TokenLayout:
+def layout_of(segs: list[Segment], sizes: list[int], toolset: ToolSet | None = None
+              ) -> TokenLayout:
     """The layout of segments whose token counts are known (a caller that encoded each
-    segment already: `sizes[i]` is segment i's count)."""
+    segment already: `sizes[i]` is segment i's count; `toolset`: the ToolSet `segs` were
+    made with, kept so that a lint of the same body does not look it up again)."""
     starts = list(accumulate(sizes, initial=0))
     total = starts.pop()
-    return TokenLayout(segs, starts, sizes, total, {s.path: i for i, s in enumerate(segs)})
+    return TokenLayout(segs, starts, sizes, total, {s.path: i for i, s in enumerate(segs)},
+                       toolset)
 
 
 def request_tokens(body: dict[str, Any], provider: Provider | None = None,

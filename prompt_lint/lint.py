@@ -49,7 +49,12 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     encoding `encoding` names. `validated`: the caller has checked the body already, at least
     as strictly as `providers.validate` (the gateway's parsers do), so it is not checked again."""
     prov = provider or detect_provider(body)
-    toolset = tool_set(body.get("tools") or []) if validated else check_request(body, prov)
+    if not validated:
+        toolset = check_request(body, prov)
+    elif layout is not None and layout.toolset is not None:
+        toolset = layout.toolset  # looked up when the layout was made
+    else:
+        toolset = tool_set(body.get("tools") or [])
     counter = shared_counter(encoding or DEFAULT_ENCODING)
     if layout is None:
         layout = token_layout(body, prov, counter, toolset)

@@ -179,7 +179,12 @@ class TokenCounter:
         return [self._prefix(parts, starts, tokens, end) for end in ends]
 
 
-@lru_cache(maxsize=8)
 def shared_counter(encoding: str = DEFAULT_ENCODING) -> TokenCounter:
-    """One process-wide TokenCounter per encoding name."""
+    """One process-wide TokenCounter per encoding name (`shared_counter()` and
+    `shared_counter(DEFAULT_ENCODING)` are the same one)."""
+    return _counter(encoding)
+
+
+@lru_cache(maxsize=8)
+def _counter(encoding: str) -> TokenCounter:
     return TokenCounter(encoding)

@@ -14,12 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import prompt_lint.lint as lint_module
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
 from prompt_lint.detectors import DETECTORS, Span, _detect_line
 from prompt_lint.layout import layout_of
 from prompt_lint.memo import LRU, compact_json_cached, set_caching
 from prompt_lint.providers import segments, tool_description_path, tool_name
-from prompt_lint.tokens import shared_counter
+from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
 from prompt_lint.toolset import keys_sorted, tool_schema, tool_set
 
 from .lint_corpus import CorpusRequest
@@ -81,6 +82,29 @@ def test_a_body_the_caller_validated_lints_the_same(
     checking path, request by request through one learner."""
     learner = TemplateLearner()
     reports = [lint_request(req.body, learner=learner, validated=True) for req in corpus]
+    assert reports == online.reports
+    assert sum(len(r.findings) for r in reports) > 0
+
+
+def test_a_validated_body_linted_with_its_layout_uses_the_layouts_tool_set(
+        corpus: list[CorpusRequest], online: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's layout carries the ToolSet its segments were made with: a validated
+    body linted with that layout does not look its tool list up again, and the reports are
+    those of the checking path."""
+    counter = shared_counter(DEFAULT_ENCODING)
+    assert counter is shared_counter()  # one counter whether or not the name is given
+    made = []
+    for req in corpus:
+        toolset = tool_set(req.body.get("tools") or [])
+        segs = segments(req.body, req.provider, toolset)
+        made.append(layout_of(segs, [len(counter.encode(s.text)) for s in segs], toolset))
+    looked_up = []
+    monkeypatch.setattr(lint_module, "tool_set",
+                        lambda tools: looked_up.append(tools) or tool_set(tools))
+    learner = TemplateLearner()
+    reports = [lint_request(req.body, learner=learner, layout=layout, validated=True)
+               for req, layout in zip(corpus, made, strict=True)]
+    assert looked_up == []
     assert reports == online.reports
     assert sum(len(r.findings) for r in reports) > 0
 
