@@ -15,9 +15,10 @@ from typing import Any
 import prompt_lint
 from gateway.config import LINT_MODES, LintMode
 from gateway.errors import invalid
-from gateway.types import Provider
-from prompt_lint.layout import TokenLayout
+from gateway.types import LayoutShare, Provider
+from prompt_lint.layout import token_layout
 from prompt_lint.templates import LearnerConfig
+from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
 
 log = logging.getLogger("prefixgate.lint")
 MODE_HEADER = "x-prefixgate-lint-mode"
@@ -68,23 +69,28 @@ class LintStage:
 
     def run(
         self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode,
-        layout: TokenLayout | None = None,
+        share: LayoutShare | None = None,
     ) -> LintOutcome:
-        """Lint (and in rewrite mode rewrite) one client body (`layout`: its token layout,
-        when the request's tokens were counted already)."""
+        """Lint (and in rewrite mode rewrite) one client body (`share`: where the request's
+        token layout is taken from when its tokens were counted already, else left for the
+        shadow's tokens that come after)."""
         if mode == "off" or "messages" not in body:  # a legacy completion's prompt: no layout
             return LintOutcome(body, (), None, False)
         try:
-            return self._run(body, provider, tenant, mode, layout)
+            return self._run(body, provider, tenant, mode, share)
         except Exception:  # noqa: BLE001 - linting must never break serving
             log.exception("prompt_lint failed; serving the request unchanged")
             return LintOutcome(body, (), None, False)
 
     def _run(
         self, body: dict[str, Any], provider: Provider, tenant: str, mode: LintMode,
-        layout: TokenLayout | None,
+        share: LayoutShare | None,
     ) -> LintOutcome:
         learner = self.learner(tenant)
+        layout = share.take(body) if share is not None else None
+        if layout is None and share is not None:
+            layout = token_layout(body, provider, shared_counter(DEFAULT_ENCODING))
+            share.leave(body, layout)
         # the route's parser validated the body, more strictly than prompt_lint would
         report = prompt_lint.lint_request(body, provider, learner=learner, layout=layout,
                                           validated=True)

@@ -12,7 +12,9 @@ that is sent, so for an upstream pool it waits until the request is on its way (
 transport calls `REQUEST_SENT` once the body is on the socket); its findings still reach the
 response headers and the record. Rewrite mode, and an upstream whose body carries the prompt
 family (api.openai.com's `prompt_cache_key`), lint before sending. A one-replica pool tokenizes
-while its upstream works as well (`ReplicaPool.sends_before_tokens`). Each piece of that work is
+while its upstream works as well (`ReplicaPool.sends_before_tokens`), or, for a whole answer
+from a replica that reports its own figures, after the answer is sent (lint then lays the body
+out for both: `LayoutShare`). Each piece of that work is
 one call made in a worker thread so the event loop only routes, except for a body of at most
 `GatewayConfig.inline_prepare_bytes` (64 KiB) while prompt_lint's lock is free: that work is
 shorter than the thread hop itself (bench_gateway, 4k-token requests) and runs on the loop. A
@@ -214,7 +216,7 @@ def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticke
 
 def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
     """The tenant's upstream salt and the backend's `prepare`, without lint; the request's
-    token layout is kept for a lint that comes after (`LayoutShare`)."""
+    token layout is shared by the shadow's tokens and a lint that comes after (`LayoutShare`)."""
     assert gw.salter is not None
     req = replace(req, upstream_salt=gw.salter.salt(req.namespace), layout_share=LayoutShare())
     return gw.preparing.prepare(req) if gw.preparing is not None else req
@@ -224,9 +226,7 @@ def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, m
           ) -> ChatRequest:
     """`req` with its lint findings and family (re-parsed when rewrite mode changed the body);
     the findings counted in the metrics."""
-    share = req.layout_share
-    layout = share.layout if share is not None and share.body is body else None
-    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode, layout)
+    outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode, req.layout_share)
     if outcome.changed:
         req = ticket.route.parse(outcome.body, gw.parse_context(ticket.request_id, ticket.tenant))
     for rule in outcome.lint_ids:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.request_state import Gateway, Ticket
-from gateway.types import ChatRequest, Final
+from gateway.types import ChatRequest, Final, Usage
 
 
 def record(
@@ -22,13 +22,13 @@ def record(
         ticket.slot.release()
     gw.metrics.in_flight.dec()
     latency = time.perf_counter() - ticket.started
-    usage = final.usage if final else None
+    usage = final.settled_usage() if final else None
     backend = gw.backend.name
     gw.metrics.requests.inc(route=ticket.route.name, status=str(status), backend=backend)
     gw.metrics.latency.observe(latency, route=ticket.route.name)
     if usage is not None:
         gw.metrics.observe_usage(usage, backend)
-    gw.store.add(_make_record(gw, ticket, status, final, error, latency))
+    gw.store.add(_make_record(gw, ticket, status, final, usage, error, latency))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -36,12 +36,12 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _make_record(
-    gw: Gateway, ticket: Ticket, status: int, final: Final | None, error: str | None,
-    latency: float,
+    gw: Gateway, ticket: Ticket, status: int, final: Final | None, usage: Usage | None,
+    error: str | None, latency: float,
 ) -> dict[str, Any]:
     """The record's column values: a plain dict, so no ORM object is built on the request
     path (the store's writer thread inserts the rows in batches)."""
-    req, usage = ticket.req, (final.usage if final else None)
+    req = ticket.req
     body = ticket.body or {}
     return dict(
         ts=datetime.now(UTC),

@@ -71,17 +71,23 @@ NO_PROMPT = as_prompt(())  # what a router scores before a prompt's tokens are k
 
 
 def _layout(req: ChatRequest) -> tuple[array[int], tuple[int, ...]]:
-    """int32 token ids (an array: 4 bytes an id) and the breakpoint offsets."""
+    """int32 token ids (an array: 4 bytes an id) and the breakpoint offsets; the segments
+    are lint's when it laid the body out first (`LayoutShare`), else left for it."""
     counter = shared_counter(ENCODING)
     if req.prompt is not None:
         return array("i", counter.encode_cached(req.prompt)), ()
     out = array("i")
     marks: dict[str, int] = {}
-    sizes: list[int] = []
     messages = req.body.get("messages") or []
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-    toolset = tool_set(req.body.get("tools") or [])
-    segs = segments(req.body, req.provider, toolset)
+    share = req.layout_share
+    left = share.take(req.body) if share is not None else None
+    if left is not None:
+        toolset, segs = left.toolset, left.segments
+    else:
+        toolset = tool_set(req.body.get("tools") or [])
+        segs = segments(req.body, req.provider, toolset)
+    sizes: list[int] = []
     for seg in segs:
         if seg.message >= 0 and "tools" not in marks:
             marks["tools"] = len(out)
@@ -92,9 +98,8 @@ def _layout(req: ChatRequest) -> tuple[array[int], tuple[int, ...]]:
         ids = counter.encode_cached(seg.text)
         sizes.append(len(ids))
         out.extend(ids)
-    share = req.layout_share
-    if share is not None and share.layout is None:  # for lint, which would count them again
-        share.body, share.layout = req.body, layout_of(segs, sizes, toolset)
+    if share is not None and left is None:  # for lint, which would count them again
+        share.leave(req.body, layout_of(segs, sizes, toolset))
     return out, tuple(sorted({m for m in marks.values() if m > 0}))
 
 

@@ -50,15 +50,26 @@ class OutputConstraint:
 
 
 class LayoutShare:
-    """One request's token layout (prompt_lint's segments and their token counts), left by
-    the shadow's tokenizing for lint to reuse: both run under prompt_lint's lock, the shadow's
-    first when the request is sent before either. `body` is the body it was made from."""
+    """One request's token layout (prompt_lint's segments, their token counts and the tool
+    set they were made with), laid out once for the shadow's tokens and lint: whichever runs
+    first leaves it, the other takes it. Both run under prompt_lint's lock; the shadow's tokens
+    come first when the request is sent before either, lint first when the answer goes out
+    before the shadow's part (gateway.backends.pool). `body` is the body it was made from."""
 
     __slots__ = ("body", "layout")
 
     def __init__(self) -> None:
         self.body: dict[str, Any] | None = None
         self.layout: TokenLayout | None = None
+
+    def take(self, body: dict[str, Any]) -> TokenLayout | None:
+        """The layout left for `body` (the very object), if any."""
+        return self.layout if self.body is body else None
+
+    def leave(self, body: dict[str, Any], layout: TokenLayout) -> None:
+        """Leave `body`'s layout for the other (unless one is left already)."""
+        if self.layout is None:
+            self.body, self.layout = body, layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +145,18 @@ class TextDelta:
     tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
+class LateUsage:
+    """A request's usage completed after its answer was sent: an upstream pool hands on a
+    whole answer with the provider's own figures before its shadow cache has predicted the
+    hit (gateway.backends.pool), then leaves the usage with the prediction here, before the
+    backend stream is closed (the request's record is written after that)."""
+
+    __slots__ = ("usage",)
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Final:
     """The last item of every backend stream."""
@@ -141,8 +164,15 @@ class Final:
     text: str  # full generated text (tool-call markup removed)
     tool_calls: tuple[dict[str, Any], ...]  # OpenAI shape {"id","type":"function","function":{..}}
     finish_reason: str  # OpenAI vocabulary: stop | length | tool_calls
-    usage: Usage
+    usage: Usage  # what the answer says
     replica: str | None = None
+    late: LateUsage | None = field(default=None, compare=False, repr=False)
+
+    def settled_usage(self) -> Usage:
+        """The usage to record: completed after the answer (`late`) when it was, else the
+        answer's own."""
+        late = self.late.usage if self.late is not None else None
+        return self.usage if late is None else late
 
 
 class ApiError(Exception):

@@ -6,16 +6,22 @@ shadow cache's prediction beside the upstream's own report (gateway.backends.pre
 A replica fault before any text was sent fails over to another replica; after that it reaches
 the client as an error (an SSE error event when streaming). A one-replica pool whose cache
 model steers nothing sends first and tokenizes while the upstream works
-(`sends_before_tokens`). The shadow's bookkeeping (recording the prompt, learning from the
-report) and the pool's metrics wait until the item they follow is handed on, so no answer waits
-for them; closing the stream still runs them. gateway.backends.providers builds the pools from
-the configuration.
+(`sends_before_tokens`); its whole (non-streaming) answers, once the replica has shown that it
+reports its own prompt and cached tokens, are handed on before the tokens are computed at all:
+such an answer says what the provider reported and needs no prediction, so the shadow's whole
+part (tokens, prediction, recording, learning) runs after it, and the prediction reaches the
+request's record through `Final.late` (a stream's head, or an answer without the provider's
+figures, still waits for the prediction). The shadow's bookkeeping (recording the prompt,
+learning from the report) and the pool's metrics wait until the item they follow is handed on,
+so no answer waits for them; closing the stream still runs them. gateway.backends.providers
+builds the pools from the configuration.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import weakref
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
@@ -37,9 +43,18 @@ from gateway.metrics import Registry
 from gateway.overlap import cpu_work, first_while_sent
 from gateway.shadow import NO_PROMPT, CacheModel, Prompt, request_prompt
 from gateway.shadow_models import cache_model_for
-from gateway.types import BackendError, ChatRequest, Final, TextDelta, TokenCount
+from gateway.types import (
+    BackendError,
+    ChatRequest,
+    Final,
+    LateUsage,
+    TextDelta,
+    TokenCount,
+)
 from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
+
+log = logging.getLogger("prefixgate.upstream")
 
 
 class PoolMetrics:
@@ -252,9 +267,16 @@ class ReplicaPool:
                         req, upstream_fields={**req.upstream_fields, **fields})
             async with aclosing(replica.backend.stream(req)) as upstream:
                 item, prompt, route = await self._head(upstream, req, prompt, route)
-                # the router scored the prompt with this replica's model (predict's answer)
-                matched = route.matched
-                predicted = matched if matched >= replica.shadow.config.min_cached_tokens else 0
+                if prompt is None:  # a whole answer with the upstream's own figures
+                    assert isinstance(item, Final)
+                    late, shadow = LateUsage(), replica.shadow
+                    try:
+                        yield self._answered(item, replica, late)
+                    finally:  # the shadow's part, once the answer is on its way
+                        if replica.shadow is shadow:  # not replaced by a detected kind's
+                            await self._shadow_after(req, route, item, late)
+                    return
+                predicted = self._predicted(replica, route)
                 # the shadow's bookkeeping waits until the item it follows is on its way
                 after: list[Callable[[], None]] = []
                 if item is not None:  # the upstream has prefilled the prompt by now
@@ -265,9 +287,8 @@ class ReplicaPool:
                 try:
                     while item is not None:
                         if isinstance(item, Final):
-                            replica.mark_ok()
-                            replica.served += 1
-                            item = self._complete(item, replica, prompt, ns, predicted, after)
+                            item = self._complete(self._answered(item, replica), replica,
+                                                  prompt, ns, predicted, after)
                             if started is not None:  # the upstream is done with it now
                                 after.append(functools.partial(replica.shadow.finished,
                                                                started, ns))
@@ -290,24 +311,49 @@ class ReplicaPool:
 
     async def _head(self, upstream: AsyncGenerator[TextDelta | Final, None], req: ChatRequest,
                     prompt: Prompt | None, route: Route
-                    ) -> tuple[TextDelta | Final | None, Prompt, Route]:
+                    ) -> tuple[TextDelta | Final | None, Prompt | None, Route]:
         """The upstream's first item (None: it sent none), the prompt's tokens and the route
-        scored with them; tokens left for later (prompt None) are computed once the request
-        is on its way, while the upstream works."""
+        scored with them. Tokens left for later (prompt None) are computed once the request
+        is on its way, while the upstream works; or, for a whole answer from a replica that
+        reports its own figures (`_answer_first`), after the answer: prompt None is returned
+        when that answer came with them (`reports_figures`)."""
         if prompt is not None:
             self._count(route)
             return await _next(upstream), prompt, route
-
-        async def tokens() -> tuple[Prompt, Route]:
-            size = text_chars(req.messages, req.prompt)
-            late = await cpu_work(size, self.inline_bytes, request_prompt, req)
-            # one replica (sends_before_tokens): choosing again scores the same one
-            scored = self.router.choose(late, req.namespace) or route
-            self._count(scored)
-            return late, scored
-
-        item, (late, scored) = await first_while_sent(lambda: _next(upstream), tokens)
+        if _answer_first(req, route.replica):
+            item = await _next(upstream)
+            if reports_figures(item):
+                return item, None, route
+            late, scored = await self._tokens(req, route)  # the answer needs the prediction
+            return item, late, scored
+        item, (late, scored) = await first_while_sent(lambda: _next(upstream),
+                                                      lambda: self._tokens(req, route))
         return item, late, scored
+
+    async def _tokens(self, req: ChatRequest, route: Route) -> tuple[Prompt, Route]:
+        """The prompt's tokens, computed now, and its route scored with them (one replica,
+        `sends_before_tokens`: choosing again scores the same one)."""
+        size = text_chars(req.messages, req.prompt)
+        late = await cpu_work(size, self.inline_bytes, request_prompt, req)
+        scored = self.router.choose(late, req.namespace) or route
+        self._count(scored)
+        return late, scored
+
+    async def _shadow_after(self, req: ChatRequest, route: Route, answer: Final,
+                            late: LateUsage) -> None:
+        """The shadow's part of an answer sent without it: tokens, prediction, recording and
+        learning; the usage with the prediction is left in `late` for the request's record."""
+        replica = route.replica
+        try:
+            prompt, scored = await self._tokens(req, route)
+            after: list[Callable[[], None]] = [
+                functools.partial(replica.shadow.record, prompt, req.namespace)]
+            done = self._complete(answer, replica, prompt, req.namespace,
+                                  self._predicted(replica, scored), after)
+            late.usage = done.usage
+            _settle(after)
+        except Exception:  # noqa: BLE001 - the answer is out; its bookkeeping must not fail it
+            log.exception("the shadow cache's part of an answer failed")
 
     def _count(self, route: Route) -> None:
         if self.metrics:
@@ -322,12 +368,30 @@ class ReplicaPool:
             replica.shadow = cache_model_for("llamacpp", backend.options.url)
             self._probed = False
 
+    def _answered(self, final: Final, replica: Replica, late: LateUsage | None = None
+                  ) -> Final:
+        """The upstream's answer as the pool hands it on: the replica's health and what it
+        reports noted; `late`: the holder of the usage completed after it is sent (its
+        cached tokens are the reported ones until then, its prediction unknown)."""
+        replica.mark_ok()
+        replica.served += 1
+        replica.reports_figures = reports_figures(final)
+        if self._detect:
+            self._detected(replica)
+        if late is None:
+            return dataclasses.replace(final, replica=replica.name)
+        return dataclasses.replace(final, replica=replica.name, late=late)
+
+    def _predicted(self, replica: Replica, route: Route) -> int:
+        """The hit the route's score predicts (the router scored the prompt with this
+        replica's model); 0 below the provider's minimum."""
+        matched = route.matched
+        return matched if matched >= replica.shadow.config.min_cached_tokens else 0
+
     def _complete(self, final: Final, replica: Replica, prompt: Prompt, namespace: str,
                   predicted: int, after: list[Callable[[], None]]) -> Final:
         """`final` with the prediction beside the upstream's usage; the shadow's learning and
         the metrics are left in `after` (done once the answer is on its way)."""
-        if self._detect:
-            self._detected(replica)
         usage = final_usage(final.usage, prompt, predicted)
         if usage.reported_cached_tokens is not None:
             reported = in_shadow_tokens(usage.reported_cached_tokens, len(prompt),
@@ -338,6 +402,23 @@ class ReplicaPool:
         if self.metrics:
             after.append(functools.partial(self.metrics.final, replica.name, final))
         return final
+
+
+def _answer_first(req: ChatRequest, replica: Replica) -> bool:
+    """Whether a request's whole answer goes out before the shadow's tokens are computed: a
+    non-streaming one to a replica whose last answer reported its own figures (the answer
+    carries the reported ones; only a stream's head or an answer without them needs the
+    prediction)."""
+    return not req.stream and replica.reports_figures
+
+
+def reports_figures(item: TextDelta | Final | None) -> bool:
+    """Whether `item` is an answer with the upstream's own prompt and cached token counts."""
+    if not isinstance(item, Final):
+        return False
+    usage = item.usage
+    return bool(usage.prompt_tokens) and usage.reported_cached_tokens is not None \
+        and not usage.estimated
 
 
 def _settle(after: list[Callable[[], None]]) -> None:

@@ -84,6 +84,7 @@ class Replica:
     failures: int = 0
     retry_at: float = 0.0
     served: int = field(default=0)
+    reports_figures: bool = False  # its last answer carried its own prompt and cached tokens
 
     @property
     def healthy(self) -> bool:

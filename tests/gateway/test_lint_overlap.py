@@ -119,16 +119,22 @@ async def test_report_lint_runs_once_the_upstream_holds_the_request(
     assert rows[0].family is not None
 
 
-async def test_report_lint_reuses_the_token_layout_the_shadow_made(
+async def test_each_request_is_laid_out_once_for_lint_and_the_shadow(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over one replica the shadow's tokens come first; lint then reads their layout instead
-    of counting every segment again, and finds what a lint of its own finds."""
-    import prompt_lint.lint as lint_module
+    """Over one replica the first request's shadow tokens come first and lint reads their
+    layout; once the replica has reported its own figures, a whole answer goes out before
+    the shadow's part, so lint lays the body out and the shadow's tokens, after the answer,
+    read that. Either way each body is laid out once, and lint finds what a lint of its own
+    finds."""
+    import gateway.lint_stage as lint_stage
+    import gateway.shadow as shadow
 
-    counted: list[int] = []
-    own_layout = lint_module.token_layout
-    monkeypatch.setattr(lint_module, "token_layout",
-                        lambda *a: counted.append(1) or own_layout(*a))
+    by_lint: list[int] = []
+    by_shadow: list[int] = []
+    own_layout, own_segments = lint_stage.token_layout, shadow.segments
+    monkeypatch.setattr(lint_stage, "token_layout",
+                        lambda *a: by_lint.append(1) or own_layout(*a))
+    monkeypatch.setattr(shadow, "segments", lambda *a: by_shadow.append(1) or own_segments(*a))
     bodies = [t.body for t in agent_trace(sessions=2, turns=3, seed=5)]
     with serving(fake_replicas(1)[0]) as server:
         options = UpstreamOptions(url=f"{server.url}/v1", name="r0")
@@ -141,7 +147,8 @@ async def test_report_lint_reuses_the_token_layout_the_shadow_made(
         rows = records(app)
         app.state.store.close()
         await app.state.backend.aclose()
-    assert counted == []  # no request's lint laid its body out again
+    assert len(by_shadow) == 1 and len(by_lint) == len(bodies) - 1
+    assert all(row.predicted_cached_tokens is not None for row in rows)
     reference = LintStage()
     expected = [reference.run(body, "openai", "default", "report") for body in bodies]
     assert found == [",".join(e.lint_ids) for e in expected]

@@ -9,6 +9,7 @@ the models' predictions are checked against what those servers reported.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import httpx
@@ -46,7 +47,9 @@ async def _replay(pool: ReplicaPool, trace: list[Any]) -> list[Final]:
                            body=item.body)
         final = [x async for x in pool.stream(req)][-1]
         assert isinstance(final, Final)
-        finals.append(final)
+        # the usage the request's record gets (a whole answer goes out before the shadow's
+        # prediction once its replica reports its own figures; the stream is closed now)
+        finals.append(dataclasses.replace(final, usage=final.settled_usage()))
     await pool.aclose()
     return finals
 

@@ -1,0 +1,195 @@
+"""A whole answer goes out before the shadow cache's part once its replica reports its figures.
+
+Over a one-replica pool whose cache model steers nothing, a non-streaming answer that carries the
+provider's own prompt and cached tokens needs no prediction (it reports what the provider
+reported), so the shadow's tokens, prediction, recording and learning wait until it is handed
+on; the prediction still reaches the request's record (`Final.settled_usage`). The reference is
+a shadow cache fed the same tokens by hand, and the answers of a replica that stops reporting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+import pytest
+
+import gateway.backends.pool as pool_module
+from gateway.agent_trace import agent_trace
+from gateway.backends.predicted_usage import in_upstream_tokens
+from gateway.shadow import ShadowCache, request_prompt
+from gateway.types import ChatRequest, Final
+
+from .gateway_fakes import asgi_client
+from .upstream_helpers import chat_request, fake_replicas, gateway_app, pool_over, records
+
+SALT = "answer-first-test-secret"
+
+
+def _requests(turns: int) -> list[ChatRequest]:
+    trace = agent_trace(sessions=1, turns=turns, seed=7)
+    return [chat_request(t.body["messages"], tools=tuple(t.body["tools"]), body=t.body)
+            for t in trace]
+
+
+def _counting_tokens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    monkeypatch.setattr(pool_module, "request_prompt",
+                        lambda req: calls.append(1) or request_prompt(req))
+    return calls
+
+
+def _not_reporting(app: Any, off: list[bool]) -> Any:
+    """`app` whose JSON answers lose `usage.prompt_tokens_details` while `off[0]`."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not off[0]:
+            await app(scope, receive, send)
+            return
+        start: dict[str, Any] = {}
+
+        async def edit(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            payload = orjson.loads(message["body"])
+            payload["usage"].pop("prompt_tokens_details", None)
+            body = orjson.dumps(payload)
+            headers = [(k, str(len(body)).encode() if k == b"content-length" else v)
+                       for k, v in start["headers"]]
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        await app(scope, receive, edit)
+
+    return wrapped
+
+
+async def _first(stream: AsyncGenerator[Any, None]) -> Final:
+    item = await anext(stream)
+    assert isinstance(item, Final)  # a whole answer: its one item
+    return item
+
+
+async def test_the_answer_is_handed_on_before_the_shadow_tokenizes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting_tokens(monkeypatch)
+    shadow = ShadowCache()
+    pool = pool_over(fake_replicas(1))
+    reqs = _requests(3)
+    # turn 1: the replica has reported nothing yet, so the prediction comes with the answer
+    stream = pool.stream(reqs[0])
+    first = await _first(stream)
+    assert calls == [1] and first.usage.predicted_cached_tokens == 0
+    await stream.aclose()
+    pool.router.replicas[0].shadow = shadow  # from here on a shadow the test can read
+    shadow.record(request_prompt(reqs[0]), reqs[0].namespace)
+    reference = ShadowCache()
+    reference.record(request_prompt(reqs[0]), reqs[0].namespace)
+    # turn 2: the answer carries the provider's figures and goes out before the tokens
+    stream = pool.stream(reqs[1])
+    answer = await _first(stream)
+    assert calls == [1]
+    assert answer.usage.predicted_cached_tokens is None
+    assert answer.usage.cached_source == "reported" and not answer.usage.estimated
+    assert answer.usage.cached_tokens == answer.usage.reported_cached_tokens > 0
+    assert answer.settled_usage() is answer.usage  # nothing completed yet
+    await stream.aclose()  # the answer is on its way: the shadow's part runs
+    assert calls == [1, 1]
+    prompt = request_prompt(reqs[1])
+    matched = reference.match_length(prompt, reqs[1].namespace)
+    assert matched > 0
+    settled = answer.settled_usage()
+    assert settled.predicted_cached_tokens == in_upstream_tokens(
+        matched, len(prompt), answer.usage.prompt_tokens)
+    assert settled.reported_cached_tokens == answer.usage.reported_cached_tokens
+    assert settled.cached_tokens == answer.usage.cached_tokens
+    # the shadow recorded the prompt as it does before an answer (and learnt from the report)
+    reference.record(prompt, reqs[1].namespace)
+    later = request_prompt(reqs[2])
+    assert shadow.match_length(later, "t") == reference.match_length(later, "t") > matched
+    await pool.aclose()
+
+
+async def test_a_replica_that_stops_reporting_gets_the_prediction_in_its_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting_tokens(monkeypatch)
+    off = [False]
+    pool = pool_over([_not_reporting(fake_replicas(1)[0], off)])
+    reqs = _requests(4)
+    seen = []
+    for i, req in enumerate(reqs):
+        off[0] = i == 2
+        stream = pool.stream(req)
+        answer = await _first(stream)
+        seen.append((len(calls), answer.usage.predicted_cached_tokens is None,
+                     answer.usage.cached_source))
+        await stream.aclose()
+    assert seen == [
+        (1, False, "reported"),  # nothing known of the replica: tokens while it works
+        (1, True, "reported"),  # it reported: the answer first
+        (3, False, "predicted"),  # it did not: the answer waits for the prediction
+        (4, False, "reported"),  # and the next one is tokenized while the replica works
+    ]
+    await pool.aclose()
+
+
+async def test_the_response_reports_the_providers_figures_and_the_record_the_prediction(
+        tmp_path: Any) -> None:
+    pool = pool_over(fake_replicas(1))
+    app = gateway_app(tmp_path, pool, salt_secret=SALT)
+    bodies = [t.body for t in agent_trace(sessions=1, turns=3, seed=7)]
+    async with asgi_client(app) as http:
+        responses = [await http.post("/v1/chat/completions", json=b) for b in bodies]
+    rows = records(app)
+    app.state.store.close()
+    await pool.aclose()
+    summaries = [r.json()["prefixgate"] for r in responses]
+    assert summaries[0]["predicted_cached_tokens"] == 0  # before anything was reported
+    for response, summary, row in zip(responses[1:], summaries[1:], rows[1:], strict=True):
+        assert summary["predicted_cached_tokens"] is None  # made after the answer went out
+        assert summary["cached_tokens_source"] == "reported" and summary["usage"] == "reported"
+        assert summary["cached_tokens"] == summary["reported_cached_tokens"] > 0
+        assert response.headers["x-prefixgate-cached-tokens"] == str(summary["cached_tokens"])
+        assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+            summary["cached_tokens"]
+        # the record holds the prediction beside the report, as before
+        assert row.cached_tokens == summary["cached_tokens"]
+        assert row.predicted_cached_tokens is not None and row.predicted_cached_tokens > 0
+    metrics = await _metrics(app)
+    predicted = sum(row.predicted_cached_tokens or 0 for row in rows)
+    series = 'prefixgate_upstream_predicted_cached_tokens_total{replica="r0"}'
+    assert f"{series} {predicted}" in metrics
+
+
+async def _metrics(app: Any) -> str:
+    async with asgi_client(app) as http:
+        return (await http.get("/metrics")).text
+
+
+async def test_a_failing_shadow_part_loses_neither_the_answer_nor_its_record(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    calls: list[int] = []
+
+    def broken(req: ChatRequest) -> Any:
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("tokenizer broke")
+        return request_prompt(req)
+
+    monkeypatch.setattr(pool_module, "request_prompt", broken)
+    pool = pool_over(fake_replicas(1))
+    app = gateway_app(tmp_path, pool, salt_secret=SALT)
+    bodies = [t.body for t in agent_trace(sessions=1, turns=2, seed=7)]
+    async with asgi_client(app) as http:
+        responses = [await http.post("/v1/chat/completions", json=b) for b in bodies]
+    rows = records(app)
+    app.state.store.close()
+    await pool.aclose()
+    assert [r.status_code for r in responses] == [200, 200] and len(calls) == 2
+    assert [row.status for row in rows] == [200, 200]
+    assert rows[1].predicted_cached_tokens is None  # never made: recorded as unknown
+    assert rows[1].reported_cached_tokens == responses[1].json()["prefixgate"]["cached_tokens"]
+    assert "the shadow cache's part of an answer failed" in caplog.text
