@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Iterator
@@ -104,7 +105,10 @@ async def _replay(kind: str, policy: str, urls: list[str], trace: list[Any],
     else:
         await serve(numbered)
     await pool.aclose()
-    finals = [done[i] for i in range(len(trace))]
+    # the usage each record got (over one replica a whole answer goes out before the shadow's
+    # prediction; the streams are closed by now, so it is in)
+    finals = [dataclasses.replace(done[i], usage=done[i].settled_usage())
+              for i in range(len(trace))]
     warm = [f for f, item in zip(finals, trace, strict=True) if item.turn > 0]
     close = [abs((f.usage.predicted_cached_tokens or 0) - (f.usage.reported_cached_tokens or 0))
              <= 0.05 * f.usage.prompt_tokens for f in warm]

@@ -73,7 +73,7 @@ async def replay(policy: str, replicas: int, trace: list[TraceRequest],
             final = [x async for x in pool.stream(_chat(item))][-1]
             latencies.append((time.perf_counter() - start) * 1000.0)
             assert isinstance(final, Final)
-            predicted += final.usage.predicted_cached_tokens or 0
+            predicted += final.settled_usage().predicted_cached_tokens or 0
             bar.update()
 
     await asyncio.gather(*(run_session(items) for items in sessions.values()))
