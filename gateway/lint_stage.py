@@ -16,7 +16,8 @@ import prompt_lint
 from gateway.config import LINT_MODES, LintMode
 from gateway.errors import invalid
 from gateway.types import LayoutShare, Provider
-from prompt_lint.layout import token_layout
+from prompt_lint.checks import min_cacheable_tokens
+from prompt_lint.layout import TokenLayout, rule_layout, token_layout
 from prompt_lint.templates import LearnerConfig
 from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
 
@@ -88,8 +89,8 @@ class LintStage:
     ) -> LintOutcome:
         learner = self.learner(tenant)
         layout = share.take(body) if share is not None else None
-        if layout is None and share is not None:
-            layout = token_layout(body, provider, shared_counter(DEFAULT_ENCODING))
+        if layout is None and share is not None:  # the first to lay the body out
+            layout = self._layout(body, provider, mode)
             share.leave(body, layout)
         # the route's parser validated the body, more strictly than prompt_lint would
         report = prompt_lint.lint_request(body, provider, learner=learner, layout=layout,
@@ -100,3 +101,15 @@ class LintStage:
             return LintOutcome(body, ids, family, False)
         result = prompt_lint.rewrite_request(body, provider, report=report, learner=learner)
         return LintOutcome(result.body, ids, family, bool(result.changed))
+
+    @staticmethod
+    def _layout(body: dict[str, Any], provider: Provider, mode: LintMode) -> TokenLayout:
+        """The body's token layout for lint: in report mode only the rule ids are kept, so a
+        turn's new messages past the provider's minimum are estimated, not tokenized
+        (`rule_layout`; the shadow's tokens, after the answer, tokenize them); a rewrite
+        counts every segment."""
+        counter = shared_counter(DEFAULT_ENCODING)
+        if mode != "report":
+            return token_layout(body, provider, counter)
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        return rule_layout(body, provider, counter, min_cacheable_tokens(provider, model))

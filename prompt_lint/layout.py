@@ -11,7 +11,9 @@ from prompt_lint.toolset import ToolSet, tool_set
 
 
 class TokenLayout(NamedTuple):
-    """Segments in cache order with their token start offsets and sizes."""
+    """Segments in cache order with their token start offsets and sizes (`exact`: tokens
+    counted exactly from the start when the sizes past them are estimates, `rule_layout`;
+    None when every size is exact)."""
 
     segments: list[Segment]
     starts: list[int]
@@ -19,6 +21,7 @@ class TokenLayout(NamedTuple):
     total: int
     paths: dict[str, int]
     toolset: ToolSet | None = None  # the tool list's facts the segments were made with
+    exact: int | None = None
 
     def start_of(self, path: str) -> int | None:
         """Token offset where the segment at `path` starts (None if unknown)."""
@@ -38,6 +41,41 @@ def token_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter
         toolset = tool_set(body.get("tools") or [])
     segs = segments(body, provider, toolset)
     return layout_of(segs, counter.count_segments(segs), toolset)
+
+
+def rule_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter,
+                minimum: int) -> TokenLayout:
+    """A layout exact enough for the rule ids of an OpenAI-format request: once the segments
+    counted exactly from the start reach `minimum` tokens (the provider's minimum cacheable
+    prefix), a later segment whose text was never tokenized and holds no template material (a
+    turn's new messages) gets an estimate instead of being tokenized. No rule id depends on
+    those counts: PL010 (the one that counts tokens) fires when the prompt reaches the minimum
+    and its stable prefix does not, and a prefix already past it decides both. Token offsets
+    and totals past `exact` are estimates; template text (scanned for dynamic values) is
+    always counted. Anthropic requests (whose breakpoint checks compare offsets anywhere in
+    the prompt) are counted whole."""
+    toolset = tool_set(body.get("tools") or [])
+    segs = segments(body, provider, toolset)
+    if provider != "openai":
+        return layout_of(segs, counter.count_segments(segs), toolset)
+    sizes: list[int] = []
+    exact: int | None = None
+    done = 0
+    for seg in segs:
+        n = counter.known_count(seg.text)
+        if n is None and exact is None and not seg.scan and done >= minimum:
+            exact = done  # from here on, what was never tokenized is estimated
+        if n is None:
+            n = estimate(seg.text) if exact is not None and not seg.scan else \
+                counter.count_at(seg.text, seg.path)
+        sizes.append(n)
+        done += n
+    return layout_of(segs, sizes, toolset)._replace(exact=exact)
+
+
+def estimate(text: str) -> int:
+    """A token count for `text` without tokenizing it (about four characters a token)."""
+    return len(text) // 4 + 1
 
 
 def layout_of(segs: list[Segment], sizes: list[int], toolset: ToolSet | None = None

@@ -143,6 +143,15 @@ class TokenCounter:
                 out[k] = self.count_at(seg.text, seg.path)
         return cast(list[int], out)
 
+    def known_count(self, text: str) -> int | None:
+        """count(text) when `text` was counted or encoded whole before (no tokenizing), else
+        None."""
+        n = self._counts.get(text)
+        if n is None:
+            ids = self._ids.get(text)
+            n = None if ids is None else len(ids)
+        return n
+
     def count_prefixes_at(self, text: str, slot: str, ends: list[int]) -> list[int]:
         """count_prefixes(text, ends), incrementally for long texts."""
         if len(text) < LONG_TEXT:

@@ -9,6 +9,8 @@ a shadow cache fed the same tokens by hand, and the answers of a replica that st
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -193,3 +195,35 @@ async def test_a_failing_shadow_part_loses_neither_the_answer_nor_its_record(
     assert rows[1].predicted_cached_tokens is None  # never made: recorded as unknown
     assert rows[1].reported_cached_tokens == responses[1].json()["prefixgate"]["cached_tokens"]
     assert "the shadow cache's part of an answer failed" in caplog.text
+
+
+def test_report_lint_laid_out_first_leaves_new_messages_for_the_shadow() -> None:
+    """Laying a body out first (the answer goes out before the shadow's part), report-mode
+    lint estimates a turn's new messages past the provider's minimum instead of tokenizing
+    them: its rule ids are those of a lint over exact counts, and the shadow's tokens, made
+    from the segments lint left, are the request's exact tokens."""
+    from gateway.lint_stage import LintStage
+    from gateway.types import LayoutShare
+    from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
+
+    stage, reference = LintStage(), LintStage()
+    counter = shared_counter(DEFAULT_ENCODING)
+    trace = agent_trace(sessions=1, turns=4, seed=11, system_words=1500)
+    estimated = 0
+    for i, item in enumerate(trace):
+        body = item.body
+        last = body["messages"][-1]
+        last["content"] = f"{last['content']} (turn {i} of {uuid.uuid4()})"  # never seen
+        share = LayoutShare()
+        ids = stage.run(body, "openai", "t", "report", share).lint_ids
+        layout = share.take(body)
+        assert layout is not None
+        if layout.exact is not None:
+            estimated += 1
+            assert counter.known_count(last["content"]) is None  # not tokenized by lint
+        assert ids == reference.run(body, "openai", "t", "report").lint_ids
+        req = dataclasses.replace(chat_request(body["messages"], tools=tuple(body["tools"]),
+                                               body=body), layout_share=share)
+        assert request_prompt(req).tokens.data == request_prompt(
+            dataclasses.replace(req, layout_share=None)).tokens.data
+    assert estimated == len(trace)  # the system prompt alone reaches the minimum

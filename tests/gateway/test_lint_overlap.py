@@ -131,8 +131,8 @@ async def test_each_request_is_laid_out_once_for_lint_and_the_shadow(
 
     by_lint: list[int] = []
     by_shadow: list[int] = []
-    own_layout, own_segments = lint_stage.token_layout, shadow.segments
-    monkeypatch.setattr(lint_stage, "token_layout",
+    own_layout, own_segments = lint_stage.rule_layout, shadow.segments
+    monkeypatch.setattr(lint_stage, "rule_layout",
                         lambda *a: by_lint.append(1) or own_layout(*a))
     monkeypatch.setattr(shadow, "segments", lambda *a: by_shadow.append(1) or own_segments(*a))
     bodies = [t.body for t in agent_trace(sessions=2, turns=3, seed=5)]

@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 
 import prompt_lint.lint as lint_module
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
+from prompt_lint.checks import min_cacheable_tokens
 from prompt_lint.detectors import DETECTORS, Span, _detect_line
-from prompt_lint.layout import layout_of
+from prompt_lint.layout import layout_of, rule_layout
 from prompt_lint.memo import LRU, compact_json_cached, set_caching
 from prompt_lint.providers import segments, tool_description_path, tool_name
-from prompt_lint.tokens import DEFAULT_ENCODING, shared_counter
+from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
 from prompt_lint.toolset import keys_sorted, tool_schema, tool_set
 
 from .lint_corpus import CorpusRequest
@@ -107,6 +108,48 @@ def test_a_validated_body_linted_with_its_layout_uses_the_layouts_tool_set(
     assert looked_up == []
     assert reports == online.reports
     assert sum(len(r.findings) for r in reports) > 0
+
+
+def test_a_layout_that_estimates_new_messages_finds_the_same_rule_ids(
+        corpus: list[CorpusRequest], online: Any) -> None:
+    """The gateway's report-mode lint lays a body out with `rule_layout`: a turn's new
+    messages past the provider's minimum are estimated, not tokenized (its shadow tokenizes
+    them after the answer, as `encode_cached` does here). Request by request through one
+    learner, the rule ids are those of the exact layout's reports, PL010 included."""
+    counter = TokenCounter(DEFAULT_ENCODING)  # nothing tokenized yet
+    learner = TemplateLearner()
+    estimated = with_pl010 = 0
+    for req, exact in zip(corpus, online.reports, strict=True):
+        model = req.body.get("model")
+        layout = rule_layout(req.body, req.provider, counter,
+                             min_cacheable_tokens(req.provider, model))
+        report = lint_request(req.body, learner=learner, layout=layout)
+        assert _ids(report) == _ids(exact)
+        if layout.exact is not None:
+            estimated += 1
+            assert layout.exact >= min_cacheable_tokens(req.provider, model)
+            assert req.provider == "openai"
+            with_pl010 += "PL010" in _ids(report)
+        for seg in layout.segments:  # the shadow's tokens, after the answer
+            counter.encode_cached(seg.text)
+    assert estimated > 20 and with_pl010 > 10
+
+
+def test_a_prefix_below_the_minimum_is_counted_whole() -> None:
+    """Below the minimum nothing is estimated: PL010's threshold depends on every count."""
+    counter = TokenCounter(DEFAULT_ENCODING)
+    body = {"model": "m", "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "word " * 50},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "more " * 400}]}
+    layout = rule_layout(body, "openai", counter, 1024)
+    assert layout.exact is None
+    assert layout.sizes == TokenCounter(DEFAULT_ENCODING).count_segments(layout.segments)
+
+
+def _ids(report: Any) -> set[str]:
+    return {f.rule for f in report.findings}
 
 
 def test_two_pass_equals_uncached(corpus: list[CorpusRequest]) -> None:
