@@ -227,3 +227,33 @@ def test_report_lint_laid_out_first_leaves_new_messages_for_the_shadow() -> None
         assert request_prompt(req).tokens.data == request_prompt(
             dataclasses.replace(req, layout_share=None)).tokens.data
     assert estimated == len(trace)  # the system prompt alone reaches the minimum
+
+
+async def test_concurrent_answers_each_get_their_prediction_recorded(tmp_path: Any) -> None:
+    """Many requests in flight at once over one replica: every answer is served, every record
+    holds a prediction (made in the window or after the answer), and /metrics sums them."""
+    import asyncio
+
+    pool = pool_over(fake_replicas(1))
+    app = gateway_app(tmp_path, pool, salt_secret=SALT)
+    trace = agent_trace(sessions=6, turns=4, seed=13)
+    by_session: dict[int, list[Any]] = {}
+    for item in trace:
+        by_session.setdefault(item.session, []).append(item.body)
+    async with asgi_client(app) as http:
+
+        async def session(bodies: list[Any]) -> list[int]:
+            return [(await http.post("/v1/chat/completions", json=b)).status_code
+                    for b in bodies]
+
+        statuses = await asyncio.gather(*(session(b) for b in by_session.values()))
+        metrics = (await http.get("/metrics")).text
+    rows = records(app)
+    app.state.store.close()
+    await pool.aclose()
+    assert [s for each in statuses for s in each] == [200] * len(trace)
+    assert len(rows) == len(trace)
+    assert all(row.predicted_cached_tokens is not None for row in rows)
+    assert sum(row.predicted_cached_tokens or 0 for row in rows) > 0
+    series = 'prefixgate_upstream_predicted_cached_tokens_total{replica="r0"}'
+    assert f"{series} {sum(row.predicted_cached_tokens or 0 for row in rows)}" in metrics
