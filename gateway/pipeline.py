@@ -210,15 +210,19 @@ def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticke
     """A request's CPU work before it is sent, in one call (one hop off the event loop, or
     inline for a small body): lint (and the re-parse of a rewritten body), then the backend's
     `prepare` (tokenize and pack once for the shadow caches); under prompt_lint's lock (its
-    learners and memos are process-wide and not thread-safe)."""
-    return _prepare_only(gw, _lint(gw, body, req, ticket, mode))
+    learners and memos are process-wide and not thread-safe). Lint lays the body out for
+    the shadow's tokens too (`LayoutShare`; a rewritten body is laid out again)."""
+    linted = _lint(gw, body, replace(req, layout_share=LayoutShare()), ticket, mode)
+    return _prepare_only(gw, linted)
 
 
 def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
     """The tenant's upstream salt and the backend's `prepare`, without lint; the request's
-    token layout is shared by the shadow's tokens and a lint that comes after (`LayoutShare`)."""
+    token layout is shared by the shadow's tokens and lint, whichever comes first
+    (`LayoutShare`)."""
     assert gw.salter is not None
-    req = replace(req, upstream_salt=gw.salter.salt(req.namespace), layout_share=LayoutShare())
+    share = req.layout_share if req.layout_share is not None else LayoutShare()
+    req = replace(req, upstream_salt=gw.salter.salt(req.namespace), layout_share=share)
     return gw.preparing.prepare(req) if gw.preparing is not None else req
 
 

@@ -136,20 +136,17 @@ def _segment(path: str, text: str, scan: bool, message: int) -> Segment:
 
 
 _new_tuple = tuple.__new__
-_ROLE_HEADERS: dict[str, str] = {}
+_ROLE_HEADERS = {role: f"<|{role}|>\n"
+                 for role in ("system", "developer", "user", "assistant", "tool", "function")}
 
 
 def _role_header(role: Any) -> str:
-    """The header segment's text of a message with `role` (one string per known role)."""
-    header = _ROLE_HEADERS.get(role)
-    if header is None:
-        header = f"<|{role}|>\n"
-        if role in _ROLES:
-            _ROLE_HEADERS[role] = header
-    return header
+    """The header segment's text of a message with `role` (a known role's is made once; a
+    body that was not validated may carry any value there)."""
+    header = _ROLE_HEADERS.get(role) if type(role) is str else None
+    return header if header is not None else f"<|{role}|>\n"
 
 
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _PATHS: list[tuple[str, str, str]] = []
 _MAX_PATHS = 65536
 

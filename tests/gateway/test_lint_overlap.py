@@ -156,6 +156,47 @@ async def test_each_request_is_laid_out_once_for_lint_and_the_shadow(
     assert any(found)
 
 
+async def test_lint_before_the_send_lays_the_body_out_for_the_route_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewrite mode lints before the request is sent, and prefix routing over two replicas
+    needs the tokens before it too: lint lays the body out once and the shadow's tokens read
+    that (a body the rewrite changed is laid out again, for what is sent)."""
+    import gateway.lint_stage as lint_stage
+    import gateway.shadow as shadow
+
+    by_lint: list[int] = []
+    by_shadow: list[int] = []
+    own_layout, own_segments = lint_stage.token_layout, shadow.segments
+    monkeypatch.setattr(lint_stage, "token_layout",
+                        lambda *a: by_lint.append(1) or own_layout(*a))
+    monkeypatch.setattr(shadow, "segments", lambda *a: by_shadow.append(1) or own_segments(*a))
+    bodies = [t.body for t in agent_trace(sessions=2, turns=3, seed=5)]
+    for body in bodies[1::2]:  # every other request's tools out of order: rewrite sorts them
+        body["tools"] = body["tools"][::-1]
+    changed = []
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(serving(app)).url for app in fake_replicas(2)]
+        backends = [make_upstream("openai", UpstreamOptions(url=f"{url}/v1", name=f"r{i}"))
+                    for i, url in enumerate(urls)]
+        app = gateway_app(tmp_path, ReplicaPool("openai", backends), salt_secret=SALT)
+        async with asgi_client(app) as http:
+            for body in bodies:
+                before = len(by_shadow)
+                r = await http.post("/v1/chat/completions", json=body,
+                                    headers={"x-prefixgate-lint-mode": "rewrite"})
+                assert r.status_code == 200
+                changed.append(len(by_shadow) - before)
+        rows = records(app)
+        app.state.store.close()
+        await app.state.backend.aclose()
+    assert len(by_lint) == len(bodies)  # lint laid every body out
+    reference = LintStage()
+    rewritten = [reference.run(b, "openai", "default", "rewrite").changed for b in bodies]
+    assert changed == [1 if c else 0 for c in rewritten]  # only a rewritten body again
+    assert any(rewritten) and not all(rewritten)
+    assert all(row.predicted_cached_tokens is not None for row in rows)
+
+
 @pytest.mark.parametrize(("mode", "derive_key"), [("rewrite", None), ("report", True)])
 async def test_lint_that_shapes_the_body_runs_before_it_is_sent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str,
