@@ -146,11 +146,8 @@ class TokenCounter:
     def known_count(self, text: str) -> int | None:
         """count(text) when `text` was counted or encoded whole before (no tokenizing), else
         None."""
-        n = self._counts.get(text)
-        if n is None:
-            ids = self._ids.get(text)
-            n = None if ids is None else len(ids)
-        return n
+        ids = self._ids.get(text)  # first: the gateway's shadow encodes every text it sends
+        return len(ids) if ids is not None else self._counts.get(text)
 
     def count_prefixes_at(self, text: str, slot: str, ends: list[int]) -> list[int]:
         """count_prefixes(text, ends), incrementally for long texts."""
