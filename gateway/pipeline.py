@@ -109,23 +109,30 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
 
 
 async def _unless_disconnected(request: Request, work: Any) -> Started | None:
-    """Run `work` (a coroutine) while watching the client; None when it disconnected first
-    (the work is then cancelled, which closes any backend stream it opened)."""
-    task: asyncio.Future[Started] = asyncio.ensure_future(work)
-    watcher: asyncio.Future[Any] = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # cancelled (server shutdown): stop the work too
+    """Run `work` (a coroutine) in this task while a watcher task listens for the client
+    going away; None when it did (the work is then cancelled, which closes any backend
+    stream it opened)."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _wait_disconnect(request)
+        gone = True
         task.cancel()
-        raise
+
+    watcher: asyncio.Future[Any] = asyncio.ensure_future(watch())
+    try:
+        result: Started = await work
+        return result
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        return None
     finally:
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):  # the client is gone: nothing to report
-        await task
-    return None
 
 
 async def _start(gw: Gateway, request: Request, ticket: Ticket, raw: bytes) -> Started:
