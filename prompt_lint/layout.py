@@ -54,10 +54,10 @@ def rule_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter,
     and totals past `exact` are estimates; template text (scanned for dynamic values) is
     always counted. Anthropic requests (whose breakpoint checks compare offsets anywhere in
     the prompt) are counted whole."""
+    if provider != "openai":
+        return token_layout(body, provider, counter)
     toolset = tool_set(body.get("tools") or [])
     segs = segments(body, provider, toolset)
-    if provider != "openai":
-        return layout_of(segs, counter.count_segments(segs), toolset)
     sizes: list[int] = []
     exact: int | None = None
     done = 0

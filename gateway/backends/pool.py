@@ -12,9 +12,9 @@ such an answer says what the provider reported and needs no prediction, so the s
 part (tokens, prediction, recording, learning) runs after it, and the prediction reaches the
 request's record through `Final.late` (a stream's head, or an answer without the provider's
 figures, still waits for the prediction). The shadow's bookkeeping (recording the prompt,
-learning from the report) and the pool's metrics wait until the item they follow is handed on,
-so no answer waits for them; closing the stream still runs them. gateway.backends.providers
-builds the pools from the configuration.
+learning from the report) and the pool's metrics (gateway.backends.pool_metrics) wait until the
+item they follow is handed on, so no answer waits for them; closing the stream still runs them.
+gateway.backends.providers builds the pools from the configuration.
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import weakref
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
 
 import anyio
 
 from gateway.backends.anthropic_upstream import AnthropicUpstream
 from gateway.backends.openai_upstream import OpenAIUpstream
+from gateway.backends.pool_metrics import PoolMetrics
 from gateway.backends.predicted_usage import final_usage, head_usage, in_shadow_tokens
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
@@ -55,55 +54,6 @@ from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
 
 log = logging.getLogger("prefixgate.upstream")
-
-
-class PoolMetrics:
-    """The upstream series on the gateway's metrics registry."""
-
-    def __init__(self, registry: Registry, pool: ReplicaPool) -> None:
-        lbl = ("replica",)
-        self.requests = registry.counter(
-            "prefixgate_upstream_requests_total", "Upstream calls by outcome",
-            ("replica", "outcome"))
-        self.routes = registry.counter(
-            "prefixgate_upstream_routes_total", "Routing decisions by reason",
-            ("replica", "reason"))
-        self.prompt = registry.counter(
-            "prefixgate_upstream_prompt_tokens_total", "Prompt tokens sent upstream", lbl)
-        self.predicted = registry.counter(
-            "prefixgate_upstream_predicted_cached_tokens_total",
-            "Cached prompt tokens the shadow cache predicted", lbl)
-        self.reported = registry.counter(
-            "prefixgate_upstream_reported_cached_tokens_total",
-            "Cached prompt tokens the upstream reported", lbl)
-        healthy = registry.gauge("prefixgate_upstream_replica_healthy",
-                                 "1 when the replica is in routing", lbl)
-        inflight = registry.gauge("prefixgate_upstream_inflight",
-                                  "Requests in flight per replica", lbl)
-        pages = registry.gauge("prefixgate_upstream_shadow_pages",
-                               "Pages held by the replica's shadow cache", lbl)
-        for gauge, read in ((healthy, lambda r: float(r.healthy)),
-                            (inflight, lambda r: float(r.inflight)),
-                            (pages, lambda r: float(r.shadow.pages))):
-            gauge.set_function(_reader(pool, registry, read))
-
-    def final(self, replica: str, final: Final) -> None:
-        u = final.usage
-        self.requests.inc(replica=replica, outcome="ok")
-        self.prompt.inc(u.prompt_tokens, replica=replica)
-        self.predicted.inc(u.predicted_cached_tokens or 0, replica=replica)
-        self.reported.inc(u.reported_cached_tokens or 0, replica=replica)
-
-
-_POOLS: weakref.WeakKeyDictionary[Registry, list[ReplicaPool]] = weakref.WeakKeyDictionary()
-
-
-def _reader(pool: ReplicaPool, registry: Registry, read: Any) -> Any:
-    """A gauge callback over every pool bound to `registry` (pools of several kinds)."""
-    pools = _POOLS.setdefault(registry, [])
-    if pool not in pools:
-        pools.append(pool)
-    return lambda: {(r.name,): read(r) for p in pools for r in p.router.replicas}
 
 
 class ReplicaPool:
@@ -378,8 +328,6 @@ class ReplicaPool:
         replica.reports_figures = reports_figures(final)
         if self._detect:
             self._detected(replica)
-        if late is None:
-            return dataclasses.replace(final, replica=replica.name)
         return dataclasses.replace(final, replica=replica.name, late=late)
 
     def _predicted(self, replica: Replica, route: Route) -> int:

@@ -139,14 +139,7 @@ async def test_a_replica_that_stops_reporting_gets_the_prediction_in_its_answer(
 
 async def test_the_response_reports_the_providers_figures_and_the_record_the_prediction(
         tmp_path: Any) -> None:
-    pool = pool_over(fake_replicas(1))
-    app = gateway_app(tmp_path, pool, salt_secret=SALT)
-    bodies = [t.body for t in agent_trace(sessions=1, turns=3, seed=7)]
-    async with asgi_client(app) as http:
-        responses = [await http.post("/v1/chat/completions", json=b) for b in bodies]
-    rows = records(app)
-    app.state.store.close()
-    await pool.aclose()
+    responses, rows, metrics = await _one_session(tmp_path, 3)
     summaries = [r.json()["prefixgate"] for r in responses]
     assert summaries[0]["predicted_cached_tokens"] == 0  # before anything was reported
     for response, summary, row in zip(responses[1:], summaries[1:], rows[1:], strict=True):
@@ -159,15 +152,24 @@ async def test_the_response_reports_the_providers_figures_and_the_record_the_pre
         # the record holds the prediction beside the report, as before
         assert row.cached_tokens == summary["cached_tokens"]
         assert row.predicted_cached_tokens is not None and row.predicted_cached_tokens > 0
-    metrics = await _metrics(app)
     predicted = sum(row.predicted_cached_tokens or 0 for row in rows)
     series = 'prefixgate_upstream_predicted_cached_tokens_total{replica="r0"}'
     assert f"{series} {predicted}" in metrics
 
 
-async def _metrics(app: Any) -> str:
+async def _one_session(tmp_path: Any, turns: int) -> tuple[list[Any], list[Any], str]:
+    """`turns` turns of one agent session through a gateway over one fake replica: the
+    responses, the records and /metrics after the last."""
+    pool = pool_over(fake_replicas(1))
+    app = gateway_app(tmp_path, pool, salt_secret=SALT)
+    bodies = [t.body for t in agent_trace(sessions=1, turns=turns, seed=7)]
     async with asgi_client(app) as http:
-        return (await http.get("/metrics")).text
+        responses = [await http.post("/v1/chat/completions", json=b) for b in bodies]
+        metrics = (await http.get("/metrics")).text
+    rows = records(app)
+    app.state.store.close()
+    await pool.aclose()
+    return responses, rows, metrics
 
 
 async def test_a_failing_shadow_part_loses_neither_the_answer_nor_its_record(
@@ -182,14 +184,7 @@ async def test_a_failing_shadow_part_loses_neither_the_answer_nor_its_record(
         return request_prompt(req)
 
     monkeypatch.setattr(pool_module, "request_prompt", broken)
-    pool = pool_over(fake_replicas(1))
-    app = gateway_app(tmp_path, pool, salt_secret=SALT)
-    bodies = [t.body for t in agent_trace(sessions=1, turns=2, seed=7)]
-    async with asgi_client(app) as http:
-        responses = [await http.post("/v1/chat/completions", json=b) for b in bodies]
-    rows = records(app)
-    app.state.store.close()
-    await pool.aclose()
+    responses, rows, _ = await _one_session(tmp_path, 2)
     assert [r.status_code for r in responses] == [200, 200] and len(calls) == 2
     assert [row.status for row in rows] == [200, 200]
     assert rows[1].predicted_cached_tokens is None  # never made: recorded as unknown

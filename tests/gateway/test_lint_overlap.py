@@ -119,6 +119,21 @@ async def test_report_lint_runs_once_the_upstream_holds_the_request(
     assert rows[0].family is not None
 
 
+def _counting_layouts(monkeypatch: pytest.MonkeyPatch, lint_layout: str
+                      ) -> tuple[list[int], list[int]]:
+    """Count the bodies lint lays out (through `gateway.lint_stage`'s `lint_layout`) and the
+    ones the shadow's tokens lay out themselves (`gateway.shadow.segments`)."""
+    import gateway.lint_stage as lint_stage
+    import gateway.shadow as shadow
+
+    by_lint: list[int] = []
+    by_shadow: list[int] = []
+    own_layout, own_segments = getattr(lint_stage, lint_layout), shadow.segments
+    monkeypatch.setattr(lint_stage, lint_layout, lambda *a: by_lint.append(1) or own_layout(*a))
+    monkeypatch.setattr(shadow, "segments", lambda *a: by_shadow.append(1) or own_segments(*a))
+    return by_lint, by_shadow
+
+
 async def test_each_request_is_laid_out_once_for_lint_and_the_shadow(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Over one replica the first request's shadow tokens come first and lint reads their
@@ -126,15 +141,7 @@ async def test_each_request_is_laid_out_once_for_lint_and_the_shadow(
     the shadow's part, so lint lays the body out and the shadow's tokens, after the answer,
     read that. Either way each body is laid out once, and lint finds what a lint of its own
     finds."""
-    import gateway.lint_stage as lint_stage
-    import gateway.shadow as shadow
-
-    by_lint: list[int] = []
-    by_shadow: list[int] = []
-    own_layout, own_segments = lint_stage.rule_layout, shadow.segments
-    monkeypatch.setattr(lint_stage, "rule_layout",
-                        lambda *a: by_lint.append(1) or own_layout(*a))
-    monkeypatch.setattr(shadow, "segments", lambda *a: by_shadow.append(1) or own_segments(*a))
+    by_lint, by_shadow = _counting_layouts(monkeypatch, "rule_layout")
     bodies = [t.body for t in agent_trace(sessions=2, turns=3, seed=5)]
     with serving(fake_replicas(1)[0]) as server:
         options = UpstreamOptions(url=f"{server.url}/v1", name="r0")
@@ -161,15 +168,7 @@ async def test_lint_before_the_send_lays_the_body_out_for_the_route_too(
     """Rewrite mode lints before the request is sent, and prefix routing over two replicas
     needs the tokens before it too: lint lays the body out once and the shadow's tokens read
     that (a body the rewrite changed is laid out again, for what is sent)."""
-    import gateway.lint_stage as lint_stage
-    import gateway.shadow as shadow
-
-    by_lint: list[int] = []
-    by_shadow: list[int] = []
-    own_layout, own_segments = lint_stage.token_layout, shadow.segments
-    monkeypatch.setattr(lint_stage, "token_layout",
-                        lambda *a: by_lint.append(1) or own_layout(*a))
-    monkeypatch.setattr(shadow, "segments", lambda *a: by_shadow.append(1) or own_segments(*a))
+    by_lint, by_shadow = _counting_layouts(monkeypatch, "token_layout")
     bodies = [t.body for t in agent_trace(sessions=2, turns=3, seed=5)]
     for body in bodies[1::2]:  # every other request's tools out of order: rewrite sorts them
         body["tools"] = body["tools"][::-1]
