@@ -5,17 +5,20 @@ prompt_lint's lock: on the event loop for a body of at most `inline_bytes` while
 free (such work is shorter than a hop to a worker thread), else in a worker thread, so a lock
 held elsewhere never blocks the loop.
 
-`first_while_sent` starts a backend stream, runs `work` once the request is on the socket (the
-transport calls the `REQUEST_SENT` callback; an outer callback still hears of it) or once the
-first item is back (a backend that does not signal), and returns the first item with the work's
-result. The work then overlaps the upstream's own time instead of preceding the send.
+`first_while_sent` waits for a backend stream's first item in the caller's task and starts
+`work` in a task of its own once the request is on the socket (the transport calls the
+`REQUEST_SENT` callback; an outer callback still hears of it), or runs it once the first item is
+back (a backend that does not signal); it returns the first item with the work's result. The
+work then overlaps the upstream's own time instead of preceding the send, and the answer wakes
+the handler's own task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import contextvars
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
@@ -42,33 +45,44 @@ def _locked(work: Callable[..., R], *args: Any) -> R:
         return work(*args)
 
 
-async def first_while_sent(first: Callable[[], Awaitable[T]], work: Callable[[], Awaitable[R]]
-                           ) -> tuple[T, R]:
+async def first_while_sent(first: Callable[[], Awaitable[T]],
+                           work: Callable[[], Coroutine[Any, Any, R]]) -> tuple[T, R]:
     """`first()` (a stream's first item) and `work()`'s result, the work started once the
-    request is sent. On any failure the first item's task is cancelled and awaited before the
-    error propagates; the caller closes its stream."""
-    sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    request is sent. `first()` runs in the caller's own task, so the answer wakes the handler
+    itself (no task of its own to finish first); the work runs in a task started by the
+    transport's signal, in the caller's context. On any failure the work's task is cancelled
+    and awaited before the error propagates; the caller closes its stream."""
+    context = contextvars.copy_context()
     outer = REQUEST_SENT.get()
+    started: list[asyncio.Task[R]] = []
 
     def signal() -> None:
-        if not sent.done():
-            sent.set_result(None)
+        if not started:
+            started.append(asyncio.get_running_loop().create_task(work(), context=context))
         if outer is not None:
             outer()
 
     token = REQUEST_SENT.set(signal)
     try:
-        task: asyncio.Future[T] = asyncio.ensure_future(first())  # copies the context
-    finally:
-        REQUEST_SENT.reset(token)
-    try:
-        await asyncio.wait((task, sent), return_when=asyncio.FIRST_COMPLETED)
-        done = await work()
-        return await task, done
+        item = await first()
     except BaseException:
-        task.cancel()
-        with anyio.CancelScope(shield=True), contextlib.suppress(BaseException):
-            await task
+        if started:
+            await _cancelled(started[0])
         raise
     finally:
-        sent.cancel()
+        REQUEST_SENT.reset(token)
+    if not started:  # a backend that does not signal: the work follows its first item
+        return item, await work()
+    try:
+        return item, await started[0]
+    except BaseException:
+        await _cancelled(started[0])
+        raise
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` and wait for it to end, whatever it raises (shielded: the caller is
+    failing already, perhaps by its own cancellation)."""
+    task.cancel()
+    with anyio.CancelScope(shield=True), contextlib.suppress(BaseException):
+        await task

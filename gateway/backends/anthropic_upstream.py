@@ -132,7 +132,7 @@ class AnthropicUpstream(UpstreamBackend):
     ) -> None:
         super().__init__(options, transport=transport, models=models)
         path = "/messages" if self._base.endswith("/v1") else "/v1/messages"
-        self._endpoint_url = httpx.URL(self._base + path)
+        self._endpoint = self._template(httpx.URL(self._base + path))
         self._count_url = httpx.URL(self._base + path + "/count_tokens")
         self.models_url = self._base + path.removesuffix("/messages") + "/models"
 
@@ -155,7 +155,7 @@ class AnthropicUpstream(UpstreamBackend):
         return headers
 
     def _request(self, req: ChatRequest) -> httpx.Request:
-        return self._post(self._endpoint_url, dumps_body(build_body(req)))
+        return self._post(self._endpoint, dumps_body(build_body(req)))
 
     async def _read_stream(
         self, response: httpx.Response, clock: StreamClock

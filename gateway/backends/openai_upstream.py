@@ -197,8 +197,8 @@ class OpenAIUpstream(UpstreamBackend):
         # responses say so
         self.server_kind: str | None = None
         self.prefill_ms_per_token: float | None = None  # from llama.cpp's timings (_final)
-        self._urls = {path: httpx.URL(self._base + path)
-                      for path in ("/chat/completions", "/completions")}
+        self._posts = {path: self._template(httpx.URL(self._base + path))
+                       for path in ("/chat/completions", "/completions")}
 
     async def total_slots(self) -> int | None:
         """A llama.cpp server's slot count (`GET /props`), or None when it does not say."""
@@ -246,7 +246,7 @@ class OpenAIUpstream(UpstreamBackend):
 
     def _request(self, req: ChatRequest) -> httpx.Request:
         path, body = build_body(req, self.options)
-        return self._post(self._urls[path], dumps_body(body))
+        return self._post(self._posts[path], dumps_body(body))
 
     async def _read_stream(
         self, response: httpx.Response, clock: StreamClock

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import anyio
 import httpx
 
+from gateway.backends.http1_transport import PostTemplate, PreparedPost, post_template
 from gateway.backends.upstream_http import (
     Item,
     UpstreamOptions,
@@ -124,15 +125,18 @@ class UpstreamBackend(ABC):
         """Request headers (content type and credentials); subclasses extend."""
         return {"content-type": "application/json"}
 
-    def _post(self, url: httpx.URL, content: bytes) -> httpx.Request:
+    def _template(self, url: httpx.URL) -> PostTemplate:
+        """What the backend's POSTs to `url` share (its headers), made once per URL."""
+        return post_template(url, self._header_obj)
+
+    def _post(self, template: PostTemplate, content: bytes) -> httpx.Request:
         """A complete POST request (headers and timeouts), sent straight to the transport."""
-        return httpx.Request("POST", url, content=content, headers=self._header_obj,
-                             extensions=dict(self._extensions))
+        return PreparedPost(template, content, dict(self._extensions))
 
     async def _post_json(self, url: httpx.URL | str, body: dict[str, Any]) -> Any:
         """POST `body` to `url` and return the JSON answer (failures as `fetch_json` raises
         them)."""
-        request = self._post(httpx.URL(url), dumps_body(body))
+        request = self._post(self._template(httpx.URL(url)), dumps_body(body))
         return await fetch_json(self._transport, request, self.replica)
 
     @abstractmethod

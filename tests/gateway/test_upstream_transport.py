@@ -182,6 +182,7 @@ class _RawServer:
         self.reply, self.close_after = reply, close_after
         self.connections = self.requests = 0
         self.server: Any = None
+        self.seen: list[bytes] = []  # each request's head and body, as they came
 
     async def __aenter__(self) -> str:
         import asyncio
@@ -207,7 +208,7 @@ class _RawServer:
         head = await reader.readuntil(b"\r\n\r\n")
         length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                        if line.lower().startswith(b"content-length:")), 0)
-        await reader.readexactly(length)
+        self.seen.append(head + await reader.readexactly(length))
         answer = self.reply(self.requests)
         self.requests += 1
         if answer is None:
@@ -309,6 +310,44 @@ async def test_the_sent_callback_hears_of_each_request_once_written() -> None:
             REQUEST_SENT.reset(token)
         await transport.aclose()
     assert heard == [0]  # called once, before the server had read the request
+
+
+async def test_a_prepared_post_goes_out_as_httpx_builds_the_same_request() -> None:
+    """The backends' POSTs (`PreparedPost`: the URL's head made once per backend) reach the
+    wire byte for byte as the same request built by httpx does; another transport reads
+    httpx's headers from them; headers changed after it was made are the ones sent."""
+    from gateway.backends.http1_transport import PreparedPost, post_template
+
+    server = _RawServer(lambda n: _json_answer(b"{}"))
+    async with server as base:
+        url = httpx.URL(f"{base}/v1/chat/completions")
+        headers = httpx.Headers({"content-type": "application/json", "authorization": "Bearer k",
+                                 "user-agent": "prefixgate-test"})
+        template = post_template(url, headers)
+        transport = Http1Transport()
+        sent = []
+        for body in (b'{"model": "m"}', b'{"model": "m", "messages": []}' * 40, b""):
+            reference = httpx.Request("POST", url, content=body, headers=headers)
+            prepared = PreparedPost(template, body, {"timeout": {"read": 5.0}})
+            assert sorted(prepared.headers.raw) == sorted(reference.headers.raw)
+            assert prepared.content == reference.content == body
+            for request in (reference, PreparedPost(template, body, {})):
+                response = await transport.handle_async_request(request)
+                await response.aread()
+                await response.aclose()
+            sent.append(body)
+        changed = PreparedPost(template, b"{}", {})
+        changed.headers["x-extra"] = "1"
+        response = await transport.handle_async_request(changed)
+        await response.aclose()
+        await transport.aclose()
+    pairs = server.seen[:-1]
+    assert len(pairs) == 2 * len(sent)
+    for body, reference, prepared in zip(sent, pairs[0::2], pairs[1::2], strict=True):
+        assert prepared == reference
+        assert prepared.endswith(b"\r\n\r\n" + body)
+        assert f"content-length: {len(body)}\r\n".encode() in prepared
+    assert b"\r\nx-extra: 1\r\n" in server.seen[-1]
 
 
 def test_a_proxied_origin_goes_through_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
