@@ -1,5 +1,7 @@
 """The HTTP server protocol: uvicorn's httptools protocol, a whole response in one write.
 
+(It also skips uvicorn's access line when the access logger would drop it: a level above info.)
+
 uvicorn writes a response's head as soon as the app sends `http.response.start`, then each body
 chunk as it comes: two writes for one JSON answer, and a client waiting on its socket is woken
 twice. Waking a waiting process is the dear part of a write on a machine whose CPUs idle
@@ -18,6 +20,7 @@ request), or when the connection closes.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -80,6 +83,9 @@ class OneWriteProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.held = HeldHeadTransport(transport)
         super().connection_made(self.held)  # type: ignore[arg-type]
+        # uvicorn formats an access line whenever its logger has a handler; one that would be
+        # dropped (a level above info) is not formatted at all
+        self.access_log = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()

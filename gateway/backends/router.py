@@ -143,6 +143,8 @@ class Router:
         if self.config.policy == "round_robin":
             replica = pool[self._turn % len(pool)]
             return Route(replica, replica.shadow.match_length(tokens, namespace), "round_robin")
+        if not len(tokens):  # nothing to score yet (its tokens come later): no shadow asked
+            return self._unscored(pool)
         matches = {r.name: r.shadow.match_length(tokens, namespace) for r in pool}
         if len(pool) > 1 and self._unbalanced(pool):
             least = self._least_loaded(pool)
@@ -154,6 +156,13 @@ class Router:
             return Route(best, best_len, reason)
         least = self._least_loaded(pool)
         return Route(least, matches[least.name], "least_loaded" if least.healthy else "retry")
+
+    def _unscored(self, pool: list[Replica]) -> Route:
+        """The route of an empty prompt: what scoring it would choose (every match is 0)."""
+        if len(pool) > 1 and self._unbalanced(pool):
+            return Route(self._least_loaded(pool), 0, "balance")
+        least = pool[0] if len(pool) == 1 else self._least_loaded(pool)
+        return Route(least, 0, "least_loaded" if least.healthy else "retry")
 
     def _unbalanced(self, pool: list[Replica]) -> bool:
         loads = [r.inflight for r in pool]

@@ -8,7 +8,8 @@ before its first chunk."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.config import Config
+from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
@@ -87,12 +89,16 @@ class RecordingTransport(asyncio.Transport):
 
 
 async def serve_once(protocol_class: type[HttpToolsProtocol], request: bytes,
-                     until: bytes, responses: int = 1) -> RecordingTransport:
+                     until: bytes, responses: int = 1,
+                     configured: Callable[[], None] | None = None) -> RecordingTransport:
     """`request` through a fresh connection; returns once `until` ends what was written after
-    `responses` response heads (or the transport closed)."""
+    `responses` response heads (or the transport closed). `configured` is called once uvicorn
+    has set its loggers up."""
     config = Config(app=APP, http=protocol_class, date_header=False, server_header=False,
                     log_level="critical", lifespan="off")
     config.load()
+    if configured is not None:
+        configured()
     protocol = protocol_class(config=config, server_state=ServerState(), app_state={},
                               _loop=asyncio.get_running_loop())
     transport = RecordingTransport()
@@ -157,3 +163,34 @@ async def test_pipelined_requests_each_get_one_write() -> None:
     assert reference.received().count(b"HTTP/1.1 200") == 2
     assert ours.received() == reference.received()
     assert [kind for kind, _ in ours.calls] == ["writelines", "writelines"]
+
+
+@pytest.mark.parametrize(("level", "formatted"), [(logging.INFO, True), (logging.WARNING, False)])
+async def test_an_access_line_is_formatted_only_when_it_would_be_logged(
+        level: int, formatted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn formats its access line whenever its logger has a handler; ours only when the
+    line would be emitted (at info), and then it is, as uvicorn's is."""
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("uvicorn.access")
+    handler = Lines()
+
+    def configured() -> None:  # uvicorn's set-up sets the level and handlers: then ours
+        monkeypatch.setattr(logger, "level", level)
+        logger.addHandler(handler)
+
+    asked: list[object] = []
+    monkeypatch.setattr(httptools_impl, "get_client_addr",
+                        lambda scope: asked.append(scope) or "127.0.0.1:50000")
+    try:
+        ours = await serve_once(OneWriteProtocol, GET % b"/json", b"x\"}", configured=configured)
+    finally:
+        logger.removeHandler(handler)
+    assert ours.received().startswith(b"HTTP/1.1 200")
+    assert bool(asked) is formatted
+    assert [line for line in lines if "GET /json" in line] == (
+        ['127.0.0.1:50000 - "GET /json HTTP/1.1" 200'] if formatted else [])

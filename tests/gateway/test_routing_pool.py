@@ -16,7 +16,7 @@ from gateway.backends.pool import ReplicaPool
 from gateway.backends.providers import make_upstream
 from gateway.backends.router import Replica, Router, RouterConfig
 from gateway.backends.upstream_http import UpstreamOptions
-from gateway.shadow import ShadowCache, ShadowConfig, prompt_tokens
+from gateway.shadow import NO_PROMPT, ShadowCache, ShadowConfig, prompt_tokens
 from gateway.types import BackendError, Final
 from prompt_lint.memo import set_caching
 from tests.support import free_port
@@ -281,3 +281,41 @@ async def test_shadow_bookkeeping_follows_the_answer_and_is_never_lost(stream: b
     assert pool.metrics.prompt.get(replica="r0") == item.usage.prompt_tokens > 0
     assert pool.metrics.requests.get(replica="r0", outcome="ok") == 1
     await pool.aclose()
+
+
+class _Counting(ShadowCache):
+    """A shadow that counts the prompts it is asked to score."""
+
+    asked = 0
+
+    def match_length(self, tokens: Any, namespace: str) -> int:
+        _Counting.asked += 1
+        return super().match_length(tokens, namespace)
+
+
+@pytest.mark.parametrize(("inflight", "failed"), [
+    ((0,), ()), ((3,), (0,)), ((2, 0, 1), ()), ((12, 1, 4), ()), ((0, 0, 0), (0,)),
+    ((5, 5), (0, 1)),
+])
+def test_an_empty_prompt_is_routed_as_scoring_it_would_without_asking_a_shadow(
+        inflight: tuple[int, ...], failed: tuple[int, ...]) -> None:
+    """A prompt whose tokens come later (one replica that sends first) is routed without
+    scoring: the same replica and reason as scoring a prompt no shadow holds."""
+    routers = []
+    for _ in range(2):
+        replicas = [Replica(f"r{i}", backend=object(),  # type: ignore[arg-type]
+                            shadow=_Counting(ShadowConfig(page_size=4)), inflight=n)
+                    for i, n in enumerate(inflight)]
+        for i, r in enumerate(replicas):
+            r.shadow.record(list(range(100 * i, 100 * i + 8 * (i + 1))), "t")
+            if i in failed:
+                r.mark_failed(RouterConfig(), now=0.0)
+        routers.append(Router(replicas, RouterConfig(balance_abs=4)))
+    for turn in range(3):
+        _Counting.asked = 0
+        empty = routers[0].choose(NO_PROMPT, "t", now=1.0)
+        assert _Counting.asked == 0
+        scored = routers[1].choose(list(range(9000, 9050)), "t", now=1.0)
+        assert empty is not None and scored is not None
+        assert (empty.replica.name, empty.matched, empty.reason) == (
+            scored.replica.name, scored.matched, scored.reason), turn
