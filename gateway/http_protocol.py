@@ -117,7 +117,11 @@ def is_whole(message: Any) -> bool:
     that declares its length (`content-length`)."""
     if message.get("status") in NO_BODY:
         return True
-    return any(name.lower() == b"content-length" for name, _ in message.get("headers", ()))
+    headers = message.get("headers") or ()
+    if not isinstance(headers, list | tuple):  # an iterable is read once: keep what it gave
+        message["headers"] = headers = list(headers)
+    # Starlette appends the length to its headers: looked for from the end
+    return any(name.lower() == b"content-length" for name, _ in reversed(headers))
 
 
 NO_BODY = frozenset({204, 304})

@@ -141,17 +141,28 @@ def _prompt(value: Any) -> str:
 
 
 def _message(msg: Any, i: int) -> dict[str, Any]:
-    if isinstance(msg, dict):  # the common, valid case: no error paths built
-        role = msg.get("role")
+    if isinstance(msg, dict) and msg.get("name") is None:  # the common, valid cases: no
+        role = msg.get("role")                              # error paths built
         content = msg.get("content")
-        if type(content) is str and msg.get("name") is None and not msg.get("tool_calls"):
+        calls = msg.get("tool_calls")
+        if type(content) is str and not calls:
             if role in _PLAIN_ROLES:
                 return msg
             if role == "tool":
                 call_id = msg.get("tool_call_id")
                 if type(call_id) is str and call_id:
                     return msg
+        elif calls and role == "assistant" and (content is None or type(content) is str) \
+                and type(calls) is list and all(map(_plain_call, calls)):
+            return msg
     return _checked_message(msg, i)
+
+
+def _plain_call(call: Any) -> bool:
+    """A tool call `_check_tool_calls` accepts (a function with a name and JSON arguments)."""
+    fn = call.get("function") if type(call) is dict else None
+    return type(fn) is dict and type(fn.get("name")) is str \
+        and type(fn.get("arguments", "")) is str
 
 
 _PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})

@@ -124,6 +124,38 @@ def test_request_ids_are_unique_24_hex_digits() -> None:
     assert all(len(i) == 24 and int(i, 16) >= 0 for i in ids)
 
 
+_VALUES = st.sampled_from([None, "", "x", 3, [], {}, [{"type": "text", "text": "t"}], True])
+_CALLS = st.lists(st.one_of(
+    st.fixed_dictionaries({"id": st.just("c1"), "type": st.just("function"),
+                           "function": st.fixed_dictionaries(
+                               {"name": st.sampled_from(["f", 3, None])},
+                               optional={"arguments": st.sampled_from(["{}", "", 4, None])})}),
+    st.fixed_dictionaries({"function": _VALUES}), _VALUES), max_size=3)
+
+
+@settings(max_examples=400, deadline=None)
+@given(role=st.sampled_from(["assistant", "user", "tool", "system", "robot", 3]),
+       content=_VALUES, calls=st.one_of(_CALLS, _VALUES),
+       extra=st.sampled_from([{}, {"name": "n"}, {"name": 5}, {"tool_call_id": "t1"},
+                              {"tool_call_id": ""}]))
+def test_the_fast_message_check_accepts_what_the_full_check_accepts(
+        role: Any, content: Any, calls: Any, extra: dict[str, Any]) -> None:
+    """`_message` takes common valid messages without the full check: it accepts exactly the
+    messages `_checked_message` accepts, and refuses the others with its error."""
+    from gateway.parse_openai import _checked_message, _message
+
+    msg = {"role": role, "content": content, "tool_calls": calls, **extra}
+    try:
+        expected: Any = _checked_message(copy.deepcopy(msg), 1)
+    except GatewayError as exc:
+        expected = (exc.param, str(exc))
+    try:
+        got: Any = _message(msg, 1)
+    except GatewayError as exc:
+        got = (exc.param, str(exc))
+    assert got == expected
+
+
 @pytest.mark.parametrize("msg, field", [
     ({"role": "user", "content": 3}, "messages[1].content"),
     ({"role": "user", "content": "hi", "name": 5}, "messages[1].name"),

@@ -194,3 +194,19 @@ async def test_an_access_line_is_formatted_only_when_it_would_be_logged(
     assert bool(asked) is formatted
     assert [line for line in lines if "GET /json" in line] == (
         ['127.0.0.1:50000 - "GET /json HTTP/1.1" 200'] if formatted else [])
+
+
+@pytest.mark.parametrize("make", [list, tuple, iter])
+def test_a_whole_response_is_told_by_its_length_wherever_it_is(make: Any) -> None:
+    from gateway.http_protocol import is_whole
+
+    for at in range(3):
+        headers = [(b"content-type", b"application/json"), (b"x-a", b"1")]
+        headers.insert(at, (b"Content-Length", b"2"))
+        message = {"type": "http.response.start", "status": 200, "headers": make(headers)}
+        assert is_whole(message)
+        assert list(message["headers"]) == headers  # an iterator's headers are kept, not spent
+    chunked = {"type": "http.response.start", "status": 200,
+               "headers": make([(b"transfer-encoding", b"chunked")])}
+    assert not is_whole(chunked)
+    assert is_whole({"type": "http.response.start", "status": 204, "headers": make([])})

@@ -224,14 +224,17 @@ def _json_answer(payload: bytes, extra: bytes = b"") -> bytes:
 
 
 async def _post(transport: httpx.AsyncBaseTransport, url: str, body: bytes = b"{}",
-                **timeouts: float) -> tuple[int, bytes]:
-    from gateway.backends.upstream_http import send
+                whole: bool = False, **timeouts: float) -> tuple[int, bytes]:
+    """POST `body`; the answer read by httpx (`aread`) or, with `whole`, as the backends
+    read a whole answer (`whole_answer`)."""
+    from gateway.backends.upstream_http import send, whole_answer
     request = httpx.Request("POST", f"{url}/v1/chat/completions", content=body,
                             extensions={"timeout": {"connect": 5.0, "read": 5.0, "pool": 5.0,
                                                     **timeouts}})
     response = await send(transport, request)
     try:
-        return response.status_code, await response.aread()
+        return response.status_code, await (whole_answer(response) if whole
+                                            else response.aread())
     finally:
         await response.aclose()
 
@@ -273,7 +276,7 @@ async def test_answers_framed_by_chunks_and_by_the_close_are_read_whole() -> Non
         server = _RawServer(lambda n, a=answer: a, close_after=answer is until_close)
         async with server as url:
             transport = Http1Transport()
-            got = [await _post(transport, url) for _ in range(2)]
+            got = [await _post(transport, url, whole=whole) for whole in (False, True)]
             await transport.aclose()
         assert got == [(200, payload)] * 2
         assert server.connections == connections  # a chunked answer keeps its connection
