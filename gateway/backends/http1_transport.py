@@ -247,7 +247,7 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError())
 
 
-class _Body(httpx.AsyncByteStream):
+class AnswerBody(httpx.AsyncByteStream):
     """An answer's body as httpx's async byte stream; `aclose` gives the connection back."""
 
     def __init__(self, owner: Http1Transport, conn: _Connection, request: httpx.Request,
@@ -260,12 +260,46 @@ class _Body(httpx.AsyncByteStream):
         while (chunk := await conn.chunk(self._timeout, self._request)) is not None:
             yield chunk
 
+    def encoded(self) -> bool:
+        """Whether the answer declares a content encoding (for httpx to decode)."""
+        return any(name.lower() == b"content-encoding" for name, _ in self._conn.headers)
+
+    async def whole(self) -> bytes:
+        """The rest of the body, joined."""
+        conn, parts = self._conn, []
+        while (chunk := await conn.chunk(self._timeout, self._request)) is not None:
+            parts.append(chunk)
+        return b"".join(parts)
+
     async def aclose(self) -> None:
         """Back to the pool when the answer was read to its end, else the connection is
         closed (its unread rest would corrupt the next answer on it)."""
         if not self._closed:
             self._closed = True
             self._owner.release(self._conn)
+
+
+class _Answer(httpx.Response):
+    """httpx's response over one of our connections, its headers made when first read (a
+    whole answer is read from its stream, `AnswerBody.whole`, and asked for no header)."""
+
+    def __init__(self, status: int, raw: list[tuple[bytes, bytes]], stream: AnswerBody,
+                 request: httpx.Request) -> None:
+        super().__init__(status, stream=stream, request=request,
+                         extensions={"http_version": b"HTTP/1.1"})
+        self._raw = raw
+        self._made: httpx.Headers | None = None  # httpx set empty ones: made on demand instead
+
+    @property
+    def headers(self) -> httpx.Headers:
+        made = self._made
+        if made is None:
+            made = self._made = httpx.Headers(self._raw)
+        return made
+
+    @headers.setter
+    def headers(self, value: httpx.Headers) -> None:
+        self._made = value
 
 
 class Http1Transport(httpx.AsyncBaseTransport):
@@ -304,9 +338,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
             conn.close()
             self.release(conn)
             raise
-        return httpx.Response(status, headers=conn.headers,
-                              stream=_Body(self, conn, request, timeouts.get("read")),
-                              extensions={"http_version": b"HTTP/1.1"}, request=request)
+        return _Answer(status, conn.headers,
+                       AnswerBody(self, conn, request, timeouts.get("read")), request)
 
     def release(self, conn: _Connection) -> None:
         """Keep `conn` for the next request to its origin, or close it; wake one waiter."""

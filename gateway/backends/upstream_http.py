@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import httpx
 import orjson
 
-from gateway.backends.http1_transport import Http1Transport
+from gateway.backends.http1_transport import AnswerBody, Http1Transport
 from gateway.types import BackendError, Final, TextDelta
 
 REPLICA_FAULT_KINDS = frozenset(
@@ -130,6 +130,8 @@ async def whole_answer(response: httpx.Response) -> bytes:
     """A whole answer's body: its bytes as they came when nothing encodes them (not through
     httpx's decoder and chunker), else httpx's decoded read."""
     stream = response.stream
+    if type(stream) is AnswerBody and not stream.encoded():  # our transport's: read it whole
+        return await stream.whole()
     if "content-encoding" in response.headers or not isinstance(stream, httpx.AsyncByteStream):
         return await response.aread()
     return b"".join([chunk async for chunk in stream])

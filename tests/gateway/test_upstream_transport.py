@@ -353,6 +353,31 @@ async def test_a_prepared_post_goes_out_as_httpx_builds_the_same_request() -> No
     assert b"\r\nx-extra: 1\r\n" in server.seen[-1]
 
 
+async def test_an_answers_headers_are_httpxs_made_only_when_read() -> None:
+    """A whole answer is read from its body without its headers being normalised; when they
+    are read they are httpx's headers of the answer's own lines."""
+    from gateway.backends.upstream_http import send, whole_answer
+
+    extra = b"x-upstream: yes\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\n"
+    server = _RawServer(lambda n: _json_answer(b'{"ok": 1}', extra))
+    async with server as url:
+        transport = Http1Transport()
+        got = []
+        for read_headers_first in (False, True):
+            request = httpx.Request("POST", f"{url}/v1/chat/completions", content=b"{}")
+            response = await send(transport, request)
+            if read_headers_first:
+                got.append(list(response.headers.multi_items()))
+            got.append(await whole_answer(response))
+            got.append(response._made is not None)  # type: ignore[attr-defined]
+            await response.aclose()
+        await transport.aclose()
+    assert got[0] == got[3] == b'{"ok": 1}'
+    assert got[1] is False and got[4] is True
+    assert got[2] == [("content-type", "application/json"), ("content-length", "9"),
+                      ("x-upstream", "yes"), ("set-cookie", "a=1"), ("set-cookie", "b=2")]
+
+
 def test_a_proxied_origin_goes_through_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
     from gateway.backends.http1_transport import _origin
 
