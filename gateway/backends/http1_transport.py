@@ -21,7 +21,9 @@ small machine is the Python its requests run through, cache-cold.
 - the gateway's `REQUEST_SENT` callback, when set, is called once the request is written;
 - the backends' POSTs are `PreparedPost`s: each URL's request line and headers are made once
   (`post_template`), so a request is its body, a length and one join, not an httpx request
-  prepared anew (any other transport still reads a prepared POST's headers, made on demand).
+  prepared anew (any other transport still reads a prepared POST's headers, made on demand);
+- an answer's httpx headers are made only when read: a whole answer is read from its body
+  (`AnswerBody.whole`) and asked for none.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class PreparedPost(httpx.Request):
     `Http1Transport` writes the template's head, the length and the body as they are; any
     other transport (a test's, the proxy's) reads `headers`, made on first use."""
 
-    def __init__(self, template: PostTemplate, body: bytes,  # noqa: D107
+    def __init__(self, template: PostTemplate, body: bytes,
                  extensions: dict[str, Any]) -> None:
         # httpx.Request.__init__ is not called: every attribute it sets is set here
         self.method = "POST"
@@ -105,7 +107,7 @@ class PreparedPost(httpx.Request):
 
     def head(self) -> bytes:
         """The request line and headers as `Http1Transport` writes them."""
-        if self._made_headers is not None:  # changed after it was made: written as they are
+        if self._made_headers is not None:  # its headers were read (and may have changed)
             return _head(self, len(self._content))
         return b"%scontent-length: %d\r\n\r\n" % (self.template.head, len(self._content))
 
