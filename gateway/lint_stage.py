@@ -104,9 +104,9 @@ class LintStage:
 
     @staticmethod
     def _layout(body: dict[str, Any], provider: Provider, mode: LintMode) -> TokenLayout:
-        """The body's token layout for lint: in report mode only the rule ids are kept, so a
-        turn's new messages past the provider's minimum are estimated, not tokenized
-        (`rule_layout`; the shadow's tokens, after the answer, tokenize them); a rewrite
+        """The body's token layout for lint: in report mode only the rule ids are kept, so the
+        messages past the provider's minimum are estimated, neither tokenized nor looked up
+        (`rule_layout`; the shadow's tokens, after the answer, tokenize what is new); a rewrite
         counts every segment."""
         counter = shared_counter(DEFAULT_ENCODING)
         if mode != "report":

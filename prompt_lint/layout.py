@@ -47,8 +47,8 @@ def rule_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter,
                 minimum: int) -> TokenLayout:
     """A layout exact enough for the rule ids of an OpenAI-format request: once the segments
     counted exactly from the start reach `minimum` tokens (the provider's minimum cacheable
-    prefix), a later segment whose text was never tokenized and holds no template material (a
-    turn's new messages) gets an estimate instead of being tokenized. No rule id depends on
+    prefix), every later segment that holds no template material (the conversation's
+    messages) gets an estimate: it is neither tokenized nor looked up. No rule id depends on
     those counts: PL010 (the one that counts tokens) fires when the prompt reaches the minimum
     and its stable prefix does not, and a prefix already past it decides both. Token offsets
     and totals past `exact` are estimates; template text (scanned for dynamic values) is
@@ -62,12 +62,13 @@ def rule_layout(body: dict[str, Any], provider: Provider, counter: TokenCounter,
     exact: int | None = None
     done = 0
     for seg in segs:
-        n = counter.known_count(seg.text)
-        if n is None and exact is None and not seg.scan and done >= minimum:
-            exact = done  # from here on, what was never tokenized is estimated
-        if n is None:
-            n = estimate(seg.text) if exact is not None and not seg.scan else \
-                counter.count_at(seg.text, seg.path)
+        if done >= minimum and not seg.scan:
+            if exact is None:
+                exact = done  # from here on, a message's count is estimated
+            n = estimate(seg.text)
+        else:
+            known = counter.known_count(seg.text)
+            n = counter.count_at(seg.text, seg.path) if known is None else known
         sizes.append(n)
         done += n
     return layout_of(segs, sizes, toolset)._replace(exact=exact)

@@ -18,7 +18,7 @@ import prompt_lint.lint as lint_module
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
 from prompt_lint.checks import min_cacheable_tokens
 from prompt_lint.detectors import DETECTORS, Span, _detect_line
-from prompt_lint.layout import layout_of, rule_layout
+from prompt_lint.layout import estimate, layout_of, rule_layout
 from prompt_lint.memo import LRU, compact_json_cached, set_caching
 from prompt_lint.providers import segments, tool_description_path, tool_name
 from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
@@ -112,10 +112,11 @@ def test_a_validated_body_linted_with_its_layout_uses_the_layouts_tool_set(
 
 def test_a_layout_that_estimates_new_messages_finds_the_same_rule_ids(
         corpus: list[CorpusRequest], online: Any) -> None:
-    """The gateway's report-mode lint lays a body out with `rule_layout`: a turn's new
-    messages past the provider's minimum are estimated, not tokenized (its shadow tokenizes
-    them after the answer, as `encode_cached` does here). Request by request through one
-    learner, the rule ids are those of the exact layout's reports, PL010 included."""
+    """The gateway's report-mode lint lays a body out with `rule_layout`: the messages past
+    the provider's minimum are estimated, neither tokenized nor looked up (its shadow
+    tokenizes the new ones after the answer, as `encode_cached` does here). Request by request
+    through one learner, the rule ids are those of the exact layout's reports, PL010
+    included, and every message segment past `exact` holds its estimate."""
     counter = TokenCounter(DEFAULT_ENCODING)  # nothing tokenized yet
     learner = TemplateLearner()
     estimated = with_pl010 = 0
@@ -130,6 +131,10 @@ def test_a_layout_that_estimates_new_messages_finds_the_same_rule_ids(
             assert layout.exact >= min_cacheable_tokens(req.provider, model)
             assert req.provider == "openai"
             with_pl010 += "PL010" in _ids(report)
+            past = [(seg, n) for seg, n, at in zip(layout.segments, layout.sizes,
+                                                   layout.starts, strict=True)
+                    if at >= layout.exact and not seg.scan]
+            assert past and all(n == estimate(seg.text) for seg, n in past)
         for seg in layout.segments:  # the shadow's tokens, after the answer
             counter.encode_cached(seg.text)
     assert estimated > 20 and with_pl010 > 10
