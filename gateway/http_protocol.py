@@ -1,7 +1,5 @@
 """The HTTP server protocol: uvicorn's httptools protocol, a whole response in one write.
 
-(It also skips uvicorn's access line when the access logger would drop it: a level above info.)
-
 uvicorn writes a response's head as soon as the app sends `http.response.start`, then each body
 chunk as it comes: two writes for one JSON answer, and a client waiting on its socket is woken
 twice. Waking a waiting process is the dear part of a write on a machine whose CPUs idle
@@ -15,6 +13,9 @@ without a length (a stream: chunked) has its head written at once, as before, so
 headers still reach the client before its first token. A held head never waits past the message
 it came with: it is written when its body chunk is, when a body message wrote nothing (a HEAD
 request), or when the connection closes.
+
+uvicorn formats an access line for every response whenever its access logger has a handler;
+this protocol formats it only when the logger would emit it (at info, not above).
 """
 
 from __future__ import annotations

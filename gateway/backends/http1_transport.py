@@ -19,9 +19,8 @@ small machine is the Python its requests run through, cache-cold.
 - an origin the environment routes through a proxy (`HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`,
   read once per origin) goes through `AiohttpTransport`, which speaks to proxies;
 - the gateway's `REQUEST_SENT` callback, when set, is called once the request is written;
-- the backends' POSTs are `PreparedPost`s: each URL's request line and headers are made once
-  (`post_template`), so a request is its body, a length and one join, not an httpx request
-  prepared anew (any other transport still reads a prepared POST's headers, made on demand);
+- a request's head is written by `gateway.backends.http1_request` (the backends' POSTs are
+  `PreparedPost`s, their head made once per URL);
 - an answer's httpx headers are made only when read: a whole answer is read from its body
   (`AnswerBody.whole`) and asked for none.
 """
@@ -31,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any
 
 import httptools
 import httpx
@@ -42,80 +41,16 @@ from gateway.backends.aiohttp_transport import (
     request_bytes,
     tls_context,
 )
+from gateway.backends.http1_request import Origin, PreparedPost, head_of, origin_of
 from gateway.types import REQUEST_SENT
 
 HIGH_WATER = 256 << 10  # unread answer bytes past which a connection stops reading
-_SKIP_REQUEST_HEADERS = frozenset({b"content-length", b"transfer-encoding", b"connection"})
-
-
-class _Origin(NamedTuple):
-    scheme: str
-    host: str
-    port: int
-
-
-def _origin(url: httpx.URL) -> _Origin:
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return _Origin(url.scheme, url.host, port)
-
-
-class PostTemplate(NamedTuple):
-    """What every POST to one URL with one set of headers shares, made once: the origin, the
-    headers httpx would send but the length (`raw`) and, written out, the request line with
-    them (`head`)."""
-
-    url: httpx.URL
-    origin: _Origin
-    raw: list[tuple[bytes, bytes]]
-    head: bytes
-
-
-def post_template(url: httpx.URL, headers: httpx.Headers) -> PostTemplate:
-    """The template of POSTs to `url` with `headers` (and the host httpx adds)."""
-    prepared = httpx.Request("POST", url, headers=headers, content=b"")
-    raw = [(k, v) for k, v in prepared.headers.raw if k.lower() not in _SKIP_REQUEST_HEADERS]
-    return PostTemplate(url, _origin(url), raw, _request_lines("POST", url, raw))
-
-
-class PreparedPost(httpx.Request):
-    """A POST made from its URL's `PostTemplate` and a body, without httpx's per-request
-    preparation (~10 us a request warm, several times that when the code is cache-cold):
-    `Http1Transport` writes the template's head, the length and the body as they are; any
-    other transport (a test's, the proxy's) reads `headers`, made on first use."""
-
-    def __init__(self, template: PostTemplate, body: bytes,
-                 extensions: dict[str, Any]) -> None:
-        # httpx.Request.__init__ is not called: every attribute it sets is set here
-        self.method = "POST"
-        self.url = template.url
-        self.extensions = extensions
-        self.stream = httpx.ByteStream(body)
-        self._content = body
-        self.template = template
-        self._made_headers: httpx.Headers | None = None
-
-    @property
-    def headers(self) -> httpx.Headers:
-        if self._made_headers is None:
-            length = (b"Content-Length", str(len(self._content)).encode())
-            self._made_headers = httpx.Headers([*self.template.raw, length])
-        return self._made_headers
-
-    @headers.setter
-    def headers(self, value: httpx.Headers) -> None:
-        self._made_headers = value
-
-    def head(self) -> bytes:
-        """The request line and headers as `Http1Transport` writes them."""
-        if self._made_headers is not None:  # its headers were read (and may have changed)
-            return _head(self, len(self._content))
-        return b"%scontent-length: %d\r\n\r\n" % (self.template.head, len(self._content))
 
 
 class _Connection(asyncio.Protocol):
     """One keep-alive connection and the answer being read from it."""
 
-    def __init__(self, origin: _Origin) -> None:
+    def __init__(self, origin: Origin) -> None:
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -312,10 +247,10 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._limit = limits.max_connections or 1 << 30
         self._expiry = limits.keepalive_expiry if limits.keepalive_expiry is not None else 5.0
         self.tls = tls_context()
-        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._idle: dict[Origin, list[_Connection]] = {}
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._via: dict[_Origin, bool] = {}  # origin -> reached through a proxy
+        self._via: dict[Origin, bool] = {}  # origin -> reached through a proxy
         self._via_proxy: AiohttpTransport | None = None
         self._limits = limits
         self._closed = False
@@ -323,14 +258,14 @@ class Http1Transport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request`; the answer's body streams from the connection."""
         prepared = request if isinstance(request, PreparedPost) else None
-        origin = prepared.template.origin if prepared is not None else _origin(request.url)
+        origin = prepared.template.origin if prepared is not None else origin_of(request.url)
         if self._proxied(origin, request.url):
             return await self._proxy_transport().handle_async_request(request)
         timeouts: dict[str, float | None] = request.extensions.get("timeout") or {}
         body = prepared.content if prepared is not None else await request_bytes(request)
         conn = await self._acquire(origin, timeouts, request)
         try:
-            conn.send(prepared.head() if prepared is not None else _head(request, len(body)),
+            conn.send(prepared.head() if prepared is not None else head_of(request, len(body)),
                       body)
             sent = REQUEST_SENT.get()
             if sent is not None:
@@ -360,7 +295,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 waiter.set_result(None)
                 return
 
-    async def _acquire(self, origin: _Origin, timeouts: dict[str, float | None],
+    async def _acquire(self, origin: Origin, timeouts: dict[str, float | None],
                        request: httpx.Request) -> _Connection:
         """A kept connection to `origin` (newest first), else a new one within the limit,
         else the first one given back (waiting up to the `pool` timeout)."""
@@ -397,7 +332,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 self._wake_one()  # woken, then cancelled: the wake-up goes to the next one
             raise
 
-    async def _connect(self, origin: _Origin, timeout: float | None,
+    async def _connect(self, origin: Origin, timeout: float | None,
                        request: httpx.Request) -> _Connection:
         loop = asyncio.get_running_loop()
         tls = self.tls if origin.scheme == "https" else None
@@ -413,7 +348,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
         return conn
 
-    def _proxied(self, origin: _Origin, url: httpx.URL) -> bool:
+    def _proxied(self, origin: Origin, url: httpx.URL) -> bool:
         """Whether the environment routes `url`'s origin through a proxy (read once)."""
         found = self._via.get(origin)
         if found is None:
@@ -438,21 +373,3 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
 def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
-
-
-def _head(request: httpx.Request, length: int) -> bytes:
-    """The request line and headers (the client's, a content length for the body)."""
-    raw = [(k, v) for k, v in request.headers.raw if k.lower() not in _SKIP_REQUEST_HEADERS]
-    lines = [_request_lines(request.method, request.url, raw)]
-    if length or request.method in ("POST", "PUT", "PATCH"):
-        lines += (b"content-length: ", str(length).encode(), b"\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines)
-
-
-def _request_lines(method: str, url: httpx.URL, raw: list[tuple[bytes, bytes]]) -> bytes:
-    """The request line and the header lines of `raw` (no blank line after them)."""
-    lines = [method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
-    for name, value in raw:
-        lines += (name, b": ", value, b"\r\n")
-    return b"".join(lines)

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import anyio
 import httpx
 
-from gateway.backends.http1_transport import PostTemplate, PreparedPost, post_template
+from gateway.backends.http1_request import PostTemplate, PreparedPost, post_template
 from gateway.backends.upstream_http import (
     Item,
     UpstreamOptions,

@@ -319,7 +319,7 @@ async def test_a_prepared_post_goes_out_as_httpx_builds_the_same_request() -> No
     """The backends' POSTs (`PreparedPost`: the URL's head made once per backend) reach the
     wire byte for byte as the same request built by httpx does; another transport reads
     httpx's headers from them; headers changed after it was made are the ones sent."""
-    from gateway.backends.http1_transport import PreparedPost, post_template
+    from gateway.backends.http1_request import PreparedPost, post_template
 
     server = _RawServer(lambda n: _json_answer(b"{}"))
     async with server as base:
@@ -379,14 +379,14 @@ async def test_an_answers_headers_are_httpxs_made_only_when_read() -> None:
 
 
 def test_a_proxied_origin_goes_through_aiohttp(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.backends.http1_transport import _origin
+    from gateway.backends.http1_request import origin_of
 
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
     monkeypatch.setenv("NO_PROXY", "direct.test")
     transport = Http1Transport()
 
     def proxied(url: str) -> bool:
-        return transport._proxied(_origin(httpx.URL(url)), httpx.URL(url))
+        return transport._proxied(origin_of(httpx.URL(url)), httpx.URL(url))
 
     assert proxied("http://up.test/v1/chat/completions")
     assert not proxied("http://direct.test/v1/chat/completions")
