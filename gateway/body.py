@@ -35,16 +35,19 @@ def _reject_constant(name: str) -> float:
 
 def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
     """The body as a JSON object within `max_depth` levels, or a 400 naming the body.
-    orjson parses (it refuses NaN/Infinity, integers past 64 bits and lone surrogates, as the
-    checks below do); what it refuses is parsed again by the standard library, whose error
-    says what is wrong."""
+    orjson parses (it refuses NaN/Infinity and lone surrogates, as the checks below do, and
+    makes an integer past 64 bits a float, which the range check refuses); what it refuses is
+    parsed again by the standard library, whose error says what is wrong, and only such a body
+    is searched for a lone surrogate escape."""
     try:
         data = orjson.loads(raw)
+        strings = False  # orjson refuses a lone surrogate escape itself
     except orjson.JSONDecodeError:
         data = _parse_strict(raw, max_depth)
+        strings = _SURROGATE_ESCAPE.search(raw) is not None
     if not isinstance(data, dict):
         raise invalid("request body must be a JSON object", "body")
-    check_shape(data, max_depth, strings=_SURROGATE_ESCAPE.search(raw) is not None)
+    check_shape(data, max_depth, strings=strings)
     return data
 
 
@@ -115,7 +118,9 @@ def _check_number(value: Any) -> None:
         raise invalid("request body has an integer outside the 64-bit range", "body")
     if isinstance(value, float) and not math.isfinite(value):
         raise invalid("request body has a number outside the float range", "body")
-    if isinstance(value, float) and not -MAX_INT <= value < MAX_INT:  # orjson: a huge integer
+    # orjson parses an integer past 64 bits as a float: -2**63 - 1 becomes -2.0**63, so that
+    # bound is open on both sides for a float
+    if isinstance(value, float) and not -MAX_INT < value < MAX_INT:
         raise invalid("request body has a number outside the 64-bit range", "body")
 
 
