@@ -35,7 +35,7 @@ def origin_of(url: httpx.URL) -> Origin:
 class PostTemplate(NamedTuple):
     """What every POST to one URL with one set of headers shares, made once: the origin, the
     headers httpx would send but the length (`raw`) and, written out, the request line with
-    them (`head`)."""
+    those the transport does not write itself (`head`)."""
 
     url: httpx.URL
     origin: Origin
@@ -46,8 +46,9 @@ class PostTemplate(NamedTuple):
 def post_template(url: httpx.URL, headers: httpx.Headers) -> PostTemplate:
     """The template of POSTs to `url` with `headers` (and the host httpx adds)."""
     prepared = httpx.Request("POST", url, headers=headers, content=b"")
-    raw = [(k, v) for k, v in prepared.headers.raw if k.lower() not in _SKIP_REQUEST_HEADERS]
-    return PostTemplate(url, origin_of(url), raw, _request_lines("POST", url, raw))
+    raw = [(k, v) for k, v in prepared.headers.raw if k.lower() != b"content-length"]
+    written = [(k, v) for k, v in raw if k.lower() not in _SKIP_REQUEST_HEADERS]
+    return PostTemplate(url, origin_of(url), raw, _request_lines("POST", url, written))
 
 
 class PreparedPost(httpx.Request):

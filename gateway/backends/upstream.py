@@ -87,6 +87,7 @@ class UpstreamBackend(ABC):
         self._header_obj = httpx.Headers(self._client.headers)
         self._header_obj.update(self._headers())
         self._extensions = {"timeout": client_timeout(options).as_dict()}
+        self._templates: dict[str, PostTemplate] = {}  # by URL: a backend POSTs to a fixed few
 
     def models(self) -> list[str]:
         """The model ids configured for this replica (empty: any model is passed on)."""
@@ -127,7 +128,10 @@ class UpstreamBackend(ABC):
 
     def _template(self, url: httpx.URL) -> PostTemplate:
         """What the backend's POSTs to `url` share (its headers), made once per URL."""
-        return post_template(url, self._header_obj)
+        found = self._templates.get(str(url))
+        if found is None:
+            found = self._templates[str(url)] = post_template(url, self._header_obj)
+        return found
 
     def _post(self, template: PostTemplate, content: bytes) -> httpx.Request:
         """A complete POST request (headers and timeouts), sent straight to the transport."""

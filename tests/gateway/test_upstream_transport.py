@@ -325,7 +325,7 @@ async def test_a_prepared_post_goes_out_as_httpx_builds_the_same_request() -> No
     async with server as base:
         url = httpx.URL(f"{base}/v1/chat/completions")
         headers = httpx.Headers({"content-type": "application/json", "authorization": "Bearer k",
-                                 "user-agent": "prefixgate-test"})
+                                 "user-agent": "prefixgate-test", "connection": "keep-alive"})
         template = post_template(url, headers)
         transport = Http1Transport()
         sent = []
@@ -464,3 +464,33 @@ async def test_https_answers_and_verifies_the_certificate(tmp_path: Any) -> None
         await default.aclose()
     finally:
         server.close()
+
+
+async def test_a_backends_json_posts_share_one_template_per_url(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend's one-off JSON POSTs (Anthropic's count_tokens here) make their URL's head
+    once, not once a call, and still send the headers httpx would build for them."""
+    import gateway.backends.upstream as upstream_module
+
+    made: list[str] = []
+    real = upstream_module.post_template
+    monkeypatch.setattr(upstream_module, "post_template",
+                        lambda url, headers: made.append(str(url)) or real(url, headers))
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"input_tokens": 7})
+
+    options = UpstreamOptions(url="http://anthropic.test", name="a", api_key="k")
+    backend = make_upstream("anthropic", options, httpx.MockTransport(answer))
+    req = chat_request([{"role": "user", "content": "hi"}])
+    assert [await backend.count_tokens(req) for _ in range(3)] == [7, 7, 7]
+    count_url = "http://anthropic.test/v1/messages/count_tokens"
+    assert made.count(count_url) == 1
+    reference = httpx.Request("POST", count_url, content=seen[0].content,
+                              headers=backend._header_obj)
+    for request in seen:
+        assert str(request.url) == count_url
+        assert sorted(request.headers.raw) == sorted(reference.headers.raw)
+    await backend.aclose()
