@@ -3,8 +3,9 @@
 A raw ASGI app on uvicorn (uvloop, httptools, with the gateway's own server protocol
 gateway.http_protocol.OneWriteProtocol), one worker, forwarding each request body unchanged to
 the upstream over the gateway's own pooled HTTP/1.1 transport (gateway.backends.http1_transport)
-and its answer back unchanged, with its length: the same server and upstream client the gateway
-uses, none of the gateway's work (no parsing, lint, tokenizing, routing, records or metrics).
+as a `PreparedPost` (each path's head made once), and its answer, read whole, back unchanged with
+its length: the same server and upstream client the gateway uses, the same way, none of the
+gateway's work (no parsing, lint, tokenizing, routing, records or metrics).
 bench_gateway measures it beside the gateway, so the latency a proxy hop itself costs here (two
 more processes woken, two more HTTP exchanges) is told apart from the gateway's own.
 
@@ -19,7 +20,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from gateway.backends.http1_transport import Http1Transport
+from gateway.backends.http1_request import PostTemplate, PreparedPost, post_template
+from gateway.backends.http1_transport import AnswerBody, Http1Transport
 from gateway.http_protocol import OneWriteProtocol
 
 _HOP_HEADERS = (b"content-type",)
@@ -32,6 +34,7 @@ class BareProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.transport: Http1Transport | None = None
+        self.templates: dict[tuple[str, bytes], PostTemplate] = {}  # (path, content type) ->
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -60,17 +63,29 @@ class BareProxy:
             message = await receive()
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
-        headers = [(k, v) for k, v in scope["headers"] if k in _HOP_HEADERS]
-        request = httpx.Request("POST", self.upstream + scope["path"], content=b"".join(chunks),
-                                headers=headers, extensions={"timeout": _TIMEOUTS})
+        request = PreparedPost(self._template(scope), b"".join(chunks), {"timeout": _TIMEOUTS})
         response = await self.transport.handle_async_request(request)
         try:
-            body = await response.aread()
+            assert isinstance(response.stream, AnswerBody)
+            body = await response.stream.whole()
         finally:
             await response.aclose()
         kept = [(k, v) for k, v in response.headers.raw if k.lower() in _HOP_HEADERS]
         kept.append((b"content-length", str(len(body)).encode()))
         await _answer(send, response.status_code, kept, body)
+
+
+    def _template(self, scope: dict[str, Any]) -> PostTemplate:
+        """The POST template for the request's path and content type, made once (as the
+        gateway's backends make theirs)."""
+        kind = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+        key = (scope["path"], kind)
+        template = self.templates.get(key)
+        if template is None:
+            headers = httpx.Headers({"content-type": kind.decode()} if kind else {})
+            template = post_template(httpx.URL(self.upstream + scope["path"]), headers)
+            self.templates[key] = template
+        return template
 
 
 async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]],
