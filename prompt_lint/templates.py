@@ -1,8 +1,9 @@
 """Template learning: prompt families and the spans that vary inside them.
 
 A request's template material (system prompt, tool descriptions, tool names)
-is cut into lines. Lines with pattern-detected values masked are hashed; a
-request joins the family whose line set it overlaps most (Jaccard >=
+is cut into lines. Lines with pattern-detected values masked are hashed, a long
+line's two ends on their own as well (a value no pattern names changes a line's
+hash, not its ends); a request joins the family whose hash set it overlaps most (Jaccard >=
 `min_similarity`), or founds a new one. Each family keeps, per path, the
 founding request's lines as a reference, and marks reference words that were
 seen to differ as dynamic. A new request is aligned to the reference line by
@@ -58,6 +59,8 @@ __all__ = ["Family", "FamilyMatch", "LearnedSpan", "LearnerConfig", "TemplateLea
 
 #: Line hashes probed in the index to find candidate families (then scored exactly).
 _PROBES = 48
+#: Characters at each end of a long line that are hashed on their own (`_line_hashes`).
+_END_CHARS = 32
 _MASK_CACHE = 4096
 #: Byte estimates: a line (str header, list slot), a line hash (boxed int, set slot), a
 #: family's fixed part, and the copies of a reference text a template may hold (its lines,
@@ -79,6 +82,24 @@ def masked_text(text: str, spans: list[Span]) -> str:
         parts += [text[pos:s.start], f"\x00{s.kind}\x00"]
         pos = s.end
     return "".join(parts) + text[pos:]
+
+
+def _line_hashes(lines: list[str]) -> frozenset[int]:
+    """The hashes a request is matched to families by: each non-blank line's, and for a line
+    longer than two ends, its first and its last `_END_CHARS` characters' too. A line whose
+    middle holds a value no pattern names (a user handle, an account number) differs by its
+    whole hash from request to request, but keeps its ends: without them a one-line system
+    prompt with such a value matched no family at all (each request founded its own, and the
+    value was never seen to vary)."""
+    out = set()
+    for line in lines:
+        if not line.strip():
+            continue
+        out.add(hash(line))
+        if len(line) > 2 * _END_CHARS:
+            out.add(hash(("head", line[:_END_CHARS])))
+            out.add(hash(("tail", line[-_END_CHARS:])))
+    return frozenset(out)
 
 
 def template_key(path: str, tool_names: list[str]) -> str:
@@ -204,7 +225,7 @@ class TemplateLearner:
         found = self._masks.get(text)
         if found is None:
             masked = text.split("\n")
-            found = (masked, frozenset(hash(line) for line in masked if line.strip()))
+            found = (masked, _line_hashes(masked))
             # the text, its lines (as many characters again, a header each), the hash set
             weight = 2 * text_bytes(text) + _LINE_BYTES * len(masked) + \
                 _HASH_BYTES * len(found[1])

@@ -83,3 +83,29 @@ def test_session_evidence_memory_is_bounded() -> None:
     (family,) = learner.families.values()
     assert len(family.session_lines) == _SESSIONS_PER_FAMILY
     assert len(family.sessions) == 2
+
+
+def test_a_one_line_system_prompt_with_an_unnamed_value_is_one_family() -> None:
+    """Requests whose only template line differs by a value no pattern names (a handle in
+    the middle of a one-line system prompt) are one family, and the value is learned: before,
+    the line's hash differed in every request, each request founded its own family, the
+    value was never seen to vary and the whole prompt counted as cacheable."""
+    handles = ["u-7061", "u-2073", "u-5518", "u-9042"]
+    rules = "Follow the repo rules carefully. " + "Run the tests before you commit. " * 20
+    log = [{"model": "gpt-4o", "messages": [
+        {"role": "system", "content": f"You are a coding agent for user {h}. {rules}"},
+        {"role": "user", "content": f"Fix bug #{i} in the parser"}]}
+        for i, h in enumerate(handles)]
+    learner = TemplateLearner()
+    for b in log:
+        learn_request(b, learner)
+    learner.freeze()
+    reports = [lint_request(b, learner=learner) for b in log]
+    assert len({r.family for r in reports}) == 1
+    for h, b, report in zip(handles, log, reports, strict=True):
+        assert values(report) == {h: ("PL008", 1.0, "warning")}
+        text = b["messages"][0]["content"]
+        assert report.cacheable_tokens < report.prompt_tokens // 4  # the prefix ends at h
+        fixed = rewrite_request(b, report=report, learner=learner).body
+        assert h not in fixed["messages"][0]["content"]
+        assert h in fixed["messages"][-1]["content"] and rules.strip() in text
