@@ -109,3 +109,27 @@ def test_a_one_line_system_prompt_with_an_unnamed_value_is_one_family() -> None:
         fixed = rewrite_request(b, report=report, learner=learner).body
         assert h not in fixed["messages"][0]["content"]
         assert h in fixed["messages"][-1]["content"] and rules.strip() in text
+
+
+def test_two_values_far_apart_on_one_line_are_two_spans() -> None:
+    """A timestamp at a line's start and a handle near its end: both are reported and both
+    moved, and the stable words between them stay; before, the line's changes were one span
+    from the first to the last, the timestamp's pattern span took it over and the handle
+    was neither reported nor moved (fix's estimate counted a prefix that still broke)."""
+    handles = ["u-7061", "u-2073", "u-5518", "u-9042"]
+    middle = "You are a coding agent for the payments team, working for user"
+    log = [{"model": "gpt-4o", "messages": [
+        {"role": "system", "content": f"Current time: 2026-12-02T10:0{i}:00Z. {middle} {h}. "
+                                      "Follow the repo rules carefully."},
+        {"role": "user", "content": f"Fix bug #{i} in the parser"}]}
+        for i, h in enumerate(handles)]
+    learner = TemplateLearner()
+    for b in log:
+        learn_request(b, learner)
+    learner.freeze()
+    for i, (h, b) in enumerate(zip(handles, log, strict=True)):
+        report = lint_request(b, learner=learner)
+        stamp = f"2026-12-02T10:0{i}:00Z"
+        assert values(report) == {stamp: ("PL001", 1.0, "error"), h: ("PL008", 1.0, "warning")}
+        system = rewrite_request(b, report=report, learner=learner).body["messages"][0]["content"]
+        assert stamp not in system and h not in system and middle in system
