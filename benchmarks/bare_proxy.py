@@ -74,7 +74,6 @@ class BareProxy:
         kept.append((b"content-length", str(len(body)).encode()))
         await _answer(send, response.status_code, kept, body)
 
-
     def _template(self, scope: dict[str, Any]) -> PostTemplate:
         """The POST template for the request's path and content type, made once (as the
         gateway's backends make theirs)."""

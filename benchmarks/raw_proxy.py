@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -71,7 +70,7 @@ class Front(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.upstream: Answer | None = None
-        self.url, self.body = b"", [b""]
+        self.url, self.body = b"", []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -141,7 +140,7 @@ class RawProxy:
             await response.aclose()
 
 
-async def serve(port: int, proxy: RawProxy) -> Any:
+async def serve(port: int, proxy: RawProxy) -> None:
     server = await asyncio.get_running_loop().create_server(lambda: Front(proxy), "127.0.0.1",
                                                             port)
     await server.serve_forever()

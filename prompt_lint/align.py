@@ -1,7 +1,8 @@
 """Line and word alignment of a new prompt against a family's reference (template learning).
 
 Pure functions over strings: token spans of a line, the opcodes aligning two lines' tokens, the
-one region a line's dynamic words cover, and the pairing of reference and new lines.
+one region a line's dynamic words cover, the values a line's dynamic pieces group into, and the
+pairing of reference and new lines.
 """
 
 from __future__ import annotations
@@ -54,6 +55,37 @@ def region(rw: list[tuple[int, int]], nw: list[tuple[int, int]], ref: str, new: 
     same_tail = all(ref[slice(*rw[len(rw) - 1 - k])] == new[slice(*nw[len(nw) - 1 - k])]
                     for k in range(tail))
     return (nw[head][0], nw[last][1]) if same_head and same_tail else None
+
+
+#: Stable words between two dynamic words of a line past which they are two values.
+VALUE_GAP = 3
+
+#: A changed or dynamic word of a line: (reference word, start, end in the new line).
+Piece = tuple[int, int, int]
+
+
+def value_groups(pieces: list[Piece], dynamic: set[int]) -> list[list[Piece]]:
+    """A line's dynamic pieces grouped into values by the reference's dynamic words: words at
+    most `VALUE_GAP` stable words apart are one value (a date and its time, a tip of several
+    words), farther apart two (a timestamp at a line's start, a user handle at its end), so
+    the stable words between them are part of neither. The groups follow the reference, not
+    each request's diff, so a line splits the same way in every request once learned."""
+    bounds: list[tuple[int, int]] = []  # first and last reference word of each value
+    for k in sorted(dynamic):
+        if bounds and k - bounds[-1][1] <= VALUE_GAP + 1:
+            bounds[-1] = (bounds[-1][0], k)
+        else:
+            bounds.append((k, k))
+    groups: dict[int, list[Piece]] = {}
+    for piece in pieces:
+        nearest = min(range(len(bounds)), key=lambda g: _gap(bounds[g], piece[0]))
+        groups.setdefault(nearest, []).append(piece)
+    return [groups[g] for g in sorted(groups)]
+
+
+def _gap(bound: tuple[int, int], word: int) -> int:
+    """How many words `word` lies outside `bound` (0 inside it)."""
+    return max(bound[0] - word, word - bound[1], 0)
 
 
 def line_offsets(lines: list[str]) -> list[int]:

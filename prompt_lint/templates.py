@@ -39,7 +39,7 @@ from itertools import compress
 from operator import ne
 from typing import Any
 
-from prompt_lint.align import line_offsets, line_pairs, region, word_opcodes, words
+from prompt_lint.align import line_offsets, line_pairs, region, value_groups, word_opcodes, words
 from prompt_lint.detectors import Span
 from prompt_lint.family import (  # the learner's data types, re-exported here
     _SESSIONS_PER_FAMILY,
@@ -61,8 +61,6 @@ __all__ = ["Family", "FamilyMatch", "LearnedSpan", "LearnerConfig", "TemplateLea
 _PROBES = 48
 #: Characters at each end of a long line that are hashed on their own (`_line_hashes`).
 _END_CHARS = 32
-#: Stable words between two dynamic pieces of a line past which they are two values.
-_VALUE_GAP = 3
 _MASK_CACHE = 4096
 #: Byte estimates: a line (str header, list slot), a line hash (boxed int, set slot), a
 #: family's fixed part, and the copies of a reference text a template may hold (its lines,
@@ -401,34 +399,11 @@ class TemplateLearner:
                 pieces.append((i1, nw[j1][0], nw[j2 - 1][1]))
         if not self.frozen and changed:
             template.dynamic.setdefault(i, set()).update(changed)
-        groups = _apart(pieces, known | changed)
+        groups = value_groups(pieces, known | changed)
         found = region(rw, nw, ref, new, known | changed) if len(groups) < 2 else None
         spans = [found] if found is not None else [
             (min(s for _, s, _ in g), max(e for _, _, e in g)) for g in groups]
         return [(s, e) for s, e in spans if e > s]
-
-
-def _apart(pieces: list[tuple[int, int, int]], dynamic: set[int]
-           ) -> list[list[tuple[int, int, int]]]:
-    """A line's dynamic pieces (reference word, start, end) grouped into values by the
-    reference's dynamic words: words at most `_VALUE_GAP` stable words apart are one value
-    (a date and its time, a tip of several words), farther apart two (a timestamp at a
-    line's start and a user handle at its end), so the stable words between them are not
-    taken for part of either. The groups follow the reference, not each request's diff, so
-    a line splits the same way in every request once its dynamic words are learned."""
-    bounds: list[list[int]] = []  # [first, last] reference word of each value
-    for k in sorted(dynamic):
-        if bounds and k - bounds[-1][1] <= _VALUE_GAP + 1:
-            bounds[-1][1] = k
-        else:
-            bounds.append([k, k])
-    groups: dict[int, list[tuple[int, int, int]]] = {}
-    for piece in pieces:
-        at = min(range(len(bounds)), key=lambda g: max(bounds[g][0] - piece[0],
-                                                         piece[0] - bounds[g][1], 0),
-                 default=0)
-        groups.setdefault(at, []).append(piece)
-    return [groups[g] for g in sorted(groups)]
 
 
 def _spans_of(template: _Template, path: str, settled: bool) -> list[LearnedSpan]:

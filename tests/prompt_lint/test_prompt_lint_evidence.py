@@ -16,12 +16,12 @@ from prompt_lint.family import _SESSIONS_PER_FAMILY
 from tests.support.lint_family import LOG, body
 
 
-def two_pass() -> tuple[TemplateLearner, list[Any]]:
+def two_pass(log: list[dict[str, Any]] = LOG) -> tuple[TemplateLearner, list[Any]]:
     learner = TemplateLearner()
-    for b in LOG:
+    for b in log:
         learn_request(b, learner)
     learner.freeze()
-    return learner, [lint_request(b, learner=learner) for b in LOG]
+    return learner, [lint_request(b, learner=learner) for b in log]
 
 
 def values(report: Any) -> dict[str, tuple[str, float, str]]:
@@ -85,24 +85,27 @@ def test_session_evidence_memory_is_bounded() -> None:
     assert len(family.sessions) == 2
 
 
+HANDLES = ["u-7061", "u-2073", "u-5518", "u-9042"]
+
+
+def one_line_log(system: Any) -> list[dict[str, Any]]:
+    """One request per handle: the one-line system prompt `system(i, handle)`, a question."""
+    return [{"model": "gpt-4o", "messages": [
+        {"role": "system", "content": system(i, h)},
+        {"role": "user", "content": f"Fix bug #{i} in the parser"}]}
+        for i, h in enumerate(HANDLES)]
+
+
 def test_a_one_line_system_prompt_with_an_unnamed_value_is_one_family() -> None:
     """Requests whose only template line differs by a value no pattern names (a handle in
     the middle of a one-line system prompt) are one family, and the value is learned: before,
     the line's hash differed in every request, each request founded its own family, the
     value was never seen to vary and the whole prompt counted as cacheable."""
-    handles = ["u-7061", "u-2073", "u-5518", "u-9042"]
     rules = "Follow the repo rules carefully. " + "Run the tests before you commit. " * 20
-    log = [{"model": "gpt-4o", "messages": [
-        {"role": "system", "content": f"You are a coding agent for user {h}. {rules}"},
-        {"role": "user", "content": f"Fix bug #{i} in the parser"}]}
-        for i, h in enumerate(handles)]
-    learner = TemplateLearner()
-    for b in log:
-        learn_request(b, learner)
-    learner.freeze()
-    reports = [lint_request(b, learner=learner) for b in log]
+    log = one_line_log(lambda i, h: f"You are a coding agent for user {h}. {rules}")
+    learner, reports = two_pass(log)
     assert len({r.family for r in reports}) == 1
-    for h, b, report in zip(handles, log, reports, strict=True):
+    for h, b, report in zip(HANDLES, log, reports, strict=True):
         assert values(report) == {h: ("PL008", 1.0, "warning")}
         text = b["messages"][0]["content"]
         assert report.cacheable_tokens < report.prompt_tokens // 4  # the prefix ends at h
@@ -116,19 +119,11 @@ def test_two_values_far_apart_on_one_line_are_two_spans() -> None:
     moved, and the stable words between them stay; before, the line's changes were one span
     from the first to the last, the timestamp's pattern span took it over and the handle
     was neither reported nor moved (fix's estimate counted a prefix that still broke)."""
-    handles = ["u-7061", "u-2073", "u-5518", "u-9042"]
     middle = "You are a coding agent for the payments team, working for user"
-    log = [{"model": "gpt-4o", "messages": [
-        {"role": "system", "content": f"Current time: 2026-12-02T10:0{i}:00Z. {middle} {h}. "
-                                      "Follow the repo rules carefully."},
-        {"role": "user", "content": f"Fix bug #{i} in the parser"}]}
-        for i, h in enumerate(handles)]
-    learner = TemplateLearner()
-    for b in log:
-        learn_request(b, learner)
-    learner.freeze()
-    for i, (h, b) in enumerate(zip(handles, log, strict=True)):
-        report = lint_request(b, learner=learner)
+    log = one_line_log(lambda i, h: f"Current time: 2026-12-02T10:0{i}:00Z. {middle} {h}. "
+                                    "Follow the repo rules carefully.")
+    learner, reports = two_pass(log)
+    for i, (h, b, report) in enumerate(zip(HANDLES, log, reports, strict=True)):
         stamp = f"2026-12-02T10:0{i}:00Z"
         assert values(report) == {stamp: ("PL001", 1.0, "error"), h: ("PL008", 1.0, "warning")}
         system = rewrite_request(b, report=report, learner=learner).body["messages"][0]["content"]
