@@ -1,7 +1,7 @@
 """The floor for any Python proxy on this stack: a pass-through with no work of its own.
 
 A raw ASGI app on uvicorn (uvloop, httptools, with the gateway's own server protocol
-gateway.http_protocol.OneWriteProtocol), one worker, forwarding each request body unchanged to
+gateway.http_server.HttpProtocol), one worker, forwarding each request body unchanged to
 the upstream over the gateway's own pooled HTTP/1.1 transport (gateway.backends.http1_transport)
 as a `PreparedPost` (each path's head made once), and its answer, read whole, back unchanged with
 its length: the same server and upstream client the gateway uses, the same way, none of the
@@ -22,7 +22,7 @@ import uvicorn
 
 from gateway.backends.http1_request import PostTemplate, PreparedPost, post_template
 from gateway.backends.http1_transport import AnswerBody, Http1Transport
-from gateway.http_protocol import OneWriteProtocol
+from gateway.http_server import HttpProtocol
 
 _HOP_HEADERS = (b"content-type",)
 _TIMEOUTS = {"connect": 10.0, "read": 60.0, "write": 60.0, "pool": 60.0}
@@ -96,7 +96,7 @@ async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]],
 def main(argv: list[str]) -> None:
     port, upstream = int(argv[0]), argv[1]
     uvicorn.run(BareProxy(upstream), host="127.0.0.1", port=port, loop="uvloop",
-                http=OneWriteProtocol, log_level="warning")
+                http=HttpProtocol, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from gateway.backends.providers import make_upstream  # noqa: E402
 from gateway.backends.upstream_http import UpstreamOptions  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream  # noqa: E402
-from gateway.http_protocol import OneWriteProtocol  # noqa: E402
+from gateway.http_server import HttpProtocol  # noqa: E402
 from gateway.stats import RecordStore  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "reliability.json"
@@ -132,7 +132,7 @@ class Gateway:
             self.url = f"http://127.0.0.1:{port}"
             self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port,
                                                         log_level="error", lifespan="on",
-                                                        http=OneWriteProtocol))
+                                                        http=HttpProtocol))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> Gateway:

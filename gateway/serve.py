@@ -91,13 +91,13 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.http_protocol import OneWriteProtocol
+    from gateway.http_server import HttpProtocol
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
     app = create_app(config)
     freeze_startup_objects()
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
-                http=OneWriteProtocol)
+                http=HttpProtocol)
     return 0
 
 
@@ -124,7 +124,7 @@ class BackgroundServer:
         import uvicorn
 
         from gateway.app import create_app
-        from gateway.http_protocol import OneWriteProtocol
+        from gateway.http_server import HttpProtocol
 
         if port is None:
             with socket.socket() as sock:
@@ -133,7 +133,7 @@ class BackgroundServer:
         self.url = f"http://{config.host}:{port}"
         self.app = create_app(config)
         uv_config = uvicorn.Config(self.app, host=config.host, port=port, log_level="warning",
-                                   http=OneWriteProtocol)
+                                   http=HttpProtocol)
         self.server = uvicorn.Server(uv_config)
         self.thread = threading.Thread(target=self.server.run, name="prefixgate-serve",
                                        daemon=True)

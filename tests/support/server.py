@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import uvicorn
 
-from gateway.http_protocol import OneWriteProtocol
+from gateway.http_server import HttpProtocol
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -30,7 +30,7 @@ def free_port() -> int:
 
 class ServerThread:
     """uvicorn serving `app` on 127.0.0.1 in a daemon thread, with the server protocol
-    `prefixgate serve` uses (gateway.http_protocol); a context manager.
+    `prefixgate serve` uses (gateway.http_server); a context manager.
 
     `__enter__` returns once uvicorn accepts connections (or raises if it died or took longer
     than START_TIMEOUT_S); `__exit__` asks it to stop and joins the thread.
@@ -39,7 +39,7 @@ class ServerThread:
     def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "on") -> None:
         self.port = free_port()
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan=lifespan, http=OneWriteProtocol)
+                                lifespan=lifespan, http=HttpProtocol)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
