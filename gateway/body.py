@@ -64,39 +64,35 @@ def _parse_strict(raw: bytes, max_depth: int) -> Any:
 def check_shape(data: Any, max_depth: int, *, strings: bool = False) -> None:
     """Walk `data` one nesting level at a time, without recursion: depth bound and number
     range (and with `strings`, no lone surrogate in any key or string), else a 400. Values
-    are told apart by exact type (what a JSON parser makes), several times faster than an
-    isinstance walk on a large body."""
-    level: list[Any] = []
-    _check_children((data,), level, strings)  # `data` is level 1 (when a container)
-    depth = 1
+    are told apart by exact type (what a JSON parser makes), in one loop with no call per
+    container: several times faster than an isinstance walk on a large body."""
+    level: list[Any] = [(data,)]  # `data` in a container of its own, at depth 0
+    depth = 0
     while level:
         if depth > max_depth:
             raise invalid(f"request body is nested deeper than {max_depth} levels", "body")
         deeper: list[Any] = []
-        for value in level:
-            if type(value) is dict:
+        push = deeper.append
+        for node in level:
+            if type(node) is dict:
                 if strings:
-                    _check_texts(value)
-                _check_children(value.values(), deeper, strings)
-            else:
-                _check_children(value, deeper, strings)
+                    _check_texts(node)
+                node = node.values()
+            for child in node:
+                kind = type(child)
+                if kind is str:
+                    if strings:
+                        _check_text(child)
+                elif kind is dict or kind is list:
+                    push(child)
+                elif kind is int:
+                    if not -MAX_INT <= child < MAX_INT:
+                        raise invalid("request body has an integer outside the 64-bit range",
+                                      "body")
+                elif kind is float:
+                    _check_number(child)
         level = deeper
         depth += 1
-
-
-def _check_children(children: Any, deeper: list[Any], strings: bool) -> None:
-    """Check the scalars among `children`; collect the containers into `deeper`."""
-    for child in children:
-        kind = type(child)
-        if kind is dict or kind is list:
-            deeper.append(child)
-        elif kind is int:
-            if not -MAX_INT <= child < MAX_INT:
-                raise invalid("request body has an integer outside the 64-bit range", "body")
-        elif kind is float:
-            _check_number(child)
-        elif strings and kind is str:
-            _check_text(child)
 
 
 def _check_texts(values: Any) -> None:

@@ -193,7 +193,8 @@ class RadixCache:
         """Follow ``buf`` down from ``root``; return deepest node, bytes matched, page ids."""
         self._clock += 1
         now, page_bytes, end = self._clock, self._page_bytes, len(buf)
-        node, offset, pages = root, 0, []
+        node, offset = root, 0
+        pages: list[int] = []
         while offset < end:
             child = self._child(node, buf[offset : offset + page_bytes])
             if child is None:
@@ -248,7 +249,7 @@ class RadixCache:
         self._nodes += 1
         return top
 
-    def _add_child(self, parent: Node, key: bytes, pages: list[int]) -> Node:
+    def _add_child(self, parent: Node, key: bytes, pages: Sequence[int]) -> Node:
         first = key[: self._page_bytes]
         hkey = self._hash(first)
         child = Node(key, pages, parent, hkey, self._clock)
@@ -332,10 +333,12 @@ class RadixCache:
         if len(self._leaves) > 2 * self._nodes + 64:
             self._leaves.compact()
 
-    def _shadow_ids(self, count: int) -> list[int]:
+    def _shadow_ids(self, count: int) -> range:
+        """Fresh ids for a shadow's pages: a range, which holds no objects for the garbage
+        collector to walk (a list of ints is walked by every collection of its generation)."""
         start = self._next_shadow_page
         self._next_shadow_page += count
-        return list(range(start, start + count))
+        return range(start, start + count)
 
 
 def _children(node: Node) -> list[Node]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class Node:
     """A run of cached pages hanging below ``parent``.
 
-    ``key`` holds the tokens of all ``pages`` as packed int32 bytes (``page_bytes`` per page).
+    ``key`` holds the tokens of all ``pages`` as packed int32 bytes (``page_bytes`` per page);
+    ``pages`` is the engine's list of KV page ids, or a shadow's range of ids.
     ``children`` maps the 64-bit hash of a child's first page to the child; ``overflow`` keeps
     the rare child whose first-page hash collides with a sibling's, keyed by its first page.
     ``pins`` counts locks taken on this very node and ``lock_ref`` the locks held on this node
@@ -28,7 +31,7 @@ class Node:
     )
 
     def __init__(
-        self, key: bytes, pages: list[int], parent: Node | None, hkey: int, now: int
+        self, key: bytes, pages: Sequence[int], parent: Node | None, hkey: int, now: int
     ) -> None:
         self.key = key
         self.pages = pages
