@@ -31,7 +31,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 import anyio
@@ -43,6 +42,7 @@ from gateway.auth import tenant_for
 from gateway.body import INLINE_BYTES, cap_max_tokens, parse_body
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
+from gateway.evolve import evolve
 from gateway.lint_stage import MODE_HEADER, request_mode
 from gateway.overlap import cpu_work, first_while_sent
 from gateway.request_record import record
@@ -65,18 +65,23 @@ INLINE_PARSE_BYTES = INLINE_BYTES  # bodies above this are parsed in a worker th
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, or 413 naming the body when it passes `limit` bytes."""
+    """The raw body, or 413 naming the body when it passes `limit` bytes (read from the ASGI
+    messages themselves: a body that came whole is returned as it came, not copied)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise GatewayError(413, f"request body exceeds {limit} bytes", param="body")
     chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
+    size, more = 0, True
+    while more:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk, more = message.get("body", b""), message.get("more_body", False)
         size += len(chunk)
         if size > limit:
             raise GatewayError(413, f"request body exceeds {limit} bytes", param="body")
         chunks.append(chunk)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 Started = tuple[ChatRequest, AsyncIterator[TextDelta | Final], TextDelta | Final]
@@ -219,7 +224,7 @@ def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticke
     `prepare` (tokenize and pack once for the shadow caches); under prompt_lint's lock (its
     learners and memos are process-wide and not thread-safe). Lint lays the body out for
     the shadow's tokens too (`LayoutShare`; a rewritten body is laid out again)."""
-    linted = _lint(gw, body, replace(req, layout_share=LayoutShare()), ticket, mode)
+    linted = _lint(gw, body, evolve(req, layout_share=LayoutShare()), ticket, mode)
     return _prepare_only(gw, linted)
 
 
@@ -229,7 +234,7 @@ def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
     (`LayoutShare`)."""
     assert gw.salter is not None
     share = req.layout_share if req.layout_share is not None else LayoutShare()
-    req = replace(req, upstream_salt=gw.salter.salt(req.namespace), layout_share=share)
+    req = evolve(req, upstream_salt=gw.salter.salt(req.namespace), layout_share=share)
     return gw.preparing.prepare(req) if gw.preparing is not None else req
 
 
@@ -242,7 +247,7 @@ def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, m
         req = ticket.route.parse(outcome.body, gw.parse_context(ticket.request_id, ticket.tenant))
     for rule in outcome.lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
-    return replace(req, lint_ids=outcome.lint_ids, family=outcome.family)
+    return evolve(req, lint_ids=outcome.lint_ids, family=outcome.family)
 
 
 def _parse(config: GatewayConfig, ticket: Ticket, raw: bytes, ctx: ParseContext

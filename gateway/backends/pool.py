@@ -19,7 +19,6 @@ gateway.backends.providers builds the pools from the configuration.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -37,6 +36,7 @@ from gateway.backends.upstream_http import is_replica_fault
 from gateway.body import INLINE_BYTES, text_chars
 from gateway.config import AUTO_KIND
 from gateway.count_tokens import estimate
+from gateway.evolve import evolve
 from gateway.llama_slots import SlotShadow
 from gateway.metrics import Registry
 from gateway.overlap import cpu_work, first_while_sent
@@ -112,7 +112,7 @@ class ReplicaPool:
         unchanged when the pool sends before tokenizing (`sends_before_tokens`)."""
         if self.sends_before_tokens():
             return req
-        return dataclasses.replace(req, shadow_prompt=request_prompt(req))
+        return evolve(req, shadow_prompt=request_prompt(req))
 
     def sends_before_tokens(self) -> bool:
         """One replica whose cache model steers nothing: neither the route nor the body depends
@@ -213,7 +213,7 @@ class ReplicaPool:
                     route = route._replace(matched=replica.shadow.match_length(started, ns))
                 fields = replica.shadow.upstream_fields(started, ns)
                 if fields:
-                    req = dataclasses.replace(
+                    req = evolve(
                         req, upstream_fields={**req.upstream_fields, **fields})
             async with aclosing(replica.backend.stream(req)) as upstream:
                 item, prompt, route = await self._head(upstream, req, prompt, route)
@@ -232,7 +232,7 @@ class ReplicaPool:
                 if item is not None:  # the upstream has prefilled the prompt by now
                     after.append(functools.partial(replica.shadow.record, prompt, ns))
                     if not isinstance(item, Final):
-                        item = dataclasses.replace(item, usage=head_usage(item.usage, prompt,
+                        item = evolve(item, usage=head_usage(item.usage, prompt,
                                                                           predicted))
                 try:
                     while item is not None:
@@ -328,7 +328,7 @@ class ReplicaPool:
         replica.reports_figures = reports_figures(final)
         if self._detect:
             self._detected(replica)
-        return dataclasses.replace(final, replica=replica.name, late=late)
+        return evolve(final, replica=replica.name, late=late)
 
     def _predicted(self, replica: Replica, route: Route) -> int:
         """The hit the route's score predicts (the router scored the prompt with this
@@ -346,7 +346,7 @@ class ReplicaPool:
                                         usage.prompt_tokens)
             after.append(functools.partial(replica.shadow.learn, prompt, namespace, predicted,
                                            reported))
-        final = dataclasses.replace(final, usage=usage, replica=replica.name)
+        final = evolve(final, usage=usage, replica=replica.name)
         if self.metrics:
             after.append(functools.partial(self.metrics.final, replica.name, final))
         return final

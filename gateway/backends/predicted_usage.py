@@ -9,9 +9,9 @@ prediction beside the report (counts the upstream did not send are the gateway's
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sized
 
+from gateway.evolve import evolve
 from gateway.shadow import Prompt
 from gateway.types import Usage
 
@@ -21,7 +21,7 @@ def head_usage(early: Usage | None, prompt: Prompt, predicted: int) -> Usage:
     beside the prediction, else the prediction itself, marked predicted and estimated."""
     if early is not None:
         scaled = in_upstream_tokens(predicted, len(prompt), early.prompt_tokens)
-        return dataclasses.replace(early, predicted_cached_tokens=scaled)
+        return evolve(early, predicted_cached_tokens=scaled)
     return Usage(prompt_tokens=len(prompt), completion_tokens=0, cached_tokens=predicted,
                  predicted_cached_tokens=predicted, cached_source="predicted", estimated=True)
 
@@ -32,7 +32,7 @@ def final_usage(usage: Usage, prompt: Prompt, predicted: int) -> Usage:
     prompt_tokens = usage.prompt_tokens or len(prompt)
     scaled = in_upstream_tokens(predicted, len(prompt), usage.prompt_tokens)
     reported = usage.reported_cached_tokens is not None
-    return dataclasses.replace(
+    return evolve(
         usage, predicted_cached_tokens=scaled, prompt_tokens=prompt_tokens,
         cached_tokens=usage.cached_tokens if reported else scaled,
         cached_source="reported" if reported else "predicted",
