@@ -9,7 +9,7 @@ gateway's work (no parsing, lint, tokenizing, routing, records or metrics).
 bench_gateway measures it beside the gateway, so the latency a proxy hop itself costs here (two
 more processes woken, two more HTTP exchanges) is told apart from the gateway's own.
 
-    python benchmarks/bare_proxy.py PORT UPSTREAM_BASE_URL
+    python benchmarks/bare_proxy.py PORT UPSTREAM_BASE_URL [gateway|uvicorn]
 """
 
 from __future__ import annotations
@@ -95,8 +95,15 @@ async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]],
 
 def main(argv: list[str]) -> None:
     port, upstream = int(argv[0]), argv[1]
+    protocol = argv[2] if len(argv) > 2 else "gateway"
+    if protocol not in PROTOCOLS:
+        raise SystemExit(f"protocol must be one of {sorted(PROTOCOLS)}, not {protocol!r}")
     uvicorn.run(BareProxy(upstream), host="127.0.0.1", port=port, loop="uvloop",
-                http=HttpProtocol, log_level="warning")
+                http=PROTOCOLS[protocol], log_level="warning")
+
+
+# the server protocol: the gateway's own (as `prefixgate serve` runs) or uvicorn's httptools one
+PROTOCOLS: dict[str, Any] = {"gateway": HttpProtocol, "uvicorn": "httptools"}
 
 
 if __name__ == "__main__":

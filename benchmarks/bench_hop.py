@@ -1,16 +1,18 @@
 """What one Python proxy hop costs here, layer by layer: server framework, upstream client, hop.
 
 One client sends the gateway benchmark's ~4k-token agent requests (each once, fresh) to the fake
-upstream directly and through three pass-through proxies, side by side (requests rotate over the
+upstream directly and through four pass-through proxies, side by side (requests rotate over the
 servers), and reports each proxy's added p50 / p90 over direct:
 
-- `uvicorn + transport`: `bare_proxy.py`, uvicorn and ASGI in front (as the gateway serves),
-  the gateway's upstream client behind (as the gateway sends): the floor row of bench_gateway;
+- `gateway protocol + transport`: `bare_proxy.py`, uvicorn's server with the gateway's own
+  protocol and ASGI in front (as the gateway serves), the gateway's upstream client behind (as
+  the gateway sends): the floor row of bench_gateway;
+- `uvicorn protocol + transport`: the same with uvicorn's own httptools protocol;
 - `raw front + transport`: `raw_proxy.py`, the same client behind an asyncio protocol that
   parses with httptools itself (no uvicorn, no ASGI);
 - `raw front + raw client`: `raw_proxy.py raw`, one write and one httptools parse each way.
 
-The first two differ only in the server layer, the last two only in the upstream client.
+The first three differ only in the server layer, the last two only in the upstream client.
 
     python benchmarks/bench_hop.py [--quick] [--out PATH]
 
@@ -48,8 +50,11 @@ from benchmarks.gateway_servers import (  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "hop.json"
 WARM_UP = 10
-PROXIES = {"uvicorn + transport": None, "raw front + transport": "transport",
-           "raw front + raw client": "raw"}
+# row -> (script, its server protocol or upstream client)
+PROXIES = {"gateway protocol + transport": ("bare", "gateway"),
+           "uvicorn protocol + transport": ("bare", "uvicorn"),
+           "raw front + transport": ("raw", "transport"),
+           "raw front + raw client": ("raw", "raw")}
 
 
 @contextlib.contextmanager
@@ -87,9 +92,9 @@ def run(n: int) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         up = stack.enter_context(fake_upstream())
         urls = {"direct": up}
-        for name, client in PROXIES.items():
+        for name, (script, choice) in PROXIES.items():
             urls[name] = stack.enter_context(
-                bare_proxy(up) if client is None else raw_proxy(up, client))
+                bare_proxy(up, choice) if script == "bare" else raw_proxy(up, choice))
         lat = asyncio.run(rotate(urls, bodies))
     direct = _pct(lat["direct"], 0.5)
     rows = {name: {"p50_ms": round(_pct(v, 0.5), 3), "p90_ms": round(_pct(v, 0.9), 3),

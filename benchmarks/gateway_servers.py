@@ -105,10 +105,12 @@ def gateway_server(upstream: str, db: Path, lint_mode: str = "report") -> Iterat
 
 
 @contextlib.contextmanager
-def bare_proxy(upstream: str) -> Iterator[str]:
-    """`benchmarks/bare_proxy.py` in front of `upstream`; its base URL."""
+def bare_proxy(upstream: str, protocol: str = "gateway") -> Iterator[str]:
+    """`benchmarks/bare_proxy.py` in front of `upstream` on the server `protocol` (the
+    gateway's or uvicorn's); its base URL."""
     port = free_port()
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bare_proxy.py"), str(port), upstream]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bare_proxy.py"), str(port), upstream,
+           protocol]
     with process(cmd, f"http://127.0.0.1:{port}/healthz", _env()):
         yield f"http://127.0.0.1:{port}"
 

@@ -34,6 +34,7 @@ def test_each_proxy_answers_as_the_upstream_does() -> None:
     with contextlib.ExitStack() as stack:
         up = stack.enter_context(fake_upstream())
         proxies = {"bare": stack.enter_context(bare_proxy(up)),
+                   "bare on uvicorn's protocol": stack.enter_context(bare_proxy(up, "uvicorn")),
                    "raw transport": stack.enter_context(raw_proxy(up, "transport")),
                    "raw client": stack.enter_context(raw_proxy(up, "raw"))}
         direct = [_answer(up, body) for body in bodies]
