@@ -44,8 +44,8 @@ def _copier(cls: type) -> Callable[[Any, dict[str, Any]], Any]:
     lines += [f"    _set(new, {n!r}, changes[{n!r}] if {n!r} in changes else obj.{n})"
               for n in names]
     lines.append("    return new")
-    scope: dict[str, Any] = {"_new": object.__new__, "_set": object.__setattr__, "_cls": cls,
-             "_fields": frozenset(names)}
+    scope: dict[str, Any] = {"_new": object.__new__, "_set": object.__setattr__,
+                             "_cls": cls, "_fields": frozenset(names)}
     exec("\n".join(lines), scope)  # noqa: S102 - the source is built from field names only
     copy: Callable[[Any, dict[str, Any]], Any] = scope["copy"]
     return copy

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import http
 import logging
 import re
 import urllib.parse
@@ -31,7 +30,8 @@ from typing import Any
 
 import httptools
 from uvicorn.config import Config
-from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.utils import (
     get_client_addr,
     get_local_addr,
@@ -41,7 +41,6 @@ from uvicorn.protocols.utils import (
 )
 from uvicorn.server import ServerState
 
-HIGH_WATER = 64 << 10  # buffered request body past which the socket is no longer read
 NO_BODY = frozenset({204, 304})
 _BAD_NAME = re.compile(rb'[\x00-\x1f\x7f()<>@,;:\[\]={} \t\\"]')  # not a token character
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # a control character other than tab
@@ -49,16 +48,6 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _ERROR_LOG = logging.getLogger("uvicorn.error")
 _ACCESS_LOG = logging.getLogger("uvicorn.access")
 
-
-def _status_line(code: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(code).phrase.encode()
-    except ValueError:
-        phrase = b""
-    return b"HTTP/1.1 %d %s\r\n" % (code, phrase)
-
-
-STATUS_LINES = {code: _status_line(code) for code in range(100, 600)}
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -194,7 +183,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         exchange.body.append(body)
         exchange.body_size += len(body)
-        if exchange.body_size > HIGH_WATER:
+        if exchange.body_size > HIGH_WATER_LIMIT:
             self.pause_reading()
         exchange.wake()
 
@@ -270,7 +259,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def refuse(self, message: str) -> None:
         """A 400 for a request the parser refused; the connection is closed."""
-        head = [STATUS_LINES[400]]
+        head = [STATUS_LINE[400]]
         head += [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]
         text = message.encode("ascii")
         head.append(b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
@@ -337,11 +326,9 @@ class Exchange:
                 self._close()
 
     def _close(self) -> None:
-        transport = self.conn.transport
-        if self.held is not None:
-            transport.write(self.held)
-            self.held = None
-        transport.close()
+        """Close the connection (a held head written first, as uvicorn had written it)."""
+        self._flush()
+        self.conn.transport.close()
 
     async def _send_500(self) -> None:
         await self.send({"type": "http.response.start", "status": 500, "headers": [
@@ -407,7 +394,7 @@ class Exchange:
             _ACCESS_LOG.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope),  # type: ignore[arg-type]
                              scope["method"], get_path_with_query_string(scope),  # type: ignore[arg-type]
                              scope["http_version"], status)
-        lines = [STATUS_LINES[status]]
+        lines = [STATUS_LINE[status]]
         length: int | None = None
         chunked = closing = False
         for name, value in headers:
