@@ -288,14 +288,18 @@ def _stage_ms(fn: Any, items: list[Any]) -> dict[str, float]:
 
 
 def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
-    """Per-request cost of each gateway stage, in-process (no network, no other process)."""
+    """Per-request cost of each gateway stage, in-process (no network, no other process), each
+    through the functions the upstream-mode request path calls (orjson in and out, the parser
+    without the embedded engine's grammar)."""
+    from gateway.backends.upstream_http import dumps_body
+    from gateway.body import parse_body
     from gateway.lint_stage import LintStage
     from gateway.parse_openai import parse_chat
     from gateway.shadow import Prompt, ShadowCache, request_prompt
-    from gateway.validate import ParseContext, parse_json_object
+    from gateway.validate import ParseContext
 
-    ctx = ParseContext("bench", "bench", ("*",))
-    parsed = [parse_json_object(b) for b in bodies]
+    ctx = ParseContext("bench", "bench", ("*",), grammar=False)
+    parsed = [parse_body(b) for b in bodies]
     reqs = [parse_chat(p, ctx) for p in parsed]
     lint = LintStage()
     shadows = [ShadowCache() for _ in range(4)]
@@ -313,12 +317,12 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
 
     return {
         "json decode + parse/validate": _stage_ms(lambda b: parse_chat(
-            parse_json_object(b), ctx), bodies),
+            parse_body(b), ctx), bodies),
         "lint (report)": _stage_ms(lambda p: lint.run(p, "openai", "bench", "report"), parsed),
         "tokenize + pack once (prompt_lint layout)": tokenize,
         "shadow lookup x4 + record": _stage_ms(shadow_ops, prompts),
         "upstream body + JSON encode": _stage_ms(
-            lambda r: json.dumps(build_body(r, options)[1]).encode(), reqs),
+            lambda r: dumps_body(build_body(r, options)[1]), reqs),
     }
 
 
