@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,17 +21,6 @@ class ParseContext:
     # engine); an upstream gets tools and response formats in its body and enforces them
     # itself, so neither the grammar nor the grammar engine's view of a schema applies there
     grammar: bool = True
-
-
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 naming the body."""
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid(f"request body is not valid JSON: {exc}", "body") from None
-    if not isinstance(data, dict):
-        raise invalid("request body must be a JSON object", "body")
-    return data
 
 
 def namespace_for(tenant: str, salt: str | None) -> str:
