@@ -26,20 +26,24 @@ import logging
 import re
 import urllib.parse
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
-from uvicorn.config import Config
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
-from uvicorn.protocols.utils import (
-    get_client_addr,
-    get_local_addr,
-    get_path_with_query_string,
-    get_remote_addr,
-    is_ssl,
+from uvicorn import Config
+
+from gateway.http_wire import (
+    READ_HIGH_WATER,
+    STATUS_LINE,
+    client_field,
+    is_tls,
+    local_address,
+    peer_address,
+    service_unavailable,
+    target_field,
 )
-from uvicorn.server import ServerState
+
+if TYPE_CHECKING:
+    from uvicorn.server import ServerState
 
 NO_BODY = frozenset({204, 304})
 _BAD_NAME = re.compile(rb'[\x00-\x1f\x7f()<>@,;:\[\]={} \t\\"]')  # not a token character
@@ -92,9 +96,9 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server_state.connections.add(self)  # type: ignore[arg-type]
-        self.server = get_local_addr(self.transport)
-        self.client = get_remote_addr(self.transport)
-        self.scheme = "https" if is_ssl(self.transport) else "http"
+        self.server = local_address(self.transport)
+        self.client = peer_address(self.transport)
+        self.scheme = "https" if is_tls(self.transport) else "http"
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
@@ -183,7 +187,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         exchange.body.append(body)
         exchange.body_size += len(body)
-        if exchange.body_size > HIGH_WATER_LIMIT:
+        if exchange.body_size > READ_HIGH_WATER:
             self.pause_reading()
         exchange.wake()
 
@@ -391,8 +395,8 @@ class Exchange:
             raise RuntimeError("Invalid HTTP header value.")
         if conn.access_log:
             scope = self.scope
-            _ACCESS_LOG.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope),  # type: ignore[arg-type]
-                             scope["method"], get_path_with_query_string(scope),  # type: ignore[arg-type]
+            _ACCESS_LOG.info('%s - "%s %s HTTP/%s" %d', client_field(scope),
+                             scope["method"], target_field(scope),
                              scope["http_version"], status)
         lines = [STATUS_LINE[status]]
         length: int | None = None

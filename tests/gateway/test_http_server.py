@@ -409,7 +409,7 @@ async def test_an_access_line_is_formatted_only_when_it_would_be_logged(
         logger.addHandler(handler)
 
     asked: list[object] = []
-    monkeypatch.setattr(http_server, "get_client_addr",
+    monkeypatch.setattr(http_server, "client_field",
                         lambda scope: asked.append(scope) or "127.0.0.1:50000")
     try:
         ours = await serve_once(HttpProtocol, GET % b"/json", b"x\"}", configured=configured)
