@@ -293,7 +293,7 @@ async def _json_response(
     """The whole answer as JSON; the backend stream is closed and the record written once the
     response is on its way (or its send failed), off the path to the client."""
     try:
-        final = await _until_final(request, first, stream)
+        final = await _until_final(request, ticket, first, stream)
     except ApiError as err:
         return _error_response(gw, ticket, err)
     except Exception as exc:  # noqa: BLE001
@@ -320,7 +320,8 @@ async def _json_response(
 
 
 async def _until_final(
-    request: Request, first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final]
+    request: Request, ticket: Ticket, first: TextDelta | Final,
+    stream: AsyncIterator[TextDelta | Final],
 ) -> Final | None:
     """Drain the stream to its Final; None when the client disconnected first (the backend
     stream is then cancelled, which aborts the engine request). The stream is closed here
@@ -331,6 +332,7 @@ async def _until_final(
     async def drain() -> Final:
         item: TextDelta | Final = first
         while not isinstance(item, Final):
+            ticket.progress.see(item)  # the record of a request cut short counts it
             item = await stream.__anext__()
         return item
 

@@ -22,7 +22,7 @@ def record(
         ticket.slot.release()
     gw.metrics.in_flight.dec()
     latency = time.perf_counter() - ticket.started
-    usage = final.settled_usage() if final else None
+    usage = final.settled_usage() if final else ticket.progress.usage()  # cut short: so far
     backend = gw.backend.name
     gw.metrics.requests.inc(route=ticket.route.name, status=str(status), backend=backend)
     gw.metrics.latency.observe(latency, route=ticket.route.name)

@@ -17,6 +17,7 @@ from gateway.admission import Admission, AdmissionConfig, Slot
 from gateway.config import GatewayConfig
 from gateway.lint_stage import LintStage
 from gateway.metrics import GatewayMetrics
+from gateway.progress import Progress
 from gateway.salt import UpstreamSalter
 from gateway.stats import RecordStore
 from gateway.types import (
@@ -117,3 +118,4 @@ class Ticket:
     body: dict[str, Any] | None = None
     recorded: bool = False
     slot: Slot | None = None
+    progress: Progress = field(default_factory=Progress)  # what the backend stream delivered

@@ -74,6 +74,7 @@ async def _sse_body(
                 outcome.status, outcome.final, outcome.error = 200, item, None
                 yield chunks.final(item)
                 return
+            ticket.progress.see(item)
             piece = chunks.delta(item)
             if piece:
                 yield piece

@@ -138,11 +138,15 @@ class TextDelta:
     text arrives (after prefill) sets it on its first delta, so a streaming response can carry the
     x-prefixgate-* headers and Anthropic's message_start usage; later deltas leave it None.
     `tool_calls`: tool-call pieces streamed after `text` (the `Final` still lists whole calls).
+    `tokens`: the completion tokens generated since the previous delta, when the backend knows
+    them (the engine); None for an upstream's chunk, which a request cut short counts as one
+    (an estimate, and recorded as one: `gateway.progress`).
     """
 
     text: str
     usage: Usage | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    tokens: int | None = None
 
 
 class LateUsage:

@@ -126,9 +126,11 @@ class EmbeddedBackend:
         filt = ToolCallStream(req.request_id) if _calls_possible(req) else None
         first = True
         saved_ms: float | None = None  # what the head said, so the final says the same
+        tokens = 0  # generated since the last delta yielded (held text still counts)
         try:
             async for delta in self.engine.stream(ids, params, namespace=req.namespace,
                                                   request_id=req.request_id):
+                tokens += len(delta.token_ids)
                 text, calls = filt.feed(delta.text) if filt else (delta.text, [])
                 saved_ms = delta.prefill_saved_ms if saved_ms is None else saved_ms
                 final = None
@@ -137,8 +139,8 @@ class EmbeddedBackend:
                     text += tail
                 if text or calls or first:
                     early = _early_usage(len(ids), delta) if first else None
-                    yield TextDelta(text, usage=early, tool_calls=tuple(calls))
-                    first = False
+                    yield TextDelta(text, usage=early, tool_calls=tuple(calls), tokens=tokens)
+                    first, tokens = False, 0
                 if final is not None:
                     yield final
                     return

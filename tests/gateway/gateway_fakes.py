@@ -44,6 +44,7 @@ class FakeBackend:
     seen: list[ChatRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    generated: dict[str, int] = field(default_factory=dict)  # request id -> pieces made
     closed: bool = False
 
     def models(self) -> list[str]:
@@ -93,6 +94,7 @@ class FakeBackend:
                       cached_tokens=cached, ttft=0.001, tpot=0.001,
                       prefill_saved_ms=float(cached) * 0.5)
         filt = ToolCallFilter()
+        held = 0  # pieces (one token each) generated since the last delta yielded
         try:
             for i, piece in enumerate(pieces):
                 if i == 3 and text.startswith("echo: BREAK"):
@@ -100,12 +102,15 @@ class FakeBackend:
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 visible = filt.feed(piece)
+                held += 1
+                self.generated[req.request_id] = i + 1
                 if visible or i == 0:
-                    yield TextDelta(visible, usage=usage if i == 0 else None)
+                    yield TextDelta(visible, usage=usage if i == 0 else None, tokens=held)
+                    held = 0
             full = "".join(pieces)
             tail, parsed = filt.finish(full, req.request_id)
             if tail:
-                yield TextDelta(tail)
+                yield TextDelta(tail, tokens=held)
             finish = "tool_calls" if parsed.tool_calls else (
                 "length" if len(pieces) < len(words_out) else "stop")
             self.finished.append(req.request_id)

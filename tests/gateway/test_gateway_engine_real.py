@@ -9,6 +9,7 @@ greedy determinism of the model (the same prompt through two routes gives the sa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import uuid
@@ -192,12 +193,21 @@ def test_disconnect_aborts_the_engine_request(make_real_app, real_backend):
     with serve(app) as server, httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
-            next(response.iter_lines())
+            head = response.headers
+            data = [line for line in itertools.islice(response.iter_lines(), 8)
+                    if line.startswith("data: {")]
         stats = asyncio.run(_wait_idle(real_backend))
     assert stats.running == 0 and stats.pages_used == 0
     rows = stored(app)
     assert [(r.status, r.stream) for r in rows] == [(499, True)]
-    assert rows[0].completion_tokens == 0
+    # the work done before the client left is recorded: the prompt as the engine's own
+    # template counts it, the cached tokens the head reported, the tokens generated (at least
+    # one per content chunk the client read, fewer than max_tokens)
+    row, tokenizer = rows[0], real_backend.engine.tokenizer
+    prompt = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
+    assert row.prompt_tokens == len(prompt) == int(head["x-prefixgate-prompt-tokens"])
+    assert row.cached_tokens == int(head["x-prefixgate-cached-tokens"])
+    assert len(data) - 1 <= row.completion_tokens < 200 and not row.usage_estimated
 
 
 async def test_load_64_concurrent_streams(make_real_app, real_backend):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import time
 
 import httpx
@@ -13,7 +15,7 @@ from sqlalchemy import select
 from gateway.stats import RequestRecord
 from tests.support import serve
 
-from .gateway_fakes import FAKE_MODEL, FakeBackend, asgi_client
+from .gateway_fakes import FAKE_MODEL, FakeBackend, asgi_client, words_of
 
 CHAT = {"model": FAKE_MODEL, "messages": [
     {"role": "system", "content": "You are the support bot of a shop. Be kind and precise."},
@@ -165,13 +167,34 @@ def test_client_disconnect_mid_stream_aborts_the_request(make_fake_app, fake_bac
             "POST", "/v1/chat/completions", json=body
         ) as response:
             assert response.status_code == 200
-            next(response.iter_lines())
+            head = response.headers
+            lines = response.iter_lines()
+            # the role chunk, then three deltas of one piece each
+            assert sum(line.startswith("data: {") for line in itertools.islice(lines, 8)) == 4
         deadline = time.monotonic() + 10
         while not fake_backend.aborted and time.monotonic() < deadline:
             time.sleep(0.05)
+        metrics = httpx.get(server.url + "/metrics").text
     assert len(fake_backend.aborted) == 1 and not fake_backend.finished
     rows = records(app)
     assert [(r.status, r.stream) for r in rows] == [(499, True)]
+    _assert_cut_short(rows[0], fake_backend, head, metrics)
+
+
+def _assert_cut_short(row: RequestRecord, backend: FakeBackend, head: httpx.Headers | None,
+                      metrics: str) -> None:
+    """A request cut short is recorded with the work done: the prompt and cached tokens its
+    head reported (the backend's own prompt count) and the tokens the backend had generated
+    when it was aborted, in the record and in the metrics."""
+    ((_, generated),) = backend.generated.items()
+    assert 3 <= generated < 200
+    assert row.completion_tokens == generated and not row.usage_estimated
+    assert row.prompt_tokens == len(words_of(backend.seen[-1]))
+    if head is not None:
+        assert row.prompt_tokens == int(head["x-prefixgate-prompt-tokens"])
+        assert row.cached_tokens == int(head["x-prefixgate-cached-tokens"])
+    counted = re.search(r'^prefixgate_completion_tokens_total\{[^}]*\} (\S+)$', metrics, re.M)
+    assert counted is not None and float(counted.group(1)) == generated
 
 
 def test_client_gone_during_a_non_streaming_request_aborts_it(make_fake_app, fake_backend):
@@ -188,8 +211,11 @@ def test_client_gone_during_a_non_streaming_request_aborts_it(make_fake_app, fak
         deadline = time.monotonic() + 10
         while not fake_backend.aborted and time.monotonic() < deadline:
             time.sleep(0.05)
+        metrics = httpx.get(server.url + "/metrics").text
     assert len(fake_backend.aborted) == 1 and not fake_backend.finished
-    assert [(r.status, r.stream) for r in records(app)] == [(499, False)]
+    rows = records(app)
+    assert [(r.status, r.stream) for r in rows] == [(499, False)]
+    _assert_cut_short(rows[0], fake_backend, None, metrics)
 
 
 async def test_backend_failure_mid_stream_is_an_sse_error_event(make_fake_app):

@@ -7,7 +7,11 @@ openai and anthropic SDKs are the clients.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,14 @@ import openai
 
 from gateway.agent_trace import agent_trace
 
-from .upstream_helpers import fake_replicas, gateway_app, pool_over, pool_over_handler, records
+from .upstream_helpers import (
+    fake_replicas,
+    gateway_app,
+    pool_over,
+    pool_over_handler,
+    records,
+    serving,
+)
 
 
 def _sdk(app: Any) -> openai.AsyncOpenAI:
@@ -157,3 +168,45 @@ async def test_prefill_saved_through_llama_server_is_its_own_timing(tmp_path: Pa
         again = await _sdk(plain).chat.completions.create(model="fake", messages=history)
     assert again.usage.prompt_tokens_details.cached_tokens > 0
     assert again.model_extra["prefixgate"]["prefill_saved_ms"] == 0.0
+
+
+def test_an_upstream_stream_cut_short_is_recorded_with_its_estimate(tmp_path: Path) -> None:
+    """A client that leaves an upstream stream: the record keeps the head's prompt and
+    predicted cached tokens and counts the chunks that came (one token each), marked
+    estimated, rather than zeros."""
+    sent = [0]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(200):
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": f"w{i} "},
+                                  "finish_reason": None}]}
+            sent[0] += 1
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            await asyncio.sleep(0.02)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+
+    app = gateway_app(tmp_path, pool_over_handler(handler))
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go " * 80}]}
+    with serving(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            head = response.headers
+            data = [line for line in itertools.islice(response.iter_lines(), 10)
+                    if line.startswith("data: {")]
+        rows = _await_records(app)
+    (row,) = rows
+    assert row.status == 499 and row.usage_estimated
+    assert row.prompt_tokens == int(head["x-prefixgate-prompt-tokens"]) > 0
+    assert row.cached_tokens == int(head["x-prefixgate-cached-tokens"])
+    assert head["x-prefixgate-usage"] == "estimated"
+    assert len(data) - 1 <= row.completion_tokens <= sent[0] < 200  # the role chunk is no token
+    app.state.store.close()
+
+
+def _await_records(app: Any) -> list[Any]:
+    deadline = time.monotonic() + 10
+    while not (rows := records(app)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return rows
