@@ -124,7 +124,11 @@ def parse_output(text: str, request_id: str) -> ParsedOutput:
     return ParsedOutput(visible, tuple(calls))
 
 
-def _parse_call(raw: str) -> tuple[str, dict[str, Any]] | None:
+_ARGUMENTS_AT = re.compile(r'\s*\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"arguments"\s*:\s*')
+
+
+def _parse_call(raw: str) -> tuple[str, dict[str, Any], str] | None:
+    """(name, arguments, arguments as JSON text) of one call block; None if it is no call."""
     data = _loads_object(_FENCE.sub("", raw.strip()))
     if data is None:
         return None
@@ -134,7 +138,22 @@ def _parse_call(raw: str) -> tuple[str, dict[str, Any]] | None:
         args = _loads_object(args) if args.strip() else {}
     if not isinstance(name, str) or not name or not isinstance(args, dict):
         return None
-    return name, args
+    return name, args, _arguments_text(raw, args)
+
+
+def _arguments_text(raw: str, args: dict[str, Any]) -> str:
+    """The arguments as the model wrote them, when the block has the documented form (what a
+    stream sends piece by piece, so a streamed call and a whole one carry the same string);
+    else the parsed arguments as JSON."""
+    head = _ARGUMENTS_AT.match(raw)
+    if head is not None:
+        try:
+            value, end = json.JSONDecoder().raw_decode(raw, head.end())
+        except json.JSONDecodeError:
+            value = None
+        if value == args:
+            return raw[head.end():end]
+    return json.dumps(args, ensure_ascii=False)
 
 
 def _loads_object(raw: str) -> dict[str, Any] | None:
@@ -161,9 +180,9 @@ def call_id(request_id: str, index: int) -> str:
     return "call_" + hashlib.sha256(f"{request_id}:{index}".encode()).hexdigest()[:24]
 
 
-def _openai_call(call: tuple[str, dict[str, Any]], request_id: str, index: int) -> dict[str, Any]:
-    name, args = call
-    arguments = json.dumps(args, ensure_ascii=False)
+def _openai_call(call: tuple[str, dict[str, Any], str], request_id: str, index: int
+                 ) -> dict[str, Any]:
+    name, _, arguments = call
     return {"id": call_id(request_id, index), "type": "function",
             "function": {"name": name, "arguments": arguments}}
 

@@ -97,6 +97,10 @@ class ToolCallStream:
         return rest
 
     def _in_args(self, text: str, out: list[ToolCallDelta]) -> str | None:
+        if not self.scanner.started:  # the whitespace before the value is not part of it
+            text = text.lstrip()
+            if not text:
+                return None
         inside, rest = self.scanner.take(text)
         if inside:
             out.append(ToolCallDelta(self.index, inside))

@@ -174,6 +174,8 @@ def test_streamed_tool_calls_reassemble_to_the_same_calls(make_real_app):
             names[piece.index] = piece.function.name
     assert len(pieces) > len(args) + 1, "arguments did not stream in fragments"
     assert [(names[i], json.loads(args[i])) for i in sorted(args)] == expected
+    whole_args = [c.function.arguments for c in whole.choices[0].message.tool_calls or ()]
+    assert [args[i] for i in sorted(args)] == whole_args  # the same strings, byte for byte
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # Anthropic: input_json_delta fragments that the SDK accumulates into the same input
     deltas = [e for e in events if e.type == "content_block_delta"
