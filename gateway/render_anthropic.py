@@ -50,7 +50,7 @@ def _tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
 def message_response(req: ChatRequest, final: Final) -> dict[str, Any]:
     """A non-streaming Messages response."""
     content: list[dict[str, Any]] = []
-    if final.text or not final.tool_calls:
+    if final.text:  # no empty text block (the API never sends one, and refuses one sent back)
         content.append({"type": "text", "text": final.text})
     content.extend(_tool_use_block(call) for call in final.tool_calls)
     return {
@@ -128,8 +128,6 @@ class MessageEvents:
         out = b""
         if self.text_open or self.tool_open:
             out += self._close_block()
-        elif not final.tool_calls:
-            out += self._open_text() + self._close_block()
         for call in final.tool_calls[self.streamed_calls :]:
             out += self._tool_use(call)
         delta = {"stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),

@@ -207,6 +207,10 @@ def test_a_call_cut_by_max_tokens_never_becomes_text(make_real_app, max_tokens, 
             tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, max_tokens=max_tokens,
             extra_body={**extra, "temperature": 0}, stream=True)
         events = list(final)
+        whole_claude = claude.messages.create(
+            model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": prompt}],
+            tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, max_tokens=max_tokens,
+            extra_body={**extra, "temperature": 0})
         oai.close()
         claude.close()
     deltas = [c.choices[0].delta for c in chunks if c.choices]
@@ -217,7 +221,9 @@ def test_a_call_cut_by_max_tokens_never_becomes_text(make_real_app, max_tokens, 
     assert message.finish_reason == "length" and not message.message.content
     assert not message.message.tool_calls
     kinds = [e.content_block.type for e in events if e.type == "content_block_start"]
-    assert kinds.count("tool_use") == int(head_sent)
+    assert kinds == ["tool_use"] * int(head_sent)  # no empty text block, which the API never
+    assert whole_claude.content == []  # sends and refuses when a client sends the turn back
+    assert whole_claude.stop_reason == "max_tokens"
     assert "".join(e.delta.text for e in events if e.type == "content_block_delta"
                    and e.delta.type == "text_delta") == ""
     assert [e.delta.stop_reason for e in events if e.type == "message_delta"] == ["max_tokens"]
