@@ -120,7 +120,8 @@ async def healthz(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     gw = _gateway(request)
     if not may_scrape_metrics(request, gw.config):
-        err = GatewayError(401, "a key is required for /metrics", kind="authentication_error")
+        needed = "the admin key" if gw.config.admin_key is not None else "an API key"
+        err = GatewayError(401, f"/metrics needs {needed}", kind="authentication_error")
         return JSONResponse(error_body(err, "openai"), status_code=401)
     _refresh_kv_gauges(gw)
     request.app.state.store_metrics.refresh()
@@ -215,7 +216,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
         backend = _default_backend(config, registry)
     elif callable(bind := getattr(backend, "bind_metrics", None)):
         bind(registry)  # a pool built outside the app reports on the app's /metrics
-    access_log.install()  # no credential in a logged URL, whichever server runs the app
+    # no credential in a logged URL, whichever server runs the app
+    access_log.install([*config.api_keys, config.admin_key or ""])
     store = RecordStore(config.db_url, batch_size=config.stats_batch_size,
                         flush_interval_s=config.stats_flush_interval_s,
                         max_queue=config.stats_max_queue, spill_path=config.stats_spill_path)

@@ -342,10 +342,18 @@ def engine_from_env(env: Mapping[str, str]) -> EngineConfig:
         raise ValueError(f"{', '.join(named)}: {exc}") from exc
 
 
+_FIELD_DOC = re.compile(r"^    (\w+(?: / \w+)*): (.+(?:\n {8}.+)*)", re.MULTILINE)
+_SENTENCE_END = re.compile(r"\.\s+(?=\S)")
+
+
 def engine_field_help() -> dict[str, str]:
-    """Each field's first line of description in EngineConfig's docstring (`name: text`)."""
-    found = re.findall(r"^\s*(\w+): (.+)$", EngineConfig.__doc__ or "", flags=re.MULTILINE)
-    return {name: text.strip() for name, text in found}
+    """Each field's description in EngineConfig's docstring (`name: text`, continued on lines
+    indented deeper; `a / b: text` for two fields), up to the end of its first sentence."""
+    helps: dict[str, str] = {}
+    for names, text in _FIELD_DOC.findall(EngineConfig.__doc__ or ""):
+        described = _SENTENCE_END.split(" ".join(text.split()), maxsplit=1)[0].rstrip(".")
+        helps.update(dict.fromkeys(names.split(" / "), described))
+    return helps
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from engine import (
     RequestOutput,
     RequestTooLong,
 )
-from gateway.config import GatewayConfig, engine_env_vars, engine_fields
+from gateway.config import GatewayConfig, engine_env_vars, engine_field_help, engine_fields
 from gateway.serve import build_parser, config_from_args
 
 # A valid non-default text value for the EngineConfig fields known when this was written; a
@@ -71,6 +71,17 @@ def test_every_engine_field_has_an_env_var_and_a_serve_flag(name: str) -> None:
     from_flag = config_from_args(build_parser().parse_args([flag, SAMPLES[name]]), {})
     assert getattr(from_flag.engine, name) == EXPECTED[name]
     assert from_env.engine == from_flag.engine == EngineConfig(**{name: EXPECTED[name]})
+
+
+@pytest.mark.parametrize("name", [f.name for f in fields(EngineConfig)])
+def test_every_engine_flag_is_described_by_whole_sentences(name: str) -> None:
+    """A flag's help is its field's description in EngineConfig's docstring, cut at the end
+    of a sentence, never mid-way through a line that continues."""
+    doc = " ".join((EngineConfig.__doc__ or "").split())
+    described = engine_field_help()[name]
+    assert described and f"{described}." in doc
+    assert described.count("(") == described.count(")")
+    assert not described.endswith((",", ";", "(", ":"))
 
 
 def test_flags_override_engine_env_and_old_names_still_work() -> None:

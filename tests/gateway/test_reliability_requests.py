@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 from sqlalchemy import select
 
+from gateway import access_log
 from gateway.admission import Admission, AdmissionConfig, Overloaded
 from gateway.auth import SESSION_COOKIE
 from gateway.stats import RequestRecord
@@ -365,6 +366,12 @@ async def test_metrics_need_a_key_whenever_any_key_exists(make_fake_app) -> None
         assert (await http.get("/metrics")).status_code == 401
         assert (await http.get("/metrics", headers={"x-api-key": "nope"})).status_code == 401
         assert (await http.get("/metrics", headers={"x-api-key": "key-bob"})).status_code == 200
+    admin = make_fake_app(api_keys=KEYS, admin_key=ADMIN)
+    async with asgi_client(admin) as http:
+        refused = await http.get("/metrics", headers={"x-api-key": "key-bob"})
+        assert refused.status_code == 401  # a tenant's key is not the admin key it names
+        assert refused.json()["error"]["message"] == "/metrics needs the admin key"
+        assert (await http.get("/metrics", headers={"x-api-key": ADMIN})).status_code == 200
 
 
 class _Lines(logging.Handler):
@@ -400,6 +407,7 @@ def test_no_key_in_any_log_line(make_fake_app) -> None:
             http.get(f"/metrics?key={ADMIN}&x=1")
             http.get(f"/api/stats?window=60&api_key={ADMIN}")
             http.get("/dashboard", params={"token": "key-alice"})
+            http.get("/v1/models", params={"q": "key-alice"})  # a key under any name
             http.post("/dashboard/login", data={"key": ADMIN})
             http.post("/v1/chat/completions", json=CHAT, headers={"x-api-key": "key-alice"})
     finally:
@@ -408,10 +416,22 @@ def test_no_key_in_any_log_line(make_fake_app) -> None:
         for lg in loggers:
             lg.removeHandler(handler)
     access = [line for line in handler.lines if "HTTP/1.1" in line]
-    assert len(access) >= 6, handler.lines  # the access log really ran
+    assert len(access) >= 7, handler.lines  # the access log really ran
     assert any("/dashboard?key=" in line for line in access)
     for line in handler.lines:
         assert ADMIN not in line and "key-alice" not in line, line
+
+
+@pytest.mark.parametrize(("target", "logged"), [
+    ("/v1/models?q=sk-bob-SECRET222&n=2", "/v1/models?q=[redacted]&n=2"),
+    ("/x?a=Bearer%20abc.def", "/x?a=[redacted]"),
+    ("/x?jwt=eyJhbGciOi.eyJzdWIiOi.sig", "/x?jwt=[redacted]"),
+    ("/x?p=ghp_0123456789abcdef", "/x?p=[redacted]"),
+    ("/api/stats?window=60&model=skate", "/api/stats?window=60&model=skate"),  # kept
+    ("/v1/models", "/v1/models"),
+])
+def test_credential_looking_query_values_are_redacted(target: str, logged: str) -> None:
+    assert access_log.redact_target(target) == logged
 
 
 @pytest.mark.slow
