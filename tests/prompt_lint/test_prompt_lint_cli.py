@@ -154,3 +154,45 @@ def test_prefixgate_lint_subprocess(log: Path) -> None:
                             "print('torch' in sys.modules)"], capture_output=True, text=True,
                            timeout=60, cwd=ROOT)
     assert probe.stdout.strip() == "False"
+
+
+def _sessions_log(path: Path, system: str, users: list[str]) -> list[str]:
+    """Write one session per user id, three turns each, system prompt `system` with the id
+    in place of {uid}; returns each line's user id."""
+    lines, ids = [], []
+    for s, uid in enumerate(users):
+        for t in range(3):
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": system.format(uid=uid)},
+                {"role": "user", "content": f"Question 0 for session {s}: find flights"}]
+            for k in range(t):
+                messages += [{"role": "assistant", "content": "ok"},
+                             {"role": "user", "content": f"Question {k + 1} for session {s}"}]
+            lines.append(json.dumps({"model": "gpt-4o", "messages": messages}) + "\n")
+            ids.append(uid)
+    path.write_text("".join(lines))
+    return ids
+
+
+@pytest.mark.parametrize("system", [
+    "[uid={uid}] You are TravelBot, a helpful travel agent for Acme Corp. Always be concise "
+    "and cite prices in EUR.",
+    "User: {uid}. You are TravelBot, a helpful travel agent for Acme Corp. Always be concise "
+    "and cite prices in EUR.",
+])
+def test_lint_finds_a_user_id_at_the_front_of_a_one_line_prompt(
+        tmp_path: Path, system: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """QA's uid2 log: four sessions whose one-line system prompts differ only by the user id
+    at the front. Before: 0 findings, four families, "cacheable prefix: 100.0%"."""
+    path = tmp_path / "uid.jsonl"
+    ids = _sessions_log(path, system, ["user_44cb63", "user_204f89", "user_829868",
+                                       "user_3c5fd7"])
+    code, out, _ = run(lint_main, [str(path), "--format", "json", "--show-values"], capsys)
+    doc = json.loads(out)
+    assert code == 1
+    assert len({r["family"] for r in doc["requests"]}) == 1
+    for entry, uid in zip(doc["requests"], ids, strict=True):
+        assert [(f["rule"], f["value"]) for f in entry["findings"]] == [("PL013", uid)]
+        assert entry["cacheable_tokens"] < entry["prompt_tokens"] // 4  # it breaks at the id
+    code, out, _ = run(lint_main, [str(path)], capsys)
+    assert code == 1 and "by rule: PL013 12" in out and "cacheable prefix: 100.0%" not in out
