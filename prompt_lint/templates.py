@@ -304,7 +304,9 @@ class TemplateLearner:
     def _found(self, key: _Key, targets: list[Segment],
                lines: dict[str, list[str]], keys: dict[str, str]) -> Family:
         skeleton = "\x01".join(f"{p}\x02" + "\n".join(ls) for p, ls in sorted(lines.items()))
-        fid = hashlib.blake2b(skeleton.encode(), digest_size=6).hexdigest()
+        # lone surrogates (a library caller's dict may hold one) hash like other text
+        fid = hashlib.blake2b(skeleton.encode("utf-8", "surrogatepass"),
+                              digest_size=6).hexdigest()
         while fid in self.families:  # same skeleton but below similarity: keep ids unique
             fid = hashlib.blake2b(fid.encode(), digest_size=6).hexdigest()
         hashes = key.lines

@@ -202,3 +202,15 @@ def test_a_session_id_keeps_its_scope_beside_a_per_request_timestamp(system: Any
 
 def STAMP(session: int, turn: int) -> str:  # noqa: N802 (reads as a constant in the prompts)
     return f"2026-05-0{session + 1}T10:{turn:02d}:00Z"
+
+
+def test_the_library_lints_a_lone_surrogate_like_other_text() -> None:
+    """The CLI refuses a line with a lone surrogate escape (as the gateway does); a library
+    caller's dict may still hold one, and the family id's hash raised UnicodeEncodeError on
+    it. It is hashed as it is (`surrogatepass`), like the session fingerprint and the pairs."""
+    log = sessions_log(lambda s, t, uid: f"Current time: {STAMP(s, t)}\ud800. {AGENT} {uid}")
+    learner, reports = two_pass(log)
+    assert len({r.family for r in reports}) == 1
+    assert all(STAMP(i // 3, i % 3) in values(r) for i, r in enumerate(reports))
+    fixed = rewrite_request(log[-1], report=reports[-1], learner=learner).body
+    assert "\ud800" in fixed["messages"][0]["content"]
