@@ -15,8 +15,10 @@ from operator import add
 
 #: Alignment tokens: a word with its inner punctuation (a timestamp, a handle, a path)
 #: or a run of punctuation, so "(light rain)." aligns as "(", "light", "rain", ")."
-#: and a changing value's span stops where the value does.
-_WORD_RE = re.compile(r"\w(?:\S*\w)?|[^\w\s]+")
+#: and a changing value's span stops where the value does. "=" ends a word: in
+#: "uid=user_44cb63" the label and "=" are tokens of their own, so a changing value's
+#: span holds the value and not the stable label before it.
+_WORD_RE = re.compile(r"\w(?:[^\s=]*\w)?|[^\w\s]+")
 
 def words(line: str) -> list[tuple[int, int]]:
     """Character spans of the alignment tokens of `line`."""
@@ -64,12 +66,15 @@ VALUE_GAP = 3
 Piece = tuple[int, int, int]
 
 
-def value_groups(pieces: list[Piece], dynamic: set[int]) -> list[list[Piece]]:
+def value_groups(pieces: list[Piece], dynamic: set[int]
+                 ) -> list[tuple[tuple[int, int], list[Piece]]]:
     """A line's dynamic pieces grouped into values by the reference's dynamic words: words at
     most `VALUE_GAP` stable words apart are one value (a date and its time, a tip of several
     words), farther apart two (a timestamp at a line's start, a user handle at its end), so
     the stable words between them are part of neither. The groups follow the reference, not
-    each request's diff, so a line splits the same way in every request once learned."""
+    each request's diff, so a line splits the same way in every request once learned. Each
+    group comes with its value's first and last reference word (what the session evidence
+    of that value is keyed by)."""
     bounds: list[tuple[int, int]] = []  # first and last reference word of each value
     for k in sorted(dynamic):
         if bounds and k - bounds[-1][1] <= VALUE_GAP + 1:
@@ -80,7 +85,7 @@ def value_groups(pieces: list[Piece], dynamic: set[int]) -> list[list[Piece]]:
     for piece in pieces:
         nearest = min(range(len(bounds)), key=lambda g: _gap(bounds[g], piece[0]))
         groups.setdefault(nearest, []).append(piece)
-    return [groups[g] for g in sorted(groups)]
+    return [(bounds[g], groups[g]) for g in sorted(groups)]
 
 
 def _gap(bound: tuple[int, int], word: int) -> int:

@@ -1,7 +1,9 @@
 """`prefixgate lint` and `prefixgate fix`.
 
 lint: exit 0 when no finding reaches `--fail-on`, 1 when one does, 2 on bad
-input (nothing else printed). fix: writes the rewritten requests as JSONL
+input or an output that cannot be written (one `file[:line]: problem` line on
+stderr, nothing else printed; never a traceback, whose exit status 1 would read
+as a finding). fix: writes the rewritten requests as JSONL
 (or one JSON document when the input was a single JSON object and OUT ends
 in .json). Both learn templates over the whole log first (two passes), unless
 `--online` asks for the one-pass behaviour a gateway has.
@@ -72,27 +74,50 @@ def _prepare(parser: argparse.ArgumentParser,
     try:
         get_encoding(args.encoding)
         requests = load_requests(args.inputs, args.provider)
+        _check_output(args.output)
     except (InputError, ValueError) as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
     return args, requests
 
 
-def _write(path: str | None, text: str) -> None:
+def _check_output(path: str | None) -> None:
+    """Refuse an output path that is a directory or in no directory before the work (a
+    typo should not cost a lint of the whole log); `_write` reports what this cannot see
+    (permissions, a full disk)."""
+    if path is None or path == "-":
+        return
+    if Path(path).is_dir():
+        raise InputError(f"{path}: cannot write: Is a directory")
+    if not Path(path).parent.is_dir():
+        raise InputError(f"{path}: cannot write: No such directory")
+
+
+def _write(prog: str, path: str | None, text: str) -> bool:
+    """Write `text` to `path` (stdout for None or "-"); False, after one error line on
+    stderr, when the file cannot be written."""
     if path is None or path == "-":
         sys.stdout.write(text)
-    else:
+        return True
+    try:
         Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(f"{prog}: {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def lint_main(argv: list[str]) -> int:
-    """`prefixgate lint`: report findings; exit 0 clean, 1 findings, 2 bad input."""
-    prepared = _prepare(_lint_parser(), argv)
+    """`prefixgate lint`: report findings; exit 0 clean, 1 findings, 2 bad input or output."""
+    parser = _lint_parser()
+    prepared = _prepare(parser, argv)
     if isinstance(prepared, int):
         return prepared
     args, requests = prepared
     reports = _lint_all(requests, args, TemplateLearner(max_families=args.max_families))
-    _write(args.output, render(args.format, requests, reports, args.show_values))
+    if not _write(parser.prog, args.output,
+                  render(args.format, requests, reports, args.show_values)):
+        return 2
     if args.fail_on == "never":
         return 0
     floor = SEVERITY_RANK[args.fail_on]
@@ -101,8 +126,9 @@ def lint_main(argv: list[str]) -> int:
 
 
 def fix_main(argv: list[str]) -> int:
-    """`prefixgate fix IN -o OUT`: write rewritten requests; exit 2 on bad input."""
-    prepared = _prepare(_fix_parser(), argv)
+    """`prefixgate fix IN -o OUT`: write rewritten requests; exit 2 on bad input or output."""
+    parser = _fix_parser()
+    prepared = _prepare(parser, argv)
     if isinstance(prepared, int):
         return prepared
     args, requests = prepared
@@ -114,7 +140,8 @@ def fix_main(argv: list[str]) -> int:
     single = len(bodies) == 1 and str(args.output).endswith(".json")
     text = json.dumps(bodies[0], ensure_ascii=False, indent=2) + "\n" if single else \
         "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in bodies)
-    _write(args.output, text)
+    if not _write(parser.prog, args.output, text):
+        return 2
     changed = sum(r.changed for r in results)
     moved = sum(len(r.moved) for r in results)
     print(f"prefixgate fix: {len(results)} requests, {changed} rewritten, {moved} values moved "

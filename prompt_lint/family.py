@@ -7,7 +7,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-__all__ = ["Family", "FamilyMatch", "LearnedSpan", "LearnerConfig"]
+__all__ = ["Family", "FamilyMatch", "LearnedSpan", "LearnerConfig", "LineSpan", "LineValues",
+           "TextSpan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,26 +53,42 @@ class LearnedSpan(NamedTuple):
     scope: str = "request"
 
 
+#: A changed line's values, compared one by one across a session's requests: (reference
+#: word, hash of the text aligned there) for each run of words unlike the reference.
+LineValues = tuple[tuple[int, int], ...]
+#: A learned span on a line: start, end (in the line), its value's first and last
+#: reference word (the session evidence that scopes it).
+LineSpan = tuple[int, int, int, int]
+#: A learned span in a text: start, end, reference line (-1: a line the reference lacks),
+#: its value's first and last reference word.
+TextSpan = tuple[int, int, int, int, int]
+
+
 @dataclass(slots=True)
 class _Template:
     lines: list[str]
     dynamic: dict[int, set[int]] = field(default_factory=dict)  # line -> word indexes
-    within: set[int] = field(default_factory=set)  # lines that changed inside a session
+    #: line -> reference words whose value changed inside a session (per value, not per
+    #: line: a timestamp that changes every request leaves a user id on its line in scope)
+    within: dict[int, set[int]] = field(default_factory=dict)
     repeats: int = 0  # same-session request pairs compared on this template
     last_text: str = ""
-    last_spans: list[tuple[int, int, int]] = field(default_factory=list)  # start, end, line
-    last_differ: dict[int, int] | None = None  # line -> hash of lines unlike the reference
-    #: line -> (last text seen there, its known-dynamic count, its spans): session
+    last_spans: list[TextSpan] = field(default_factory=list)
+    last_differ: dict[int, LineValues] | None = None  # line -> values, lines unlike the reference
+    #: line -> (last text seen there, its known-dynamic count, its spans and values): session
     #: constants repeat a changed line request after request
-    line_memo: dict[int, tuple[str, int, list[tuple[int, int]]]] = field(default_factory=dict)
+    line_memo: dict[int, tuple[str, int, tuple[list[LineSpan], LineValues]]] = field(
+        default_factory=dict)
 
 
 @dataclass(slots=True)
 class Family:
-    """One prompt family: id, line index, per-path templates, cross-request tool state."""
+    """One prompt family: id, line hashes and word-pair sample, per-path templates,
+    cross-request tool state."""
 
     id: str
     line_hashes: frozenset[int]
+    pair_sample: frozenset[int] = frozenset()  # the founding request's (prompt_lint.pairs)
     templates: dict[str, _Template] = field(default_factory=dict)
     chars: int = 0
     requests: int = 0
@@ -86,7 +103,7 @@ class Family:
     def held_bytes(self) -> int:
         """Estimated bytes held: templates, hashes and the session evidence."""
         return self.bytes + sum(self.session_bytes.values())
-    session_lines: OrderedDict[str, dict[str, dict[int, int] | None]] = field(
+    session_lines: OrderedDict[str, dict[str, dict[int, LineValues] | None]] = field(
         default_factory=OrderedDict)  # session -> template key -> last differing lines
 
     @property

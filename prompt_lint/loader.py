@@ -1,19 +1,32 @@
 """Reading request logs: JSONL, a single JSON file (object or array), or a directory.
 
 Everything is read and validated before anything is linted, so bad input
-gives one clear error (file, line, problem) and no partial report.
-A log record may be the request body itself or an envelope holding it under
-`body` or `request`.
+gives one clear error (file, line, problem) and no partial report: bytes that
+are not UTF-8, invalid JSON, JSON nested deeper than `MAX_DEPTH` levels, a lone
+UTF-16 surrogate escape (`"\ud800"`: not Unicode, so no encoder, upstream or
+report can carry it; the gateway refuses such a body too), or a record that is
+not a request. A log record may be the request body itself or an envelope
+holding it under `body` or `request`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 from prompt_lint.providers import PROVIDERS, Provider, RequestError, detect_provider, validate
+
+#: Nesting a record may have. Far below the interpreter's recursion limit (a parse of
+#: about 1000 levels overflowed it), so nothing that walks or serialises a record later
+#: (compact JSON, canonical tool JSON) can; request bodies are a few levels deep.
+MAX_DEPTH = 128
+#: A UTF-16 surrogate escape in JSON text: only a line holding one can parse to a lone
+#: surrogate (the text itself is valid UTF-8).
+_SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class InputError(ValueError):
@@ -45,7 +58,9 @@ def load_requests(paths: list[str], provider: str | None = None) -> list[LoadedR
 
 def _texts(path: str) -> list[tuple[str, str]]:
     if path == "-":
-        return [("<stdin>", sys.stdin.read())]
+        stdin = getattr(sys.stdin, "buffer", None)  # None where stdin was replaced by text
+        return [("<stdin>", sys.stdin.read() if stdin is None else _decode("<stdin>",
+                                                                           stdin.read()))]
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file())
@@ -57,9 +72,23 @@ def _texts(path: str) -> list[tuple[str, str]]:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from exc
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return _decode(str(path), raw)
+
+
+def _decode(source: str, raw: bytes) -> str:
+    """`raw` as UTF-8 text; else an InputError at the line and column of the first byte
+    that is not UTF-8 (as for a line that is not JSON: the whole input is refused)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        start = raw.rfind(b"\n", 0, exc.start) + 1
+        column = len(raw[start:exc.start].decode("utf-8", "replace")) + 1
+        raise InputError(f"{source}:{line}: not UTF-8: byte 0x{raw[exc.start]:02x} "
+                         f"(column {column})") from None
 
 
 def _records(source: str, text: str) -> list[tuple[int, Any]]:
@@ -67,24 +96,67 @@ def _records(source: str, text: str) -> list[tuple[int, Any]]:
     if not stripped:
         return []
     if stripped[0] in "[{":
-        try:
-            whole = json.loads(stripped)
-        except json.JSONDecodeError:
-            whole = None
+        whole = _document(source, text, stripped)
         if isinstance(whole, list):
             return [(1, record) for record in whole]
         if whole is not None:
             return [(1, whole)]
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append((n, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{source}:{n}: invalid JSON: {exc.msg} (column {exc.colno})") \
-                from exc
+        if line.strip():
+            out.append((n, _parse(f"{source}:{n}", line)))
     return out
+
+
+def _document(source: str, text: str, stripped: str) -> Any:
+    """The input as one JSON document (an object, or an array of records), checked like a
+    line; None when it is not one (JSONL)."""
+    first = text.count("\n", 0, len(text) - len(text.lstrip())) + 1
+    where = f"{source}:{first}"
+    try:
+        whole = json.loads(stripped)
+    except json.JSONDecodeError:
+        return None
+    except RecursionError:  # the first value (a document or a line) is too deep
+        raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels") from None
+    for record in whole if isinstance(whole, list) else [whole]:
+        _check_value(where, record, _SURROGATE_ESCAPE.search(stripped) is not None)
+    return whole
+
+
+def _parse(where: str, line: str) -> Any:
+    """One JSONL line, checked (`_check_value`); `where` is its file:line."""
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels") from None
+    if line.count("[") + line.count("{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(line):
+        _check_value(where, value, True)
+    return value
+
+
+def _check_value(where: str, value: Any, strings: bool) -> None:
+    """Refuse a record nested deeper than `MAX_DEPTH` or (with `strings`: its text held a
+    surrogate escape) one whose keys or strings hold a lone surrogate. Walks one nesting
+    level at a time, without recursion."""
+    level, depth = [value], 0
+    while level:
+        deeper: list[Any] = []
+        for node in level:
+            if isinstance(node, dict):
+                deeper += node.keys()
+                deeper += node.values()
+            elif isinstance(node, list):
+                deeper += node
+            elif strings and isinstance(node, str) and (found := _SURROGATE.search(node)):
+                near = node[max(found.start() - 20, 0):found.end() + 20]
+                raise InputError(f"{where}: lone UTF-16 surrogate escape in a string, "
+                                 f"{ascii(near)} (not Unicode)")
+        if deeper and (depth := depth + 1) > MAX_DEPTH:
+            raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels")
+        level = deeper
 
 
 def _request(source: str, line: int, record: Any, provider: str | None) -> LoadedRequest:

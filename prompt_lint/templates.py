@@ -3,18 +3,23 @@
 A request's template material (system prompt, tool descriptions, tool names)
 is cut into lines. Lines with pattern-detected values masked are hashed, a long
 line's two ends on their own as well (a value no pattern names changes a line's
-hash, not its ends); a request joins the family whose hash set it overlaps most (Jaccard >=
-`min_similarity`), or founds a new one. Each family keeps, per path, the
-founding request's lines as a reference, and marks reference words that were
-seen to differ as dynamic. A new request is aligned to the reference line by
-line, then word by word inside changed lines; words that differ, or sit on a
-known-dynamic word, are learned dynamic spans. Pattern-detected values are
-compared like any other text: the family's requests are the evidence.
+hash, not its ends), and so is a sample of the masked text's word pairs
+(`prompt_lint.pairs`: a value changes only the pairs around it, wherever it sits
+on its line). A request joins the family whose hashes it shares most (Jaccard
+similarity >= `min_similarity` of the line hashes and pair samples together, or
+of the line hashes alone where that is higher), or founds a new one. Each
+family keeps, per path, the founding request's lines as a reference, and marks
+reference words that were seen to differ as dynamic. A new request is aligned
+to the reference line by line, then word by word inside changed lines; words
+that differ, or sit on a known-dynamic word, are learned dynamic spans.
+Pattern-detected values are compared like any other text: the family's
+requests are the evidence.
 
-Evidence per reference line also says how a value varies: a line that
-changed between two requests of one session varies per request; a line that
-varies across sessions but never inside one is session-scoped (its learned
-spans carry `scope="session"`). Once a family has seen two sessions and two
+Evidence per value (a run of reference words) also says how it varies: a value
+that changed between two requests of one session varies per request; a value
+that varies across sessions but never inside one is session-scoped (its learned
+spans carry `scope="session"`), even on a line whose other value (a timestamp)
+changes every request. Once a family has seen two sessions and two
 requests of one session, a path whose template is known is *settled*:
 anything on it that did not vary is stable, whatever it looks like
 (FamilyMatch.settled); with two sessions but no repeat yet it is *partial*
@@ -37,7 +42,7 @@ from __future__ import annotations
 import hashlib
 from itertools import compress
 from operator import ne
-from typing import Any
+from typing import Any, NamedTuple
 
 from prompt_lint.align import line_offsets, line_pairs, region, value_groups, word_opcodes, words
 from prompt_lint.detectors import Span
@@ -47,10 +52,14 @@ from prompt_lint.family import (  # the learner's data types, re-exported here
     FamilyMatch,
     LearnedSpan,
     LearnerConfig,
+    LineSpan,
+    LineValues,
+    TextSpan,
     _Template,
 )
 from prompt_lint.incremental import shared_bounds
 from prompt_lint.memo import LRU, caching, text_bytes
+from prompt_lint.pairs import merge_samples, pair_sample
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
 
@@ -71,6 +80,15 @@ _HASH_BYTES = 56
 _FAMILY_BYTES = 4096
 _TEMPLATE_COPIES = 3
 _EVIDENCE_BYTES = 512  # one session's evidence entry: its dicts, before their lines
+_VALUE_BYTES = 128  # one value of a changed line in it: (word, hash) tuple, its ints
+
+
+class _Key(NamedTuple):
+    """What a request (or one of its strings) is matched to families by: its line hashes
+    and its word-pair sample."""
+
+    lines: frozenset[int]
+    pairs: frozenset[int]
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -130,10 +148,10 @@ class TemplateLearner:
         self.families: LRU[str, Family] = LRU(cfg.max_families, cfg.family_bytes,
                                               evicted=self._unindex, switchable=False)
         self._index: dict[int, set[str]] = {}
-        self._recent: LRU[frozenset[int], str] = LRU(4 * cfg.max_families, cfg.memo_bytes // 4)
-        self._masks: LRU[str, tuple[list[str], frozenset[int]]] = LRU(
-            _MASK_CACHE, cfg.memo_bytes // 2)
-        self._sets: LRU[tuple[tuple[str, ...], tuple[frozenset[int], ...]], frozenset[int]] = \
+        self._pair_index: dict[int, set[str]] = {}
+        self._recent: LRU[_Key, str] = LRU(4 * cfg.max_families, cfg.memo_bytes // 4)
+        self._masks: LRU[str, tuple[list[str], _Key]] = LRU(_MASK_CACHE, cfg.memo_bytes // 2)
+        self._sets: LRU[tuple[tuple[str, ...], tuple[_Key, ...]], _Key] = \
             LRU(_MASK_CACHE, cfg.memo_bytes // 4)
         self.sessions = SessionTracker(max_sessions=cfg.max_sessions,
                                        max_bytes=cfg.session_bytes)
@@ -160,16 +178,16 @@ class TemplateLearner:
         """
         keys = {t.path: template_key(t.path, tool_names) for t in targets}
         lines: dict[str, list[str]] = {}
-        parts: list[frozenset[int]] = []
+        parts: list[_Key] = []
         for target in targets:
-            lines[target.path], line_hashes = self._masked(target, spans.get(target.path, []))
-            parts.append(line_hashes)
-        hashes = self._line_set(tool_names, parts)
-        family = self._match_cached(hashes)
+            lines[target.path], part = self._masked(target, spans.get(target.path, []))
+            parts.append(part)
+        key = self._request_key(tool_names, parts)
+        family = self._match_cached(key)
         if family is None:
             if self.frozen:
                 return FamilyMatch(None, [])
-            family = self._found(hashes, targets, lines, keys)
+            family = self._found(key, targets, lines, keys)
         self.families.get(family.id)  # now the most recently used
         if not self.frozen:
             family.requests += 1
@@ -201,7 +219,7 @@ class TemplateLearner:
         family.session_lines[session] = now
         family.session_lines.move_to_end(session)
         family.session_bytes[session] = text_bytes(session) + _EVIDENCE_BYTES + \
-            _HASH_BYTES * 2 * sum(len(lines) for lines in now.values() if lines)
+            sum(_evidence_bytes(lines) for lines in now.values() if lines)
         if len(family.session_lines) > _SESSIONS_PER_FAMILY:
             dropped, _ = family.session_lines.popitem(last=False)
             family.session_bytes.pop(dropped, None)
@@ -215,97 +233,110 @@ class TemplateLearner:
             template = family.templates[key]
             template.repeats += 1
             if lines != old:
-                template.within.update(i for i in lines.keys() | old.keys()
-                                       if lines.get(i) != old.get(i))
+                for i, k in _changed_values(lines, old):
+                    template.within.setdefault(i, set()).add(k)
 
-    def _masked(self, target: Segment, spans: list[Span]) -> tuple[list[str], frozenset[int]]:
-        """Masked lines of a target and their hashes, cached on the masked text (tool
-        texts repeat; a system prompt that differs only in detected values masks the same)."""
+    def _masked(self, target: Segment, spans: list[Span]) -> tuple[list[str], _Key]:
+        """Masked lines of a target, their hashes and its word-pair sample, cached on the
+        masked text (tool texts repeat; a system prompt that differs only in detected
+        values masks the same)."""
         text = masked_text(target.text, spans)
         found = self._masks.get(text)
         if found is None:
             masked = text.split("\n")
-            found = (masked, _line_hashes(masked))
-            # the text, its lines (as many characters again, a header each), the hash set
+            found = (masked, _Key(_line_hashes(masked), pair_sample(text)))
+            # the text, its lines (as many characters again, a header each), the hash sets
             weight = 2 * text_bytes(text) + _LINE_BYTES * len(masked) + \
-                _HASH_BYTES * len(found[1])
+                _HASH_BYTES * (len(found[1].lines) + len(found[1].pairs))
             self._masks.put(text, found, weight)
         return found
 
-    def _line_set(self, tool_names: list[str], parts: list[frozenset[int]]) -> frozenset[int]:
-        """The request's line hashes (tool names and masked lines, at most `max_lines`),
-        cached on the per-target hash sets (the same objects while `_masks` holds them)."""
+    def _request_key(self, tool_names: list[str], parts: list[_Key]) -> _Key:
+        """The request's line hashes (tool names and masked lines, at most `max_lines`) and
+        word-pair sample, cached on the per-target keys (the same objects while `_masks`
+        holds them)."""
         key = (tuple(tool_names), tuple(parts))
         found = self._sets.get(key)
         if found is not None:
             return found
         hashes: set[int] = {hash("\x00tool\x00" + name) for name in tool_names}
         for part in parts:
-            hashes |= part
+            hashes |= part.lines
         if len(hashes) > self.config.max_lines:
             hashes = set(list(hashes)[: self.config.max_lines])
-        found = frozenset(hashes)
-        weight = sum(map(text_bytes, tool_names)) + \
-            _HASH_BYTES * (len(found) + sum(map(len, parts)))
+        found = _Key(frozenset(hashes), merge_samples(part.pairs for part in parts))
+        weight = sum(map(text_bytes, tool_names)) + _HASH_BYTES * (
+            _key_size(found) + sum(map(_key_size, parts)))
         return self._sets.put(key, found, weight)
 
-    def _match_cached(self, hashes: frozenset[int]) -> Family | None:
-        """_match, memoised on the exact line set (requests of a family mostly repeat it)."""
-        fid = self._recent.get(hashes)
+    def _match_cached(self, key: _Key) -> Family | None:
+        """_match, memoised on the exact key (requests of a family mostly repeat it)."""
+        fid = self._recent.get(key)
         found = self.families.peek(fid) if fid is not None else None
         if found is not None:
             return found
-        family = self._match(hashes)
+        family = self._match(key)
         if family is not None:
-            self._recent.put(hashes, family.id, _HASH_BYTES * len(hashes) + 256)
+            self._recent.put(key, family.id, _HASH_BYTES * _key_size(key) + 256)
         return family
 
-    def _match(self, hashes: frozenset[int]) -> Family | None:
+    def _match(self, key: _Key) -> Family | None:
+        """The family most like the request: the Jaccard similarity of their line hashes
+        and word-pair samples together, or of their line hashes alone where that is higher
+        (the samples only add matches: a request that shares enough lines joins as it
+        did without them, whatever its value does to the pairs)."""
         candidates: set[str] = set()
-        for h in sorted(hashes)[:_PROBES]:
+        for h in sorted(key.lines)[:_PROBES]:
             candidates.update(self._index.get(h, ()))
+        for h in key.pairs:
+            candidates.update(self._pair_index.get(h, ()))
         best, best_score = None, 0.0
         for fid, family in zip(candidates, map(self.families.peek, candidates), strict=True):
             if family is None:
                 continue
-            lines = family.line_hashes
-            n = len(hashes & lines)
-            score = n / (len(hashes) + len(lines) - n)
+            score = _similarity(key, _Key(family.line_hashes, family.pair_sample))
             if score > best_score or (score == best_score and best is not None and fid < best):
                 best, best_score = fid, score
         if best is None or best_score < self.config.min_similarity:
             return None
         return self.families.peek(best)
 
-    def _found(self, hashes: frozenset[int], targets: list[Segment],
+    def _found(self, key: _Key, targets: list[Segment],
                lines: dict[str, list[str]], keys: dict[str, str]) -> Family:
         skeleton = "\x01".join(f"{p}\x02" + "\n".join(ls) for p, ls in sorted(lines.items()))
-        fid = hashlib.blake2b(skeleton.encode(), digest_size=6).hexdigest()
+        # lone surrogates (a library caller's dict may hold one) hash like other text
+        fid = hashlib.blake2b(skeleton.encode("utf-8", "surrogatepass"),
+                              digest_size=6).hexdigest()
         while fid in self.families:  # same skeleton but below similarity: keep ids unique
             fid = hashlib.blake2b(fid.encode(), digest_size=6).hexdigest()
-        family = Family(fid, hashes)
+        hashes = key.lines
+        family = Family(fid, hashes, pair_sample=key.pairs)
         for target in targets:
             if family.chars + len(target.text) <= self.config.max_template_chars:
                 family.templates[keys[target.path]] = _Template(target.text.split("\n"))
                 family.chars += len(target.text)
                 family.bytes += _TEMPLATE_COPIES * text_bytes(target.text) + \
                     2 * _LINE_BYTES * (target.text.count("\n") + 1)
-        family.bytes += _FAMILY_BYTES + 2 * _HASH_BYTES * len(hashes)  # its hashes, the index
+        family.bytes += _FAMILY_BYTES + 2 * _HASH_BYTES * _key_size(key)  # its hashes, the index
         for h in hashes:
             self._index.setdefault(h, set()).add(fid)
+        for h in key.pairs:
+            self._pair_index.setdefault(h, set()).add(fid)
         self.families.put(fid, family, family.held_bytes)
         if fid not in self.families:  # heavier than the whole budget: not kept
             self._unindex(fid, family)
         return family
 
     def _unindex(self, fid: str, family: Family) -> None:
-        """Remove a dropped family from the line index."""
-        for h in family.line_hashes:
-            owners = self._index.get(h)
-            if owners is not None:
-                owners.discard(fid)
-                if not owners:
-                    del self._index[h]
+        """Remove a dropped family from the line and pair indexes."""
+        for index, hashes in ((self._index, family.line_hashes),
+                              (self._pair_index, family.pair_sample)):
+            for h in hashes:
+                owners = index.get(h)
+                if owners is not None:
+                    owners.discard(fid)
+                    if not owners:
+                        del index[h]
 
     def _align(self, family: Family, target: Segment, key: str) -> None:
         """Diff the target against its template (learning), caching the answer on the text."""
@@ -319,7 +350,7 @@ class TemplateLearner:
             template.last_text = target.text
 
     def _diff_since(self, template: _Template, text: str
-                    ) -> tuple[list[tuple[int, int, int]], dict[int, int]] | None:
+                    ) -> tuple[list[TextSpan], dict[int, LineValues]] | None:
         """_diff by updating the last answer: only the lines that hold characters that
         changed since the last text are diffed again (a new timestamp re-diffs one line
         of a long prompt). None when the line count changed: then diff it whole."""
@@ -334,47 +365,52 @@ class TemplateLearner:
         stop = text.find("\n", len(text) - b)
         lines = text[start: len(text) if stop < 0 else stop].split("\n")
         last, delta = first + len(lines) - 1, len(text) - len(old)
-        out = [(s, e, i) if i < first else (s + delta, e + delta, i)
-               for s, e, i in template.last_spans if i < first or i > last]
+        out = [(s, e, i, lo, hi) if i < first else (s + delta, e + delta, i, lo, hi)
+               for s, e, i, lo, hi in template.last_spans if i < first or i > last]
         differ = dict(before)
         ref, pos = template.lines, start
         for i, line in enumerate(lines, start=first):
-            if line != ref[i]:
-                differ[i] = hash(line)
-            else:
-                differ.pop(i, None)
-            if i in differ or i in template.dynamic:
-                found = self._diff_line(template, i, ref[i], line)
-                out += [(pos + s, pos + e, i) for s, e in found]
+            differ.pop(i, None)
+            if line != ref[i] or i in template.dynamic:
+                found, values = self._diff_line(template, i, ref[i], line)
+                out += [(pos + s, pos + e, i, lo, hi) for s, e, lo, hi in found]
+                if line != ref[i]:
+                    differ[i] = values
             pos += len(line) + 1
         return sorted(out), differ
 
     def _diff(self, template: _Template,
-              text: str) -> tuple[list[tuple[int, int, int]], dict[int, int] | None]:
-        """Learned spans (start, end, reference line or -1) and, when the lines align
-        one to one, the hashes of the lines that differ from the reference."""
+              text: str) -> tuple[list[TextSpan], dict[int, LineValues] | None]:
+        """Learned spans (start, end, reference line or -1, the value's reference words)
+        and, when the lines align one to one, the values of the lines that differ from the
+        reference."""
         new = text.split("\n")
         ref = template.lines
-        differ: dict[int, int] | None = None
+        differ: dict[int, LineValues] | None = None
         if len(new) == len(ref):
-            differ = {i: hash(new[i]) for i in compress(range(len(new)), map(ne, ref, new))}
-            pairs = [(i, i) for i in sorted(differ.keys() | template.dynamic.keys())]
+            differ = {}
+            unlike = compress(range(len(new)), map(ne, ref, new))
+            pairs = [(i, i) for i in sorted(template.dynamic.keys() | set(unlike))]
             extra: list[int] = []
         else:
             pairs, extra = line_pairs(ref, new)
         if not pairs and not extra:
             return [], differ
         offsets = line_offsets(new)
-        out = [(offsets[j], offsets[j] + len(new[j]), -1) for j in extra if new[j].strip()]
+        out = [(offsets[j], offsets[j] + len(new[j]), -1, -1, -1)
+               for j in extra if new[j].strip()]
         for i, j in pairs:
-            for s, e in self._diff_line(template, i, ref[i], new[j]):
-                out.append((offsets[j] + s, offsets[j] + e, i))
+            found, values = self._diff_line(template, i, ref[i], new[j])
+            out += [(offsets[j] + s, offsets[j] + e, i, lo, hi) for s, e, lo, hi in found]
+            if differ is not None and new[j] != ref[i]:
+                differ[i] = values
         return sorted(out), differ
 
-    def _diff_line(self, template: _Template, i: int, ref: str, new: str) -> list[tuple[int, int]]:
+    def _diff_line(self, template: _Template, i: int, ref: str,
+                   new: str) -> tuple[list[LineSpan], LineValues]:
         known = template.dynamic.get(i, set())
         if ref == new and not known:
-            return []
+            return [], ()
         memo = template.line_memo.get(i)
         if memo is not None and memo[0] == new and memo[1] == len(known) and caching():
             return memo[2]
@@ -383,32 +419,73 @@ class TemplateLearner:
         return found
 
     def _align_line(self, template: _Template, i: int, ref: str, new: str,
-                    known: set[int]) -> list[tuple[int, int]]:
-        """Word-align one changed line; learns its changed words unless frozen."""
+                    known: set[int]) -> tuple[list[LineSpan], LineValues]:
+        """Word-align one changed line; learns its changed words unless frozen. Returns
+        its spans and its values: per run of words unlike the reference, the first
+        reference word it replaces and the hash of its text (the session evidence)."""
         rw, nw = words(ref), words(new)
         pieces: list[tuple[int, int, int]] = []  # (reference word, start, end) in `new`
         changed: set[int] = set()
+        values: dict[int, int] = {}
         if ref == new:
             pieces = [(k, *nw[k]) for k in sorted(known) if k < len(nw)]
         for op, i1, i2, j1, j2 in word_opcodes(ref, new, rw, nw):
             if op == "equal":
                 pieces += [(k, *nw[j1 + k - i1]) for k in range(i1, i2) if k in known]
                 continue
-            changed.update(range(i1, i2) if i2 > i1 else [max(i1 - 1, 0)])
+            at = i1 if i2 > i1 else max(i1 - 1, 0)
+            changed.update(range(i1, i2) if i2 > i1 else [at])
+            text = new[nw[j1][0]:nw[j2 - 1][1]] if j2 > j1 else ""
+            values[at] = hash((values.get(at), text))
             if j2 > j1:
                 pieces.append((i1, nw[j1][0], nw[j2 - 1][1]))
         if not self.frozen and changed:
             template.dynamic.setdefault(i, set()).update(changed)
-        groups = value_groups(pieces, known | changed)
-        found = region(rw, nw, ref, new, known | changed) if len(groups) < 2 else None
-        spans = [found] if found is not None else [
-            (min(s for _, s, _ in g), max(e for _, _, e in g)) for g in groups]
-        return [(s, e) for s, e in spans if e > s]
+        dynamic = known | changed
+        groups = value_groups(pieces, dynamic)
+        found = region(rw, nw, ref, new, dynamic) if len(groups) < 2 else None
+        spans = [(*found, min(dynamic), max(dynamic))] if found is not None else [
+            (min(s for _, s, _ in g), max(e for _, _, e in g), lo, hi) for (lo, hi), g in groups]
+        return [span for span in spans if span[1] > span[0]], tuple(sorted(values.items()))
+
+
+def _similarity(a: _Key, b: _Key) -> float:
+    """max(Jaccard of the line hashes, Jaccard of line hashes and pair samples together);
+    0.0 for two empty keys."""
+    lines = len(a.lines & b.lines)
+    both = lines + len(a.pairs & b.pairs)
+    return max(lines / max(len(a.lines) + len(b.lines) - lines, 1),
+               both / max(_key_size(a) + _key_size(b) - both, 1))
+
+
+def _key_size(key: _Key) -> int:
+    """Hashes in a key (its line hashes and its sample)."""
+    return len(key.lines) + len(key.pairs)
 
 
 def _spans_of(template: _Template, path: str, settled: bool) -> list[LearnedSpan]:
-    """The template's last learned spans with their scope from the evidence so far."""
+    """The template's last learned spans with their scope from the evidence so far: a
+    value is session-scoped when no reference word of it changed inside a session."""
     session_ok = settled and template.repeats > 0
     return [LearnedSpan(path, s, e, "session" if session_ok and i >= 0 and
-                        i not in template.within else "request")
-            for s, e, i in template.last_spans]
+                        not _changed_within(template, i, lo, hi) else "request")
+            for s, e, i, lo, hi in template.last_spans]
+
+
+def _changed_within(template: _Template, line: int, first: int, last: int) -> bool:
+    """Whether a value on `line` (reference words `first`..`last`) changed inside a session."""
+    return any(first <= k <= last for k in template.within.get(line, ()))
+
+
+def _changed_values(now: dict[int, LineValues],
+                    old: dict[int, LineValues]) -> set[tuple[int, int]]:
+    """(line, reference word) of each value that differs between two requests' evidence (a
+    line unlike the reference in only one of them differs in all its values)."""
+    a = {(i, k): h for i, values in now.items() for k, h in values}
+    b = {(i, k): h for i, values in old.items() for k, h in values}
+    return {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+
+
+def _evidence_bytes(lines: dict[int, LineValues]) -> int:
+    """Estimated bytes of one template's evidence in a session: its lines and their values."""
+    return _HASH_BYTES * 2 * len(lines) + _VALUE_BYTES * sum(map(len, lines.values()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -105,20 +106,111 @@ def test_clean_log_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert [r["source"].endswith(("a.jsonl", "b.json")) for r in doc["requests"]] == [True] * 3
 
 
+def _nested(levels: int) -> str:
+    """A request line whose `metadata` is `levels` arrays deep."""
+    return ('{"model": "x", "messages": [{"role": "user", "content": "hi"}], "metadata": '
+            + "[" * levels + "]" * levels + "}")
+
+
+SURROGATE = ('{"model": "x", "messages": [{"role": "system", "content": "You are helpful '
+             '\\ud800"}, {"role": "user", "content": "hi"}]}')
+
+
 @pytest.mark.parametrize(("line", "problem"), [
     ('{"model": "x", "messages": [', "invalid JSON"),
     ('{"model": "x"}', "'messages' must be a non-empty list"),
     ('{"messages": [{"role": "wizard", "content": "x"}]}', "role 'wizard'"),
-])
+    # a RecursionError traceback and exit 1 (read by CI as a finding) before
+    (_nested(1100), "JSON nested deeper than 128 levels"),
+    (_nested(200), "JSON nested deeper than 128 levels"),  # parses, but past the bound
+    # a UnicodeEncodeError traceback from the family id's hash before
+    (SURROGATE, "lone UTF-16 surrogate escape in a string, 'You are helpful \\ud800'"),
+], ids=["invalid-json", "no-messages", "bad-role", "nested-1100", "nested-200", "surrogate"])
+@pytest.mark.parametrize("fmt", ["text", "json", "sarif"])
 def test_bad_input_exits_two_without_partial_report(tmp_path: Path, line: str, problem: str,
+                                                    fmt: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(CLEAN) + "\n\n" + line + "\n" + json.dumps(CLEAN) + "\n")
-    code, out, err = run(lint_main, [str(path)], capsys)
+    code, out, err = run(lint_main, [str(path), "--format", fmt], capsys)
     assert code == 2 and out == ""
-    assert f"{path}:3:" in err and problem in err
+    assert err == f"prefixgate lint: {path}:3: " + err.split(f"{path}:3: ", 1)[1]
+    assert problem in err and len(err.splitlines()) == 1
     code, _, err = run(fix_main, [str(path), "-o", str(tmp_path / "out.jsonl")], capsys)
     assert code == 2 and not (tmp_path / "out.jsonl").exists()
+    assert err.startswith(f"prefixgate fix: {path}:3: ") and problem in err
+
+
+def test_a_deep_first_line_is_refused_at_its_line(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The first line is parsed once as a whole document first (a JSON file): its
+    RecursionError escaped from there too."""
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n" + _nested(1100) + "\n" + json.dumps(CLEAN) + "\n")
+    code, out, err = run(lint_main, [str(path)], capsys)
+    assert (code, out) == (2, "") and f"{path}:2: JSON nested deeper than 128 levels" in err
+    path.write_text(json.dumps(json.loads(_nested(129)), indent=1))  # one pretty JSON file
+    code, _, err = run(lint_main, [str(path)], capsys)
+    assert code == 2 and f"{path}:1: JSON nested deeper than 128 levels" in err
+    path.write_text(_nested(127) + "\n")  # within the bound: linted
+    assert run(lint_main, [str(path)], capsys)[0] == 0
+
+
+def test_a_line_that_is_not_utf8_is_refused_at_its_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As for a line that is not JSON: exit 2, `file:line: problem`. Before, the message had
+    no line (`file: cannot read: 'utf-8' codec can't decode…`), and from stdin it was a
+    UnicodeDecodeError traceback."""
+    raw = (json.dumps(CLEAN) + "\n\n").encode() + \
+        b'{"model": "x", "messages": [{"role": "user", "content": "h\xff"}]}\n'
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(raw)
+    problem = ":3: not UTF-8: byte 0xff (column 59)"
+    code, out, err = run(lint_main, [str(path)], capsys)
+    assert (code, out, err) == (2, "", f"prefixgate lint: {path}{problem}\n")
+    code, _, err = run(fix_main, [str(path), "-o", str(tmp_path / "out.jsonl")], capsys)
+    assert (code, err) == (2, f"prefixgate fix: {path}{problem}\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8"))
+    code, out, err = run(lint_main, ["-"], capsys)
+    assert (code, out, err) == (2, "", f"prefixgate lint: <stdin>{problem}\n")
+
+
+@pytest.mark.parametrize("where", ["missing-dir", "directory", "denied"])
+@pytest.mark.parametrize("main", [lint_main, fix_main], ids=["lint", "fix"])
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_two(
+        tmp_path: Path, where: str, main: Any, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """-o in a directory that does not exist, -o naming a directory, -o where writing is
+    refused: one `path: cannot write: reason` line, exit 2 (an OSError traceback and exit 1,
+    a finding to CI, before)."""
+    src = tmp_path / "log.jsonl"
+    src.write_text(json.dumps(CLEAN) + "\n")
+    out_path = {"missing-dir": tmp_path / "no" / "such" / "x.jsonl", "directory": tmp_path,
+                "denied": tmp_path / "x.jsonl"}[where]
+    reason = {"missing-dir": "No such directory", "directory": "Is a directory",
+              "denied": "Permission denied"}[where]
+    if where == "denied":  # the tests may run as root, which no file mode stops
+        def refuse(self: Path, *args: Any, **kwargs: Any) -> int:
+            raise PermissionError(13, "Permission denied", str(self))
+        monkeypatch.setattr(Path, "write_text", refuse)
+    code, out, err = run(main, [str(src), "-o", str(out_path)], capsys)
+    prog = "prefixgate lint" if main is lint_main else "prefixgate fix"
+    assert (code, out, err) == (2, "", f"{prog}: {out_path}: cannot write: {reason}\n")
+
+
+def test_cli_errors_are_never_a_traceback(tmp_path: Path) -> None:
+    """The real command on QA's inputs: exit 2 and one line, never exit 1 with a traceback."""
+    cases = {"d2.jsonl": _nested(1100).encode(), "s2.jsonl": SURROGATE.encode(),
+             "nonutf8.jsonl": b'{"model":"x","messages":[{"role":"user","content":"h\xff"}]}'}
+    for name, raw in cases.items():
+        (tmp_path / name).write_bytes(raw + b"\n")
+        for argv in (["lint", str(tmp_path / name)],
+                     ["fix", str(tmp_path / name), "-o", str(tmp_path / "out.jsonl")]):
+            proc = subprocess.run([sys.executable, "-m", "gateway.cli", *argv],
+                                  capture_output=True, text=True, timeout=120, cwd=ROOT)
+            assert proc.returncode == 2 and proc.stdout == "", (argv, proc.stderr)
+            assert len(proc.stderr.splitlines()) == 1 and f"{name}:1: " in proc.stderr
 
 
 def test_unknown_encoding_is_bad_input(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -154,3 +246,45 @@ def test_prefixgate_lint_subprocess(log: Path) -> None:
                             "print('torch' in sys.modules)"], capture_output=True, text=True,
                            timeout=60, cwd=ROOT)
     assert probe.stdout.strip() == "False"
+
+
+def _sessions_log(path: Path, system: str, users: list[str]) -> list[str]:
+    """Write one session per user id, three turns each, system prompt `system` with the id
+    in place of {uid}; returns each line's user id."""
+    lines, ids = [], []
+    for s, uid in enumerate(users):
+        for t in range(3):
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": system.format(uid=uid)},
+                {"role": "user", "content": f"Question 0 for session {s}: find flights"}]
+            for k in range(t):
+                messages += [{"role": "assistant", "content": "ok"},
+                             {"role": "user", "content": f"Question {k + 1} for session {s}"}]
+            lines.append(json.dumps({"model": "gpt-4o", "messages": messages}) + "\n")
+            ids.append(uid)
+    path.write_text("".join(lines))
+    return ids
+
+
+@pytest.mark.parametrize("system", [
+    "[uid={uid}] You are TravelBot, a helpful travel agent for Acme Corp. Always be concise "
+    "and cite prices in EUR.",
+    "User: {uid}. You are TravelBot, a helpful travel agent for Acme Corp. Always be concise "
+    "and cite prices in EUR.",
+])
+def test_lint_finds_a_user_id_at_the_front_of_a_one_line_prompt(
+        tmp_path: Path, system: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """QA's uid2 log: four sessions whose one-line system prompts differ only by the user id
+    at the front. Before: 0 findings, four families, "cacheable prefix: 100.0%"."""
+    path = tmp_path / "uid.jsonl"
+    ids = _sessions_log(path, system, ["user_44cb63", "user_204f89", "user_829868",
+                                       "user_3c5fd7"])
+    code, out, _ = run(lint_main, [str(path), "--format", "json", "--show-values"], capsys)
+    doc = json.loads(out)
+    assert code == 1
+    assert len({r["family"] for r in doc["requests"]}) == 1
+    for entry, uid in zip(doc["requests"], ids, strict=True):
+        assert [(f["rule"], f["value"]) for f in entry["findings"]] == [("PL013", uid)]
+        assert entry["cacheable_tokens"] < entry["prompt_tokens"] // 4  # it breaks at the id
+    code, out, _ = run(lint_main, [str(path)], capsys)
+    assert code == 1 and "by rule: PL013 12" in out and "cacheable prefix: 100.0%" not in out

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
 from prompt_lint.evidence import FIX_CONFIDENCE
 from prompt_lint.family import _SESSIONS_PER_FAMILY
@@ -128,3 +130,87 @@ def test_two_values_far_apart_on_one_line_are_two_spans() -> None:
         assert values(report) == {stamp: ("PL001", 1.0, "error"), h: ("PL008", 1.0, "warning")}
         system = rewrite_request(b, report=report, learner=learner).body["messages"][0]["content"]
         assert stamp not in system and h not in system and middle in system
+
+
+USERS = ["user_44cb63", "user_204f89", "user_829868", "user_3c5fd7"]
+AGENT = ("You are TravelBot, a helpful travel agent for Acme Corp. Always be concise and cite "
+         "prices in EUR.")
+
+
+def sessions_log(system: Any, turns: int = 3) -> list[dict[str, Any]]:
+    """One session per user id, `turns` requests each (history appended turn by turn), all
+    of one session first: the system prompt is `system(session, turn, user id)`."""
+    log = []
+    for s, uid in enumerate(USERS):
+        for t in range(turns):
+            history: list[dict[str, Any]] = [
+                {"role": "user", "content": f"Question 0 for session {s}: find flights"}]
+            for k in range(t):
+                history += [{"role": "assistant", "content": "ok"},
+                            {"role": "user", "content": f"Question {k + 1} for session {s}"}]
+            log.append({"model": "gpt-4o", "messages": [
+                {"role": "system", "content": system(s, t, uid)}, *history]})
+    return log
+
+
+@pytest.mark.parametrize("system", [
+    lambda s, t, uid: f"[uid={uid}] {AGENT}",
+    lambda s, t, uid: f"User: {uid}. {AGENT}",
+    lambda s, t, uid: f"{AGENT} Signed in as {uid}.",
+], ids=["bracketed-label-first", "label-first", "at-the-end"])
+def test_a_user_id_anywhere_in_a_one_line_prompt_is_session_scoped(system: Any) -> None:
+    """The naive reading of the log: the sessions' system prompts differ only by the user
+    id, which is the same in every turn of a session. So they are one family, the id (and
+    only the id, not its `uid=` label) is the one finding, PL013, in every request, and the
+    cacheable prefix ends where the id starts. Before, an id in a line's first or last 32
+    characters changed two of the line's three hashes, each session founded its own family,
+    nothing was seen to vary, and the whole prompt counted as cacheable."""
+    log = sessions_log(system)
+    _, reports = two_pass(log)
+    assert len({r.family for r in reports}) == 1
+    for b, report in zip(log, reports, strict=True):
+        text = b["messages"][0]["content"]
+        uid = next(u for u in USERS if u in text)
+        assert text.replace(uid, "ID") == system(0, 0, "ID")  # the naive reading holds
+        assert values(report) == {uid: ("PL013", 1.0, "error")}
+        (found,) = report.findings
+        assert text[found.start:found.end] == uid
+        assert report.cacheable_tokens == found.token_offset < report.prompt_tokens
+
+
+@pytest.mark.parametrize("system", [
+    lambda s, t, uid: f"[uid={uid}] Current time: {STAMP(s, t)}. {AGENT}",
+    lambda s, t, uid: f"Current time: {STAMP(s, t)}. Serving [uid={uid}]. {AGENT}",
+], ids=["id-first", "id-in-the-middle"])
+def test_a_session_id_keeps_its_scope_beside_a_per_request_timestamp(system: Any) -> None:
+    """A timestamp that changes every turn and an id that changes every session, on one
+    line. Before, session evidence was kept per line, so the timestamp's change inside each
+    session made the id a per-request value (PL008, a warning, which fix leaves in place),
+    and the id's span held its stable `uid=` label (and with the id first, the sessions were
+    not even one family)."""
+    log = sessions_log(system)
+    _, reports = two_pass(log)
+    assert len({r.family for r in reports}) == 1
+    for i, (b, report) in enumerate(zip(log, reports, strict=True)):
+        s, t = divmod(i, 3)
+        uid, text = USERS[s], b["messages"][0]["content"]
+        assert text.replace(uid, "ID").replace(STAMP(s, t), "TS") == system(0, 0, "ID").replace(
+            STAMP(0, 0), "TS")  # the naive reading: the id and the time differ, nothing else
+        assert values(report) == {uid: ("PL013", 1.0, "error"),
+                                  STAMP(s, t): ("PL001", 1.0, "error")}
+
+
+def STAMP(session: int, turn: int) -> str:  # noqa: N802 (reads as a constant in the prompts)
+    return f"2026-05-0{session + 1}T10:{turn:02d}:00Z"
+
+
+def test_the_library_lints_a_lone_surrogate_like_other_text() -> None:
+    """The CLI refuses a line with a lone surrogate escape (as the gateway does); a library
+    caller's dict may still hold one, and the family id's hash raised UnicodeEncodeError on
+    it. It is hashed as it is (`surrogatepass`), like the session fingerprint and the pairs."""
+    log = sessions_log(lambda s, t, uid: f"Current time: {STAMP(s, t)}\ud800. {AGENT} {uid}")
+    learner, reports = two_pass(log)
+    assert len({r.family for r in reports}) == 1
+    assert all(STAMP(i // 3, i % 3) in values(r) for i, r in enumerate(reports))
+    fixed = rewrite_request(log[-1], report=reports[-1], learner=learner).body
+    assert "\ud800" in fixed["messages"][0]["content"]
