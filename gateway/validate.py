@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import invalid
+from gateway.errors import invalid, model_not_found
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +28,16 @@ def namespace_for(tenant: str, salt: str | None) -> str:
     return tenant if not salt else f"{tenant}/{salt}"
 
 
+def is_served(model: object, models: tuple[str, ...] | list[str]) -> bool:
+    """True when `model` is a model id among `models` ("*" serves any non-empty id)."""
+    return isinstance(model, str) and bool(model) and ("*" in models or model in models)
+
+
 def check_model(body: dict[str, Any], ctx: ParseContext) -> str:
     model = req_str(body, "model")
-    if "*" not in ctx.models and model not in ctx.models:
+    if not is_served(model, ctx.models):
         served = ", ".join(ctx.models)
-        raise invalid(f"model {model!r} does not exist; served: {served}", "model", status=404)
+        raise model_not_found(f"model {model!r} does not exist; served: {served}")
     return model
 
 

@@ -139,3 +139,15 @@ async def test_sdk_raises_typed_errors(make_fake_app):
                                      extra_body={"temperature": 1.7},
                                      messages=[{"role": "user", "content": "x"}])
     assert "temperature" in str(err.value)
+
+
+async def test_unknown_model_is_anthropics_not_found_error(make_fake_app):
+    """Anthropic's shape for an unknown model stays its own: 404 with not_found_error."""
+    client = async_sdk(make_fake_app())
+    with pytest.raises(anthropic.NotFoundError) as err:
+        await client.messages.create(model="claude-nope", max_tokens=5,
+                                     messages=[{"role": "user", "content": "x"}])
+    assert err.value.status_code == 404
+    assert err.value.body["type"] == "error"
+    assert err.value.body["error"]["type"] == "not_found_error"
+    assert "claude-nope" in err.value.body["error"]["message"]

@@ -183,7 +183,7 @@ async def test_bad_input_is_a_4xx_naming_the_field(make_fake_app, body, status, 
         assert response.status_code == status
         error = response.json()["error"]
         assert error["param"] == param
-        assert error["type"] in {"invalid_request_error", "not_found_error"}
+        assert error["type"] == "invalid_request_error"  # OpenAI's type, whatever the status
         assert response.headers["x-prefixgate-prompt-tokens"] == "0"
         assert (await http.get("/healthz")).status_code == 200
 
@@ -211,3 +211,20 @@ async def test_sdk_raises_typed_errors(make_fake_app):
     with pytest.raises(openai.BadRequestError):
         await client.chat.completions.create(
             model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}], top_p=1.5)
+
+
+async def test_unknown_model_is_openais_model_not_found(make_fake_app):
+    """OpenAI's shape for an unknown model: 404, type invalid_request_error, code
+    model_not_found (the type and code were swapped: not_found_error is Anthropic's type)."""
+    client = async_sdk(make_fake_app())
+    with pytest.raises(openai.NotFoundError) as chat:
+        await client.chat.completions.create(
+            model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.NotFoundError) as legacy:
+        await client.completions.create(model="nope", prompt="x")
+    for err in (chat.value, legacy.value):
+        assert err.status_code == 404
+        assert err.body["type"] == "invalid_request_error"
+        assert err.body["code"] == "model_not_found"
+        assert err.body["param"] == "model"
+        assert "nope" in err.body["message"]
