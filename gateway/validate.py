@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from gateway.errors import invalid, model_not_found
 
@@ -28,7 +28,7 @@ def namespace_for(tenant: str, salt: str | None) -> str:
     return tenant if not salt else f"{tenant}/{salt}"
 
 
-def is_served(model: object, models: tuple[str, ...] | list[str]) -> bool:
+def is_served(model: object, models: tuple[str, ...] | list[str]) -> TypeGuard[str]:
     """True when `model` is a model id among `models` ("*" serves any non-empty id)."""
     return isinstance(model, str) and bool(model) and ("*" in models or model in models)
 
