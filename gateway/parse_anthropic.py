@@ -8,6 +8,8 @@ Conversion to the neutral (OpenAI) shape:
   "function": {"name", "arguments": JSON text of input}});
 - tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
+Checked as Anthropic checks them: content is never empty except a final assistant message's,
+every tool has an `input_schema` object, `stop_sequences` is an array of strings.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     if max_tokens is None:
         raise invalid("'max_tokens' is required (an integer >= 1)", "max_tokens")
     messages = _system(body.get("system"))
-    for i, msg in enumerate(req_list(body, "messages")):
-        messages.extend(_message(msg, i))
+    given = req_list(body, "messages")
+    for i, msg in enumerate(given):
+        messages.extend(_message(msg, i, final=i == len(given) - 1))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     constraint = _constraint(body.get("tool_choice"), tools, ctx.grammar)
     metadata = opt_dict(body, "metadata") or {}
@@ -59,7 +62,7 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 1.0),
         top_p=opt_number(body, "top_p", 0.0, 1.0, low_open=True),
-        stop=stop_strings(body.get("stop_sequences"), "stop_sequences", 16),
+        stop=stop_strings(body.get("stop_sequences"), "stop_sequences", 16, single=False),
     )
     return ChatRequest(
         request_id=ctx.request_id,
@@ -96,7 +99,7 @@ def _text_block(block: Any, path: str) -> str:
     return text
 
 
-def _message(msg: Any, i: int) -> list[dict[str, Any]]:
+def _message(msg: Any, i: int, *, final: bool) -> list[dict[str, Any]]:
     path = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise invalid(f"'{path}' must be an object", path)
@@ -104,6 +107,9 @@ def _message(msg: Any, i: int) -> list[dict[str, Any]]:
     if role not in ("user", "assistant"):
         raise invalid(f"'{path}.role' must be 'user' or 'assistant'", f"{path}.role")
     content = msg.get("content")
+    if (content == "" or content == []) and not (final and role == "assistant"):
+        raise invalid(f"'{path}.content' must not be empty (only a final assistant message, "
+                      "the start of the answer, may be)", f"{path}.content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -179,10 +185,13 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     if tool.get("type") not in (None, "custom"):
         raise invalid(f"'{path}.type' {tool.get('type')!r} is not supported", f"{path}.type")
     check_tool_schema(tool, path, "input_schema")
+    if not isinstance(tool.get("input_schema"), dict):
+        raise invalid(f"'{path}.input_schema' is required (a JSON schema object)",
+                      f"{path}.input_schema")
     fn: dict[str, Any] = {"name": tool["name"]}
     if tool.get("description") is not None:
         fn["description"] = tool["description"]
-    fn["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
+    fn["parameters"] = tool["input_schema"] or {"type": "object", "properties": {}}
     return {"type": "function", "function": fn}
 
 

@@ -4,7 +4,9 @@ Accepted: messages (system, developer, user, assistant with tool_calls, tool), c
 or text parts, tools (function tools, `strict`), tool_choice, parallel_tool_calls, response_format
 (text, json_object, json_schema), stream, stream_options.include_usage,
 temperature, top_p, max_tokens / max_completion_tokens, stop, seed, n=1, presence/frequency
-penalties, user, cache_salt. Unknown extra fields are ignored, as the SDKs add new ones.
+penalties, user, metadata (string values), cache_salt; /v1/completions: prompt, best_of=1, an
+empty suffix (an upstream gets other values). Refused with a 400 naming the field: n > 1,
+logprobs / top_logprobs, echo. Unknown extra fields are ignored, as the SDKs add new ones.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     messages = tuple(_message(m, i) for i, m in enumerate(req_list(body, "messages")))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     constraint = _constraint(body, tools, ctx.grammar)
+    _metadata(body)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -62,8 +65,7 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
 def parse_completion(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     """A validated legacy completion request (raw prompt, no chat template)."""
     model = check_model(body, ctx)
-    if opt_bool(body, "echo"):
-        raise invalid("'echo' is not supported", "echo")
+    _completion_fields(body, ctx)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -77,6 +79,30 @@ def parse_completion(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
         body=body,
         prompt=_prompt(body.get("prompt")),
     )
+
+
+def _completion_fields(body: dict[str, Any], ctx: ParseContext) -> None:
+    """Legacy fields the answer cannot honour: `echo` (never returned), and for the embedded
+    engine `best_of` > 1 (it samples one completion) and a `suffix` (it only appends to the
+    prompt); an upstream gets those two in the body and answers for them."""
+    if opt_bool(body, "echo"):
+        raise invalid("'echo' is not supported", "echo")
+    best_of = opt_int(body, "best_of", low=1)
+    suffix = opt_str(body, "suffix")
+    if not ctx.embedded:
+        return
+    if best_of not in (None, 1):
+        raise invalid("only best_of=1 is supported: one completion is sampled", "best_of")
+    if suffix:
+        raise invalid("'suffix' is not supported: a completion only continues the prompt",
+                      "suffix")
+
+
+def _metadata(body: dict[str, Any]) -> None:
+    """`metadata`: an object of string values (not used for the answer), or null."""
+    for key, value in (opt_dict(body, "metadata") or {}).items():
+        if not isinstance(value, str):
+            raise invalid(f"'metadata.{key}' must be a string", f"metadata.{key}")
 
 
 def include_usage(body: dict[str, Any]) -> bool:

@@ -21,6 +21,10 @@ class ParseContext:
     # engine); an upstream gets tools and response formats in its body and enforces them
     # itself, so neither the grammar nor the grammar engine's view of a schema applies there
     grammar: bool = True
+    # the embedded engine serves the request: a field it cannot honour (best_of > 1, a suffix,
+    # extended thinking) is a 400 here; an upstream gets the client's body and answers for
+    # such fields itself, so they are only checked for their shape there
+    embedded: bool = True
 
 
 def namespace_for(tenant: str, salt: str | None) -> str:
@@ -118,13 +122,15 @@ def opt_list(body: dict[str, Any], name: str) -> list[Any]:
     return value
 
 
-def stop_strings(value: Any, name: str, limit: int) -> tuple[str, ...]:
-    """`stop`: a string or a list of up to `limit` non-empty strings."""
+def stop_strings(value: Any, name: str, limit: int, *, single: bool = True
+                 ) -> tuple[str, ...]:
+    """`stop`: a list of up to `limit` non-empty strings, or (`single`) one string."""
     if value is None:
         return ()
-    items = [value] if isinstance(value, str) else value
+    items = [value] if single and isinstance(value, str) else value
     if not isinstance(items, list) or len(items) > limit:
-        raise invalid(f"'{name}' must be a string or an array of at most {limit} strings", name)
+        what = "a string or an array" if single else "an array"
+        raise invalid(f"'{name}' must be {what} of at most {limit} strings", name)
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item:
             raise invalid(f"'{name}[{i}]' must be a non-empty string", f"{name}[{i}]")

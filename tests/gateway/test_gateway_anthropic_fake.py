@@ -121,6 +121,19 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
       "messages": [{"role": "user", "content": "x"}]}, 400, "system"),
     ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {}}]}]}, 400, "messages[0].content[0]"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": []}]},
+     400, "messages[0].content"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": ""}]},
+     400, "messages[0].content"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": []},
+        {"role": "user", "content": "y"}]}, 400, "messages[1].content"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "tools": [{"name": "lookup"}],
+      "messages": [{"role": "user", "content": "x"}]}, 400, "tools[0].input_schema"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "tools": [{"name": "lookup", "input_schema": None}],
+      "messages": [{"role": "user", "content": "x"}]}, 400, "tools[0].input_schema"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "stop_sequences": "x",
+      "messages": [{"role": "user", "content": "x"}]}, 400, "stop_sequences"),
 ])
 async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, field):
     async with asgi_client(make_fake_app()) as http:
@@ -130,6 +143,17 @@ async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, fiel
         assert data["type"] == "error"
         assert field in data["error"]["message"]
         assert data["error"]["type"] in {"invalid_request_error", "not_found_error"}
+
+
+async def test_a_final_assistant_message_may_be_empty(make_fake_app):
+    """Anthropic's rule: every message has content, except an optional final assistant one
+    (the prefill of the answer)."""
+    client = async_sdk(make_fake_app())
+    for empty in ("", []):
+        out = await client.messages.create(
+            model=FAKE_MODEL, max_tokens=8, stop_sequences=["zz"],
+            messages=[{"role": "user", "content": "a b"}, {"role": "assistant", "content": empty}])
+        assert out.content[0].text == "echo: a b"
 
 
 async def test_sdk_raises_typed_errors(make_fake_app):

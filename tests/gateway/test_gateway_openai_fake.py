@@ -169,6 +169,10 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
      400, "logprobs"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]},
      400, "stop[0]"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "metadata": 5},
+     400, "metadata"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}],
+      "metadata": {"run": 1}}, 400, "metadata.run"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{}]},
      400, "tools[0].function"),
     ({"model": FAKE_MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400,
@@ -211,6 +215,32 @@ async def test_sdk_raises_typed_errors(make_fake_app):
     with pytest.raises(openai.BadRequestError):
         await client.chat.completions.create(
             model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}], top_p=1.5)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"best_of": 3}, "best_of"), ({"best_of": "2"}, "best_of"), ({"best_of": 0}, "best_of"),
+    ({"suffix": "}"}, "suffix"), ({"suffix": 5}, "suffix")])
+async def test_completions_refuse_best_of_and_suffix(make_fake_app, extra, param):
+    """The engine samples one completion and cannot insert before a suffix: asking for either
+    is a 400 naming the field (both were ignored); best_of 1 and an empty suffix are fine."""
+    client = async_sdk(make_fake_app())
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.completions.create(model=FAKE_MODEL, prompt="alpha", max_tokens=4,
+                                        extra_body=extra)
+    assert refused.value.body["param"] == param
+    for fine in ({"best_of": 1}, {"best_of": None}, {"suffix": ""}, {"suffix": None}):
+        out = await client.completions.create(model=FAKE_MODEL, prompt="alpha", max_tokens=4,
+                                              extra_body=fine)
+        assert out.choices[0].text == "echo: alpha"
+
+
+async def test_metadata_of_strings_is_accepted(make_fake_app):
+    client = async_sdk(make_fake_app())
+    for metadata in ({"run": "7", "team": "core"}, {}, None):
+        out = await client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}],
+            extra_body={"metadata": metadata})
+        assert out.choices[0].message.content == "echo: x"
 
 
 async def test_unknown_model_is_openais_model_not_found(make_fake_app):

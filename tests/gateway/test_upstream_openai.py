@@ -124,6 +124,21 @@ async def test_agent_turns_report_and_predict_cached_tokens(tmp_path: Path) -> N
     await pool.aclose()
 
 
+async def test_completion_fields_pass_to_an_openai_upstream(tmp_path: Path) -> None:
+    """best_of and suffix are the embedded engine's 400s; an OpenAI-compatible upstream gets
+    them in the body and answers for them itself."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    out = await sdk(app).completions.create(model="m", prompt="def f(", max_tokens=8,
+                                            best_of=3, suffix="    return x\n")
+    assert out.choices[0].text
+    sent = replica.state.replica.config.bodies[0]
+    assert (sent["best_of"], sent["suffix"]) == (3, "    return x\n")
+    app.state.store.close()
+    await pool.aclose()
+
+
 async def test_anthropic_client_on_openai_upstream(tmp_path: Path) -> None:
     [replica] = fake_replicas(1)
     pool = pool_over([replica])
