@@ -7,6 +7,7 @@ Conversion to the neutral (OpenAI) shape:
 - assistant `tool_use` blocks -> `tool_calls` ({"id", "type": "function",
   "function": {"name", "arguments": JSON text of input}});
 - tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
+Sampling: temperature, top_p, top_k and stop_sequences go into `SamplingOptions`.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
 Checked as Anthropic checks them: content is never empty except a final assistant message's,
 every tool has an `input_schema` object, `stop_sequences` is an array of strings.
@@ -57,11 +58,11 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     metadata = opt_dict(body, "metadata") or {}
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
         raise invalid("'metadata.user_id' must be a string", "metadata.user_id")
-    opt_int(body, "top_k", low=1)
     options = SamplingOptions(
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 1.0),
         top_p=opt_number(body, "top_p", 0.0, 1.0, low_open=True),
+        top_k=opt_int(body, "top_k", low=1),
         stop=stop_strings(body.get("stop_sequences"), "stop_sequences", 16, single=False),
     )
     return ChatRequest(

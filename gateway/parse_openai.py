@@ -2,11 +2,12 @@
 
 Accepted: messages (system, developer, user, assistant with tool_calls, tool), content as a string
 or text parts, tools (function tools, `strict`), tool_choice, parallel_tool_calls, response_format
-(text, json_object, json_schema), stream, stream_options.include_usage,
-temperature, top_p, max_tokens / max_completion_tokens, stop, seed, n=1, presence/frequency
-penalties, user, metadata (string values), cache_salt; /v1/completions: prompt, best_of=1, an
-empty suffix (an upstream gets other values). Refused with a 400 naming the field: n > 1,
-logprobs / top_logprobs, echo. Unknown extra fields are ignored, as the SDKs add new ones.
+(text, json_object, json_schema), stream, stream_options.include_usage, temperature, top_p,
+top_k (vLLM's extension: -1 or 0 for every token), max_tokens / max_completion_tokens, stop,
+seed, n=1, presence/frequency penalties, user, metadata (string values), cache_salt;
+/v1/completions: prompt, best_of=1, an empty suffix (an upstream gets other values). Refused
+with a 400 naming the field: n > 1, logprobs / top_logprobs, echo. Unknown extra fields are
+ignored, as the SDKs add new ones.
 """
 
 from __future__ import annotations
@@ -123,11 +124,18 @@ def sampling_options(body: dict[str, Any], ctx: ParseContext) -> SamplingOptions
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 2.0),
         top_p=opt_number(body, "top_p", 0.0, 1.0, low_open=True),
+        top_k=_top_k(body),
         stop=stop_strings(body.get("stop"), "stop", 4),
         seed=opt_int(body, "seed"),
         presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
     )
+
+
+def _top_k(body: dict[str, Any]) -> int | None:
+    """`top_k`, vLLM's extension (OpenAI has none): k >= 1, or -1 / 0 for every token."""
+    k = opt_int(body, "top_k", low=-1)
+    return k if k is not None and k > 0 else None
 
 
 def _no_logprobs(body: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ class SamplingOptions:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # sample from the k most likely tokens; None: from every token
     stop: tuple[str, ...] = ()
     seed: int | None = None
     presence_penalty: float = 0.0

@@ -126,7 +126,7 @@ def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
             "description": t["function"].get("description", ""),
             "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}},
         } for t in req.tools]
-    extra = {"temperature": o.temperature, "top_p": o.top_p,
+    extra = {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k,
              "stop_sequences": list(o.stop) or None}
     body.update({k: v for k, v in extra.items() if v is not None})
     return body

@@ -111,6 +111,7 @@ class EmbeddedBackend:
                 max_tokens=o.max_tokens or self.config.default_max_tokens,
                 temperature=1.0 if o.temperature is None else o.temperature,
                 top_p=1.0 if o.top_p is None else o.top_p,
+                top_k=o.top_k or 0,
                 seed=None if o.seed is None else o.seed % (2**63),
                 stop=o.stop,
                 presence_penalty=o.presence_penalty,

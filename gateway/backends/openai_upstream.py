@@ -1,7 +1,8 @@
 """OpenAI-compatible upstream (OpenAI, vLLM, SGLang, llama.cpp server, DeepSeek, ...).
 
 The client's body (after lint rewrite) is forwarded as-is when the client spoke OpenAI; an
-Anthropic-format client is re-expressed from the neutral `ChatRequest`. Streaming requests are
+Anthropic-format client is re-expressed from the neutral `ChatRequest` (its `top_k` as vLLM's
+extension, a 400 for api.openai.com, which has none). Streaming requests are
 streamed from the upstream and passed on delta by delta. The upstream's own cache report is read
 back into `Usage.reported_cached_tokens`: `usage.prompt_tokens_details.cached_tokens` (OpenAI,
 vLLM, SGLang) or `usage.prompt_cache_hit_tokens` (DeepSeek).
@@ -94,11 +95,16 @@ def _is_openai(url: str) -> bool:
     return httpx.URL(url).host.endswith("openai.com")
 
 
-def _sampling_fields(req: ChatRequest) -> dict[str, Any]:
+def _sampling_fields(req: ChatRequest, options: UpstreamOptions) -> dict[str, Any]:
+    """The sampling fields of a request from an Anthropic client, in OpenAI's names; `top_k`
+    as vLLM's extension (api.openai.com has none: a 400 naming it, not a silent drop)."""
     o = req.options
+    if o.top_k is not None and _is_openai(options.url):
+        raise BackendError(400, "'top_k' is not supported by an api.openai.com upstream",
+                           kind="invalid_request_error", param="top_k")
     fields: dict[str, Any] = {
         "max_tokens": o.max_tokens, "temperature": o.temperature, "top_p": o.top_p,
-        "seed": o.seed, "stop": list(o.stop) or None,
+        "top_k": o.top_k, "seed": o.seed, "stop": list(o.stop) or None,
         "presence_penalty": o.presence_penalty or None,
         "frequency_penalty": o.frequency_penalty or None,
     }
@@ -112,9 +118,10 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
         body = dict(req.body)
         body["model"] = req.model
     elif req.prompt is not None:
-        body = {"model": req.model, "prompt": req.prompt, **_sampling_fields(req)}
+        body = {"model": req.model, "prompt": req.prompt, **_sampling_fields(req, options)}
     else:
-        body = {"model": req.model, "messages": list(req.messages), **_sampling_fields(req)}
+        body = {"model": req.model, "messages": list(req.messages),
+                **_sampling_fields(req, options)}
         if req.tools:
             body["tools"] = list(req.tools)
     body["stream"] = req.stream

@@ -132,6 +132,8 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
       "messages": [{"role": "user", "content": "x"}]}, 400, "tools[0].input_schema"),
     ({"model": FAKE_MODEL, "max_tokens": 5, "tools": [{"name": "lookup", "input_schema": None}],
       "messages": [{"role": "user", "content": "x"}]}, 400, "tools[0].input_schema"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "top_k": 0,
+      "messages": [{"role": "user", "content": "x"}]}, 400, "top_k"),
     ({"model": FAKE_MODEL, "max_tokens": 5, "stop_sequences": "x",
       "messages": [{"role": "user", "content": "x"}]}, 400, "stop_sequences"),
 ])
@@ -143,6 +145,14 @@ async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, fiel
         assert data["type"] == "error"
         assert field in data["error"]["message"]
         assert data["error"]["type"] in {"invalid_request_error", "not_found_error"}
+
+
+async def test_top_k_reaches_the_backend(make_fake_app, fake_backend: FakeBackend):
+    client = async_sdk(make_fake_app())
+    for top_k, expected in ((1, 1), (40, 40), (None, None)):
+        await client.messages.create(model=FAKE_MODEL, max_tokens=4, extra_body={"top_k": top_k},
+                                     messages=[{"role": "user", "content": "x"}])
+        assert fake_backend.seen[-1].options.top_k == expected
 
 
 async def test_a_final_assistant_message_may_be_empty(make_fake_app):

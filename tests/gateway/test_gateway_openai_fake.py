@@ -234,6 +234,23 @@ async def test_completions_refuse_best_of_and_suffix(make_fake_app, extra, param
         assert out.choices[0].text == "echo: alpha"
 
 
+async def test_vllm_top_k_extension_is_honoured(make_fake_app, fake_backend: FakeBackend):
+    """OpenAI has no top_k; vLLM-style servers take it (-1 or 0: every token), and so does the
+    engine: it reaches the backend, and a bad one is a 400 naming it."""
+    client = async_sdk(make_fake_app())
+    for top_k, expected in ((1, 1), (50, 50), (0, None), (-1, None), (None, None)):
+        await client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}],
+            extra_body={"top_k": top_k})
+        assert fake_backend.seen[-1].options.top_k == expected
+    for bad in ("x", -2, 1.5, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}],
+                extra_body={"top_k": bad})
+        assert refused.value.body["param"] == "top_k"
+
+
 async def test_metadata_of_strings_is_accepted(make_fake_app):
     client = async_sdk(make_fake_app())
     for metadata in ({"run": "7", "team": "core"}, {}, None):

@@ -285,6 +285,11 @@ async def test_openai_fields_a_messages_body_cannot_carry_are_a_400(tmp_path: Pa
         fine = await client.post("/v1/completions", json={
             "model": "c", "max_tokens": 9, "prompt": "go", "best_of": 1, "suffix": ""})
         assert fine.status_code == 200, fine.text
-    assert len(fake.bodies) == 1
+        top_k = await client.post("/v1/chat/completions", json={
+            "model": "c", "max_tokens": 9, "top_k": 5,
+            "messages": [{"role": "user", "content": "go"}]})
+        assert top_k.status_code == 200, top_k.text
+    assert len(fake.bodies) == 2
+    assert "top_k" not in fake.bodies[0] and fake.bodies[1]["top_k"] == 5  # vLLM's extension
     app.state.store.close()
     await pool.aclose()

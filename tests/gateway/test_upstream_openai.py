@@ -139,6 +139,34 @@ async def test_completion_fields_pass_to_an_openai_upstream(tmp_path: Path) -> N
     await pool.aclose()
 
 
+async def test_anthropic_top_k_on_openai_upstreams(tmp_path: Path) -> None:
+    """An Anthropic client's top_k goes to an OpenAI-compatible server (vLLM's extension);
+    api.openai.com has no top_k, so there it is a 400 naming the field, not a silent drop."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path / "vllm", pool)
+    body = {"model": "m", "max_tokens": 8, "top_k": 3,
+            "messages": [{"role": "user", "content": "hello"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    assert replica.state.replica.config.bodies[0]["top_k"] == 3
+    app.state.store.close()
+    await pool.aclose()
+    sent: list[Any] = []
+    openai_pool = pool_over_handler(lambda request: sent.append(request) or httpx.Response(500),
+                                    url="https://api.openai.com/v1")
+    app = gateway_app(tmp_path / "openai", openai_pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json=body)
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert "top_k" in r.json()["error"]["message"] and not sent
+    app.state.store.close()
+    await openai_pool.aclose()
+
+
 async def test_anthropic_client_on_openai_upstream(tmp_path: Path) -> None:
     [replica] = fake_replicas(1)
     pool = pool_over([replica])
