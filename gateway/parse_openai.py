@@ -4,14 +4,15 @@ Accepted: messages (system, developer, user, assistant with tool_calls, tool), c
 or text parts, tools (function tools, `strict`), tool_choice, parallel_tool_calls, response_format
 (text, json_object, json_schema), stream, stream_options.include_usage, temperature, top_p,
 top_k (vLLM's extension: -1 or 0 for every token), max_tokens / max_completion_tokens, stop,
-seed, n=1, presence/frequency penalties, user, metadata (string values), cache_salt;
-/v1/completions: prompt, best_of=1, an empty suffix (an upstream gets other values). Refused
-with a 400 naming the field: n > 1, logprobs / top_logprobs, echo. Unknown extra fields are
-ignored, as the SDKs add new ones.
+seed, n=1, presence/frequency penalties, logit_bias (token id text -> [-100, 100]), user,
+metadata (string values), cache_salt; /v1/completions: prompt, best_of=1, an empty suffix (an
+upstream gets other values). Refused with a 400 naming the field: n > 1, logprobs /
+top_logprobs, echo. Unknown extra fields are ignored, as the SDKs add new ones.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gateway.errors import invalid
@@ -129,7 +130,28 @@ def sampling_options(body: dict[str, Any], ctx: ParseContext) -> SamplingOptions
         seed=opt_int(body, "seed"),
         presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+        logit_bias=_logit_bias(body),
     )
+
+
+MAX_TOKEN_ID_DIGITS = 10  # token ids are decimal text; no vocabulary has 10**10 tokens
+
+
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`: an object of token ids (decimal text) to biases in [-100, 100], as
+    id-ordered pairs; null or {} is no bias. Ids past the vocabulary are the engine's 400."""
+    pairs = []
+    for key, bias in (opt_dict(body, "logit_bias") or {}).items():
+        if not (key.isascii() and key.isdigit()) or len(key) > MAX_TOKEN_ID_DIGITS \
+                or str(int(key)) != key:
+            raise invalid(f"'logit_bias' keys must be token ids (decimal integers), got {key!r}",
+                          "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) \
+                or not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise invalid(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r} "
+                          f"for token {key}", "logit_bias")
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
 
 
 def _top_k(body: dict[str, Any]) -> int | None:

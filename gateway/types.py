@@ -34,6 +34,7 @@ class SamplingOptions:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs in id order
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """Anthropic Messages bodies for the Anthropic upstream: conversion and cache breakpoints.
 
 `to_anthropic_body` re-expresses a neutral (OpenAI-shaped) `ChatRequest` as a Messages body;
-an OpenAI field the Messages API has no place for (`best_of` > 1, a `suffix`) is a 400 naming
-it, never a silent drop.
+an OpenAI field the Messages API has no place for (`best_of` > 1, a `suffix`, a non-empty
+`logit_bias`) is a 400 naming it, never a silent drop.
 `place_cache_breakpoints` adds `cache_control` markers at the stable boundary: the end of the
 history before the last user turn (prompt_lint's rewriter moves dynamic spans into that turn),
 then the end of the system prompt, then the last tool. The client's own markers are kept and
@@ -105,6 +105,8 @@ def check_carried(body: dict[str, Any]) -> None:
         raise _unsupported("best_of", "it samples one answer")
     if body.get("suffix"):
         raise _unsupported("suffix", "it cannot insert before a suffix")
+    if body.get("logit_bias"):
+        raise _unsupported("logit_bias", "the Messages API has no token biases")
 
 
 def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:

@@ -116,6 +116,7 @@ class EmbeddedBackend:
                 stop=o.stop,
                 presence_penalty=o.presence_penalty,
                 frequency_penalty=o.frequency_penalty,
+                logit_bias=o.logit_bias,
                 grammar=req.constraint.grammar if req.constraint is not None else None,
             )
         except ValueError as exc:  # SamplingParams checks its own fields

@@ -340,3 +340,24 @@ async def test_top_k_one_is_greedy(make_real_app):
                          {"role": "user", "content": "Name a colour."}],
             "cache_salt": body["cache_salt"]})
         assert chat.json()["choices"][0]["message"]["content"] == text
+
+
+async def test_logit_bias_steers_the_engine(make_real_app, real_backend):
+    """logit_bias reaches the sampler (it was ignored): +100 on a token makes a greedy answer
+    start with it; a token id outside the vocabulary is a 400 naming logit_bias."""
+    app = make_real_app()
+    [token] = real_backend.engine.tokenizer.encode(" banana")[:1]
+    piece = real_backend.engine.tokenizer.decode([token])
+    body = {"model": MODEL, "max_tokens": 2, "temperature": 0, "cache_salt": salt(),
+            "messages": chat()}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        plain = await http.post("/v1/chat/completions", json=body)
+        forced = await http.post("/v1/chat/completions",
+                                 json={**body, "logit_bias": {str(token): 100}})
+        outside = await http.post("/v1/chat/completions",
+                                  json={**body, "logit_bias": {"99999999": 5}})
+    assert not plain.json()["choices"][0]["message"]["content"].startswith(piece)
+    assert forced.json()["choices"][0]["message"]["content"].startswith(piece)
+    assert outside.status_code == 400
+    assert outside.json()["error"]["param"] == "logit_bias"

@@ -171,6 +171,10 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
      400, "stop[0]"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "metadata": 5},
      400, "metadata"),
+    *[({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}],
+        "logit_bias": bias}, 400, "logit_bias")
+      for bias in ({"a": 1}, {"5": 101}, {"5": -100.5}, {"5": "up"}, {"5": None}, {"-5": 1},
+                   {"05": 1}, {"1" * 12: 1}, [5], "5")],
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}],
       "metadata": {"run": 1}}, 400, "metadata.run"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{}]},
@@ -249,6 +253,19 @@ async def test_vllm_top_k_extension_is_honoured(make_fake_app, fake_backend: Fak
                 model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}],
                 extra_body={"top_k": bad})
         assert refused.value.body["param"] == "top_k"
+
+
+async def test_logit_bias_reaches_the_backend(make_fake_app, fake_backend: FakeBackend):
+    """logit_bias (token id text -> bias in [-100, 100]) reaches the backend as id-ordered
+    pairs (it was ignored, even when invalid); empty or null is no bias."""
+    client = async_sdk(make_fake_app())
+    for bias, expected in (({"70": -2.5, "5": 100}, ((5, 100.0), (70, -2.5))), ({}, ()),
+                           (None, ())):
+        await client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}], logit_bias=bias)
+        assert fake_backend.seen[-1].options.logit_bias == expected
+    await client.completions.create(model=FAKE_MODEL, prompt="x", logit_bias={"9": -100})
+    assert fake_backend.seen[-1].options.logit_bias == ((9, -100.0),)
 
 
 async def test_metadata_of_strings_is_accepted(make_fake_app):

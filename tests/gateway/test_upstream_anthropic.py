@@ -274,7 +274,8 @@ async def test_openai_fields_a_messages_body_cannot_carry_are_a_400(tmp_path: Pa
                                  base_url="http://gw") as client:
         for path, extra, param in [
                 ("/v1/completions", {"best_of": 2}, "best_of"),
-                ("/v1/completions", {"suffix": "}"}, "suffix")]:
+                ("/v1/completions", {"suffix": "}"}, "suffix"),
+                ("/v1/chat/completions", {"logit_bias": {"5": 3}}, "logit_bias")]:
             body = {"model": "c", "max_tokens": 9, **extra}
             body |= {"prompt": "go"} if path == "/v1/completions" else {
                 "messages": [{"role": "user", "content": "go"}]}

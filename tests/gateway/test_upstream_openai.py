@@ -126,15 +126,17 @@ async def test_agent_turns_report_and_predict_cached_tokens(tmp_path: Path) -> N
 
 async def test_completion_fields_pass_to_an_openai_upstream(tmp_path: Path) -> None:
     """best_of and suffix are the embedded engine's 400s; an OpenAI-compatible upstream gets
-    them in the body and answers for them itself."""
+    them in the body and answers for them itself (logit_bias too, once its shape is checked)."""
     [replica] = fake_replicas(1)
     pool = pool_over([replica])
     app = gateway_app(tmp_path, pool)
     out = await sdk(app).completions.create(model="m", prompt="def f(", max_tokens=8,
-                                            best_of=3, suffix="    return x\n")
+                                            best_of=3, suffix="    return x\n",
+                                            logit_bias={"7": -100})
     assert out.choices[0].text
     sent = replica.state.replica.config.bodies[0]
     assert (sent["best_of"], sent["suffix"]) == (3, "    return x\n")
+    assert sent["logit_bias"] == {"7": -100}
     app.state.store.close()
     await pool.aclose()
 
