@@ -8,6 +8,10 @@ Conversion to the neutral (OpenAI) shape:
   "function": {"name", "arguments": JSON text of input}});
 - tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
 Sampling: temperature, top_p, top_k and stop_sequences go into `SamplingOptions`.
+`output_config.format` ({"type": "json_schema", "schema"}) constrains the answer to one JSON
+document, as OpenAI's `response_format` does; `output_config.effort` is checked and taken as a
+hint. `thinking` enabled / between_tools is a 400 for the embedded engine (the model does not
+think); disabled and adaptive are accepted, and an upstream gets any valid type.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
 Checked as Anthropic checks them: content is never empty except a final assistant message's,
 every tool has an `input_schema` object, `stop_sequences` is an array of strings.
@@ -24,6 +28,7 @@ from gateway.structured import (
     ToolMode,
     build_constraint,
     check_named_tool,
+    document_schema,
     tool_schemas,
 )
 from gateway.types import ChatRequest, OutputConstraint, SamplingOptions
@@ -54,7 +59,9 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     for i, msg in enumerate(given):
         messages.extend(_message(msg, i, final=i == len(given) - 1))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
-    constraint = _constraint(body.get("tool_choice"), tools, ctx.grammar)
+    document = _output_format(body, ctx.grammar)
+    constraint = _constraint(body.get("tool_choice"), tools, document, ctx.grammar)
+    _thinking(body, ctx.embedded)
     metadata = opt_dict(body, "metadata") or {}
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
         raise invalid("'metadata.user_id' must be a string", "metadata.user_id")
@@ -196,15 +203,60 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def _constraint(choice: Any, tools: tuple[dict[str, Any], ...], grammar: bool
-                ) -> OutputConstraint | None:
-    """The output grammar of tools + tool_choice (400s name the field); none without `grammar`
-    (an upstream's request: the fields are still checked)."""
+def _constraint(choice: Any, tools: tuple[dict[str, Any], ...], document: dict[str, Any] | None,
+                grammar: bool) -> OutputConstraint | None:
+    """The output grammar of tools + tool_choice + the output format's document schema (400s
+    name the field); none without `grammar` (an upstream's request: the fields are still
+    checked)."""
     schemas = tool_schemas(tools, [f"tools[{i}].input_schema" for i in range(len(tools))])
     parsed = _tool_choice(choice, bool(tools))
     if parsed.name is not None:
         check_named_tool(parsed.name, schemas, "tool_choice.name")
-    return build_constraint(schemas, parsed, None, grammar)
+    return build_constraint(schemas, parsed, document, grammar)
+
+
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+def _output_format(body: dict[str, Any], grammar: bool) -> dict[str, Any] | None:
+    """The JSON document schema of `output_config.format` ({"type": "json_schema", "schema":
+    {...}}, Anthropic's structured outputs), or None. `output_config.effort` is checked and
+    taken as a hint: the embedded model has one way of answering."""
+    config = opt_dict(body, "output_config")
+    if config is None:
+        return None
+    effort = config.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise invalid(f"'output_config.effort' must be one of {', '.join(EFFORTS)}",
+                      "output_config.effort")
+    fmt = opt_dict(config, "format", "output_config.format")
+    if fmt is None:
+        return None
+    if fmt.get("type") != "json_schema":
+        raise invalid("'output_config.format.type' must be 'json_schema'",
+                      "output_config.format.type")
+    path = "output_config.format.schema"
+    if not isinstance(fmt.get("schema"), dict):
+        raise invalid(f"'{path}' is required (a JSON schema object)", path)
+    return document_schema(fmt["schema"], path, grammar)
+
+
+THINKING = ("enabled", "disabled", "adaptive", "between_tools")
+
+
+def _thinking(body: dict[str, Any], embedded: bool) -> None:
+    """`thinking`: an upstream model may think; the embedded one cannot, so asking it to
+    (enabled, between_tools) is a 400. Disabled and adaptive (the model decides, and it
+    decides not to) are served as they are."""
+    thinking = opt_dict(body, "thinking")
+    if thinking is None:
+        return
+    kind = thinking.get("type")
+    if kind not in THINKING:
+        raise invalid(f"'thinking.type' must be one of {', '.join(THINKING)}", "thinking.type")
+    if embedded and kind in ("enabled", "between_tools"):
+        raise invalid(f"'thinking' of type {kind!r} is not supported: the model does not think "
+                      "before it answers (disabled or adaptive is accepted)", "thinking")
 
 
 _ANTHROPIC_MODES: dict[str, ToolMode] = {"auto": "auto", "any": "required", "none": "none"}

@@ -2,10 +2,12 @@
 
 The client's body (after lint rewrite) is forwarded as-is when the client spoke OpenAI; an
 Anthropic-format client is re-expressed from the neutral `ChatRequest` (its `top_k` as vLLM's
-extension, a 400 for api.openai.com, which has none). Streaming requests are
-streamed from the upstream and passed on delta by delta. The upstream's own cache report is read
-back into `Usage.reported_cached_tokens`: `usage.prompt_tokens_details.cached_tokens` (OpenAI,
-vLLM, SGLang) or `usage.prompt_cache_hit_tokens` (DeepSeek).
+extension, a 400 for api.openai.com, which has none; `output_config.format` as
+`response_format` json_schema; extended `thinking`, which has no OpenAI field, a 400).
+Streaming requests are streamed from the upstream and passed on delta by delta. The upstream's
+own cache report is read back into `Usage.reported_cached_tokens`:
+`usage.prompt_tokens_details.cached_tokens` (OpenAI, vLLM, SGLang) or
+`usage.prompt_cache_hit_tokens` (DeepSeek).
 """
 
 from __future__ import annotations
@@ -111,6 +113,24 @@ def _sampling_fields(req: ChatRequest, options: UpstreamOptions) -> dict[str, An
     return {k: v for k, v in fields.items() if v is not None}
 
 
+THINKING_TYPES = ("enabled", "between_tools")  # an Anthropic client asking for thinking
+
+
+def _anthropic_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic client's output format in OpenAI's fields (`output_config.format` ->
+    `response_format` json_schema; the parser has checked the shapes). Extended thinking has
+    no OpenAI field: a 400 naming it, not a silent drop."""
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in THINKING_TYPES:
+        raise BackendError(400, "'thinking' is not supported by an OpenAI-compatible upstream",
+                           kind="invalid_request_error", param="thinking")
+    fmt = (body.get("output_config") or {}).get("format")
+    if not fmt:
+        return {}
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "output", "schema": fmt["schema"]}}}
+
+
 def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) for the upstream: `/chat/completions` or `/completions`."""
     path = "/completions" if req.prompt is not None else "/chat/completions"
@@ -121,7 +141,7 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
         body = {"model": req.model, "prompt": req.prompt, **_sampling_fields(req, options)}
     else:
         body = {"model": req.model, "messages": list(req.messages),
-                **_sampling_fields(req, options)}
+                **_sampling_fields(req, options), **_anthropic_fields(req.body)}
         if req.tools:
             body["tools"] = list(req.tools)
     body["stream"] = req.stream

@@ -294,3 +294,24 @@ async def test_openai_fields_a_messages_body_cannot_carry_are_a_400(tmp_path: Pa
     assert "top_k" not in fake.bodies[0] and fake.bodies[1]["top_k"] == 5  # vLLM's extension
     app.state.store.close()
     await pool.aclose()
+
+
+async def test_thinking_and_output_format_pass_to_an_anthropic_upstream(tmp_path: Path) -> None:
+    """The model behind an Anthropic upstream can think and enforces its own output format:
+    both pass in the body (the embedded engine refuses thinking and builds a grammar)."""
+    fake = FakeAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    extra = {"thinking": {"type": "enabled", "budget_tokens": 2048},
+             "output_config": {"format": {"type": "json_schema", "schema": {
+                 "type": "object", "properties": {"tags": {"type": "array",
+                                                           "uniqueItems": True}}}}}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json={
+            "model": "c", "max_tokens": 4096, "messages": [{"role": "user", "content": "go"}],
+            **extra})
+    assert r.status_code == 200, r.text
+    assert {k: fake.bodies[0][k] for k in extra} == extra
+    app.state.store.close()
+    await pool.aclose()

@@ -169,6 +169,31 @@ async def test_anthropic_top_k_on_openai_upstreams(tmp_path: Path) -> None:
     await openai_pool.aclose()
 
 
+async def test_anthropic_output_format_and_thinking_on_an_openai_upstream(tmp_path: Path) -> None:
+    """An Anthropic client's output_config.format becomes OpenAI's response_format
+    json_schema; extended thinking has no OpenAI field, so it is a 400 naming it."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        ok = await client.post("/v1/messages", json={
+            **body, "thinking": {"type": "disabled"}, "output_config": {
+                "effort": "low", "format": {"type": "json_schema", "schema": schema}}})
+        refused = await client.post("/v1/messages", json={
+            **body, "thinking": {"type": "enabled", "budget_tokens": 2048}})
+    assert ok.status_code == 200, ok.text
+    [sent] = replica.state.replica.config.bodies
+    assert sent["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": schema}}
+    assert "thinking" not in sent and "output_config" not in sent
+    assert refused.status_code == 400 and "thinking" in refused.json()["error"]["message"]
+    app.state.store.close()
+    await pool.aclose()
+
+
 async def test_anthropic_client_on_openai_upstream(tmp_path: Path) -> None:
     [replica] = fake_replicas(1)
     pool = pool_over([replica])
