@@ -43,7 +43,8 @@ class OutputConstraint:
 
     grammar: an llguidance Lark grammar over the output text.
     tool_calls_required: the output is only tool calls (tool_choice required / any / named).
-    json_document: the output is one JSON document (response_format json_object/json_schema).
+    json_document: the output is one JSON document (response_format json_object/json_schema,
+        Anthropic's output_config.format).
     """
 
     grammar: str
