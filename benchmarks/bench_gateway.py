@@ -298,7 +298,7 @@ def stage_breakdown(bodies: list[bytes]) -> dict[str, dict[str, float]]:
     from gateway.shadow import Prompt, ShadowCache, request_prompt
     from gateway.validate import ParseContext
 
-    ctx = ParseContext("bench", "bench", ("*",), grammar=False)
+    ctx = ParseContext("bench", "bench", ("*",), grammar=False, embedded=False)
     parsed = [parse_body(b) for b in bodies]
     reqs = [parse_chat(p, ctx) for p in parsed]
     lint = LintStage()

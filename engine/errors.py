@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from engine.outputs import RequestOutput
 
-RequestField = Literal["prompt", "messages", "request_id", "grammar"]
+RequestField = Literal["prompt", "messages", "request_id", "grammar", "logit_bias"]
 """What an `InvalidRequest` is about: the prompt (text or token ids), the chat messages (or
-tools) rendered through the chat template, the caller-chosen request id, or the output grammar
-(SamplingParams json_schema / regex / grammar)."""
+tools) rendered through the chat template, the caller-chosen request id, the output grammar
+(SamplingParams json_schema / regex / grammar), or SamplingParams.logit_bias (a token id
+outside the vocabulary)."""
 
 
 class EngineError(Exception):

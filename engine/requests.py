@@ -1,7 +1,8 @@
 """From a request (prompt, sampling params, namespace) to a validated `Sequence`.
 
 Validation happens here, before anything is queued: an empty prompt, a token id outside the
-vocabulary or a prompt that can never fit is an `InvalidRequest` / `RequestTooLong`, and a
+vocabulary (in the prompt or the logit bias) or a prompt that can never fit is an
+`InvalidRequest` / `RequestTooLong`, and a
 grammar that does not compile a `GrammarError`. Building touches no engine state, so the async
 front calls it on the caller's thread and errors reach the caller directly.
 """
@@ -58,6 +59,10 @@ class SequenceFactory:
             raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
         ids = self.prompt_ids(prompt)
         lim = self.limits
+        outside = [t for t, _ in params.biases if t >= lim.vocab_size]
+        if outside:
+            raise InvalidRequest(f"logit_bias token ids outside the vocabulary of "
+                                 f"{lim.vocab_size}: {outside[:5]}", field="logit_bias")
         limit = lim.max_seq_len - 1
         if len(ids) > limit:
             raise RequestTooLong(

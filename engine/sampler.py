@@ -1,9 +1,10 @@
 """Sampler: turns one step's logits into one next token per sequence, each with its own params.
 
 Order per row: the grammar mask (tokens a constrained row's grammar forbids -> -inf), then
-presence/frequency penalties (over the generated tokens) -> greedy argmax when
-temperature is 0, else temperature -> top-k -> top-p -> a draw from the row's own
-torch.Generator. The pure functions below are the whole algorithm; `Sampler` only batches them.
+the row's logit bias (a forbidden token stays -inf), then presence/frequency penalties (over
+the generated tokens) -> greedy argmax when temperature is 0, else temperature -> top-k ->
+top-p -> a draw from the row's own torch.Generator. The pure functions below are the whole
+algorithm; `Sampler` only batches them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ def apply_penalties(
             index = torch.as_tensor(list(ids), dtype=torch.int64, device=logits.device)
             counts[row] = torch.bincount(index, minlength=vocab).to(logits.dtype)
     return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0).to(logits.dtype)
+
+
+def apply_logit_bias(
+    logits: torch.Tensor,  # [N, V] float32
+    biases: Sequence[tuple[tuple[int, float], ...]],  # N rows of (token id, bias) pairs
+) -> torch.Tensor:
+    """A copy of `logits` with each row's biases added to its tokens' logits."""
+    rows = [row for row, pairs in enumerate(biases) for _ in pairs]
+    tokens = [token for pairs in biases for token, _ in pairs]
+    values = [bias for pairs in biases for _, bias in pairs]
+    out = logits.clone()
+    if rows:
+        device = logits.device
+        index = (torch.tensor(rows, device=device), torch.tensor(tokens, device=device))
+        out.index_put_(index, torch.tensor(values, dtype=out.dtype, device=device),
+                       accumulate=True)
+    return out
 
 
 def apply_top_k_top_p(
@@ -113,13 +131,15 @@ class Sampler:
         rows: Sequence[SamplingRow],
         bitmask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[N, V] logits -> float32 logits with each row's grammar mask and penalties applied
-        (a greedy row's token is their argmax)."""
+        """[N, V] logits -> float32 logits with each row's grammar mask, logit bias and
+        penalties applied (a greedy row's token is their argmax)."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
         logits = logits.float()
         if bitmask is not None:
             logits = apply_token_bitmask(logits, bitmask)
+        if any(r.params.logit_bias for r in rows):
+            logits = apply_logit_bias(logits, [r.params.biases for r in rows])
         if any(r.params.has_penalties for r in rows):
             logits = self._penalise(logits, rows)
         return logits

@@ -6,7 +6,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from engine.grammar_spec import GrammarSpec
 
@@ -25,6 +25,10 @@ class SamplingParams:
     ignore_eos: do not stop at the tokenizer's stop tokens.
     presence_penalty / frequency_penalty: OpenAI semantics over the generated tokens,
         in [-2, 2].
+    logit_bias: token id -> a finite bias added to its logit before sampling (after the grammar
+        mask: a token the grammar forbids stays forbidden); a mapping or (id, bias) pairs,
+        kept as pairs in id order (`biases`). Ids are checked against the vocabulary when the
+        engine builds the sequence (InvalidRequest, field "logit_bias").
     include_stop_str_in_output: keep the matched stop string in the text.
     speculative: False turns the engine's speculative decoding off for this request (the
         output is the same either way at temperature 0; only speed differs).
@@ -45,6 +49,7 @@ class SamplingParams:
     ignore_eos: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
     speculative: bool = True
     json_schema: str | Mapping[str, Any] | None = None
@@ -55,6 +60,7 @@ class SamplingParams:
         self._check_constraint()
         object.__setattr__(self, "stop", _str_tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         _check_int("max_tokens", self.max_tokens, low=1)
         _check_float("temperature", self.temperature)
         if self.temperature < 0:
@@ -99,6 +105,11 @@ class SamplingParams:
         return None
 
     @property
+    def biases(self) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` as (token id, bias) pairs in id order."""
+        return cast(tuple[tuple[int, float], ...], self.logit_bias)
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
@@ -116,6 +127,27 @@ def _str_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
     if not all(isinstance(s, str) for s in items):
         raise ValueError(f"stop must be a string or a list of strings, got {value!r}")
     return items
+
+
+def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    """A logit_bias mapping or pair sequence as checked (id, bias) pairs in id order."""
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, tuple | list):
+        items = list(value)
+    else:
+        raise ValueError(f"logit_bias must be a mapping of token ids to biases, got {value!r}")
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise ValueError(f"logit_bias entries must be (token id, bias) pairs, got {item!r}")
+        token, bias = item
+        _check_int("logit_bias token id", token, low=0)
+        _check_float("logit_bias bias", bias)
+        if token in pairs:
+            raise ValueError(f"logit_bias names token id {token} twice")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
 
 
 def _check_int(name: str, value: object, *, low: int) -> None:

@@ -121,7 +121,7 @@ def _grouped(engine: Engine, key: Any, since: datetime, prices: PriceTable,
 
 
 def _table(groups: dict[Any, dict[str, float]], name: str) -> list[dict[str, Any]]:
-    rows = [{name: k if k is not None else "-", **_finish(v)} for k, v in groups.items()]
+    rows = [{name: k if k not in (None, "") else "-", **_finish(v)} for k, v in groups.items()]
     return sorted(rows, key=lambda r: (-r["requests"], str(r[name])))
 
 

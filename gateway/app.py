@@ -157,8 +157,7 @@ async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
     provider: Provider = "anthropic" if path.startswith("/v1/messages") else "openai"
     missing = exc.status_code == 404
     verb = "not found" if missing else "does not accept this method"
-    err = GatewayError(exc.status_code, f"{request.method} {path}: {verb}",
-                       kind="not_found_error" if missing else "invalid_request_error")
+    err = GatewayError(exc.status_code, f"{request.method} {path}: {verb}")
     return JSONResponse(error_body(err, provider), status_code=exc.status_code,
                         headers=exc.headers)
 

@@ -1,7 +1,10 @@
 """Client-facing errors, rendered in the client's own format.
 
-OpenAI: `{"error": {"message", "type", "param", "code"}}`.
-Anthropic: `{"type": "error", "error": {"type", "message"}}` (the field is named in the message).
+OpenAI: `{"error": {"message", "type", "param", "code"}}`; `type` is OpenAI's error class for
+the status (a 404 is an `invalid_request_error`, as OpenAI's own: an unknown model's `code` is
+`model_not_found`), `code` the error's own kind when that says more than its type.
+Anthropic: `{"type": "error", "error": {"type", "message"}}` (the field is named in the message;
+a 404 is a `not_found_error`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ OPENAI_TYPES: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "not_found_error",
+    404: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
@@ -38,6 +41,11 @@ class GatewayError(ApiError):
 def invalid(message: str, param: str | None = None, *, status: int = 400) -> GatewayError:
     """A 4xx for a bad field."""
     return GatewayError(status, message, kind="invalid_request_error", param=param)
+
+
+def model_not_found(message: str) -> GatewayError:
+    """The 404 for a model the gateway does not serve (OpenAI's code: `model_not_found`)."""
+    return GatewayError(404, message, kind="model_not_found", param="model")
 
 
 def error_type(status: int, provider: Provider) -> str:

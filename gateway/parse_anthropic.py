@@ -7,7 +7,14 @@ Conversion to the neutral (OpenAI) shape:
 - assistant `tool_use` blocks -> `tool_calls` ({"id", "type": "function",
   "function": {"name", "arguments": JSON text of input}});
 - tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
+Sampling: temperature, top_p, top_k and stop_sequences go into `SamplingOptions`.
+`output_config.format` ({"type": "json_schema", "schema"}) constrains the answer to one JSON
+document, as OpenAI's `response_format` does; `output_config.effort` is checked and taken as a
+hint. `thinking` enabled / between_tools is a 400 for the embedded engine (the model does not
+think); disabled and adaptive are accepted, and an upstream gets any valid type.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
+Checked as Anthropic checks them: content is never empty except a final assistant message's,
+every tool has an `input_schema` object, `stop_sequences` is an array of strings.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from gateway.structured import (
     ToolMode,
     build_constraint,
     check_named_tool,
+    document_schema,
     tool_schemas,
 )
 from gateway.types import ChatRequest, OutputConstraint, SamplingOptions
@@ -47,19 +55,22 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     if max_tokens is None:
         raise invalid("'max_tokens' is required (an integer >= 1)", "max_tokens")
     messages = _system(body.get("system"))
-    for i, msg in enumerate(req_list(body, "messages")):
-        messages.extend(_message(msg, i))
+    given = req_list(body, "messages")
+    for i, msg in enumerate(given):
+        messages.extend(_message(msg, i, final=i == len(given) - 1))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
-    constraint = _constraint(body.get("tool_choice"), tools, ctx.grammar)
+    document = _output_format(body, ctx.grammar)
+    constraint = _constraint(body.get("tool_choice"), tools, document, ctx.grammar)
+    _thinking(body, ctx.embedded)
     metadata = opt_dict(body, "metadata") or {}
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
         raise invalid("'metadata.user_id' must be a string", "metadata.user_id")
-    opt_int(body, "top_k", low=1)
     options = SamplingOptions(
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 1.0),
         top_p=opt_number(body, "top_p", 0.0, 1.0, low_open=True),
-        stop=stop_strings(body.get("stop_sequences"), "stop_sequences", 16),
+        top_k=opt_int(body, "top_k", low=1),
+        stop=stop_strings(body.get("stop_sequences"), "stop_sequences", 16, single=False),
     )
     return ChatRequest(
         request_id=ctx.request_id,
@@ -96,7 +107,7 @@ def _text_block(block: Any, path: str) -> str:
     return text
 
 
-def _message(msg: Any, i: int) -> list[dict[str, Any]]:
+def _message(msg: Any, i: int, *, final: bool) -> list[dict[str, Any]]:
     path = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise invalid(f"'{path}' must be an object", path)
@@ -104,6 +115,9 @@ def _message(msg: Any, i: int) -> list[dict[str, Any]]:
     if role not in ("user", "assistant"):
         raise invalid(f"'{path}.role' must be 'user' or 'assistant'", f"{path}.role")
     content = msg.get("content")
+    if (content == "" or content == []) and not (final and role == "assistant"):
+        raise invalid(f"'{path}.content' must not be empty (only a final assistant message, "
+                      "the start of the answer, may be)", f"{path}.content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -179,22 +193,70 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     if tool.get("type") not in (None, "custom"):
         raise invalid(f"'{path}.type' {tool.get('type')!r} is not supported", f"{path}.type")
     check_tool_schema(tool, path, "input_schema")
+    if not isinstance(tool.get("input_schema"), dict):
+        raise invalid(f"'{path}.input_schema' is required (a JSON schema object)",
+                      f"{path}.input_schema")
     fn: dict[str, Any] = {"name": tool["name"]}
     if tool.get("description") is not None:
         fn["description"] = tool["description"]
-    fn["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
+    fn["parameters"] = tool["input_schema"] or {"type": "object", "properties": {}}
     return {"type": "function", "function": fn}
 
 
-def _constraint(choice: Any, tools: tuple[dict[str, Any], ...], grammar: bool
-                ) -> OutputConstraint | None:
-    """The output grammar of tools + tool_choice (400s name the field); none without `grammar`
-    (an upstream's request: the fields are still checked)."""
+def _constraint(choice: Any, tools: tuple[dict[str, Any], ...], document: dict[str, Any] | None,
+                grammar: bool) -> OutputConstraint | None:
+    """The output grammar of tools + tool_choice + the output format's document schema (400s
+    name the field); none without `grammar` (an upstream's request: the fields are still
+    checked)."""
     schemas = tool_schemas(tools, [f"tools[{i}].input_schema" for i in range(len(tools))])
     parsed = _tool_choice(choice, bool(tools))
     if parsed.name is not None:
         check_named_tool(parsed.name, schemas, "tool_choice.name")
-    return build_constraint(schemas, parsed, None, grammar)
+    return build_constraint(schemas, parsed, document, grammar)
+
+
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+def _output_format(body: dict[str, Any], grammar: bool) -> dict[str, Any] | None:
+    """The JSON document schema of `output_config.format` ({"type": "json_schema", "schema":
+    {...}}, Anthropic's structured outputs), or None. `output_config.effort` is checked and
+    taken as a hint: the embedded model has one way of answering."""
+    config = opt_dict(body, "output_config")
+    if config is None:
+        return None
+    effort = config.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise invalid(f"'output_config.effort' must be one of {', '.join(EFFORTS)}",
+                      "output_config.effort")
+    fmt = opt_dict(config, "format", "output_config.format")
+    if fmt is None:
+        return None
+    if fmt.get("type") != "json_schema":
+        raise invalid("'output_config.format.type' must be 'json_schema'",
+                      "output_config.format.type")
+    path = "output_config.format.schema"
+    if not isinstance(fmt.get("schema"), dict):
+        raise invalid(f"'{path}' is required (a JSON schema object)", path)
+    return document_schema(fmt["schema"], path, grammar)
+
+
+THINKING = ("enabled", "disabled", "adaptive", "between_tools")
+
+
+def _thinking(body: dict[str, Any], embedded: bool) -> None:
+    """`thinking`: an upstream model may think; the embedded one cannot, so asking it to
+    (enabled, between_tools) is a 400. Disabled and adaptive (the model decides, and it
+    decides not to) are served as they are."""
+    thinking = opt_dict(body, "thinking")
+    if thinking is None:
+        return
+    kind = thinking.get("type")
+    if kind not in THINKING:
+        raise invalid(f"'thinking.type' must be one of {', '.join(THINKING)}", "thinking.type")
+    if embedded and kind in ("enabled", "between_tools"):
+        raise invalid(f"'thinking' of type {kind!r} is not supported: the model does not think "
+                      "before it answers (disabled or adaptive is accepted)", "thinking")
 
 
 _ANTHROPIC_MODES: dict[str, ToolMode] = {"auto": "auto", "any": "required", "none": "none"}

@@ -2,13 +2,17 @@
 
 Accepted: messages (system, developer, user, assistant with tool_calls, tool), content as a string
 or text parts, tools (function tools, `strict`), tool_choice, parallel_tool_calls, response_format
-(text, json_object, json_schema), stream, stream_options.include_usage,
-temperature, top_p, max_tokens / max_completion_tokens, stop, seed, n=1, presence/frequency
-penalties, user, cache_salt. Unknown extra fields are ignored, as the SDKs add new ones.
+(text, json_object, json_schema), stream, stream_options.include_usage, temperature, top_p,
+top_k (vLLM's extension: -1 or 0 for every token), max_tokens / max_completion_tokens, stop,
+seed, n=1, presence/frequency penalties, logit_bias (token id text -> [-100, 100]), user,
+metadata (string values), cache_salt; /v1/completions: prompt, best_of=1, an empty suffix (an
+upstream gets other values). Refused with a 400 naming the field: n > 1, logprobs /
+top_logprobs, echo. Unknown extra fields are ignored, as the SDKs add new ones.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gateway.errors import invalid
@@ -44,6 +48,7 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     messages = tuple(_message(m, i) for i, m in enumerate(req_list(body, "messages")))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     constraint = _constraint(body, tools, ctx.grammar)
+    _metadata(body)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -62,8 +67,7 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
 def parse_completion(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     """A validated legacy completion request (raw prompt, no chat template)."""
     model = check_model(body, ctx)
-    if opt_bool(body, "echo"):
-        raise invalid("'echo' is not supported", "echo")
+    _completion_fields(body, ctx)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -77,6 +81,30 @@ def parse_completion(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
         body=body,
         prompt=_prompt(body.get("prompt")),
     )
+
+
+def _completion_fields(body: dict[str, Any], ctx: ParseContext) -> None:
+    """Legacy fields the answer cannot honour: `echo` (never returned), and for the embedded
+    engine `best_of` > 1 (it samples one completion) and a `suffix` (it only appends to the
+    prompt); an upstream gets those two in the body and answers for them."""
+    if opt_bool(body, "echo"):
+        raise invalid("'echo' is not supported", "echo")
+    best_of = opt_int(body, "best_of", low=1)
+    suffix = opt_str(body, "suffix")
+    if not ctx.embedded:
+        return
+    if best_of not in (None, 1):
+        raise invalid("only best_of=1 is supported: one completion is sampled", "best_of")
+    if suffix:
+        raise invalid("'suffix' is not supported: a completion only continues the prompt",
+                      "suffix")
+
+
+def _metadata(body: dict[str, Any]) -> None:
+    """`metadata`: an object of string values (not used for the answer), or null."""
+    for key, value in (opt_dict(body, "metadata") or {}).items():
+        if not isinstance(value, str):
+            raise invalid(f"'metadata.{key}' must be a string", f"metadata.{key}")
 
 
 def include_usage(body: dict[str, Any]) -> bool:
@@ -97,11 +125,39 @@ def sampling_options(body: dict[str, Any], ctx: ParseContext) -> SamplingOptions
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 2.0),
         top_p=opt_number(body, "top_p", 0.0, 1.0, low_open=True),
+        top_k=_top_k(body),
         stop=stop_strings(body.get("stop"), "stop", 4),
         seed=opt_int(body, "seed"),
         presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+        logit_bias=_logit_bias(body),
     )
+
+
+MAX_TOKEN_ID_DIGITS = 10  # token ids are decimal text; no vocabulary has 10**10 tokens
+
+
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`: an object of token ids (decimal text) to biases in [-100, 100], as
+    id-ordered pairs; null or {} is no bias. Ids past the vocabulary are the engine's 400."""
+    pairs = []
+    for key, bias in (opt_dict(body, "logit_bias") or {}).items():
+        if not (key.isascii() and key.isdigit()) or len(key) > MAX_TOKEN_ID_DIGITS \
+                or str(int(key)) != key:
+            raise invalid(f"'logit_bias' keys must be token ids (decimal integers), got {key!r}",
+                          "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) \
+                or not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise invalid(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r} "
+                          f"for token {key}", "logit_bias")
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
+
+
+def _top_k(body: dict[str, Any]) -> int | None:
+    """`top_k`, vLLM's extension (OpenAI has none): k >= 1, or -1 / 0 for every token."""
+    k = opt_int(body, "top_k", low=-1)
+    return k if k is not None and k > 0 else None
 
 
 def _no_logprobs(body: dict[str, Any]) -> None:

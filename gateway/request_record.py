@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.request_state import Gateway, Ticket
 from gateway.types import ChatRequest, Final, Usage
+from gateway.validate import is_served
 
 
 def record(
@@ -47,7 +48,7 @@ def _make_record(
         ts=datetime.now(UTC),
         request_id=ticket.request_id,
         tenant=ticket.tenant or "-",
-        model=req.model if req else str(body.get("model", ""))[:256],
+        model=req.model if req else _served_model(gw, body),
         backend=gw.backend.name,
         replica=final.replica if final else None,
         provider=ticket.route.provider,
@@ -69,6 +70,14 @@ def _make_record(
         stream=bool(req.stream) if req else bool(body.get("stream", False)),
         prompt_text=_prompt_text(gw, req),
     )
+
+
+def _served_model(gw: Gateway, body: dict[str, Any]) -> str:
+    """The model of a body that never became a request (rejected, or the client went away
+    first) when it names a served model, else "": a client's typo or a non-string `model` is
+    no model, and a stats row per such value would clutter the by-model tables."""
+    model = body.get("model")
+    return model[:256] if is_served(model, gw.backend.models()) else ""
 
 
 def _prompt_text(gw: Gateway, req: ChatRequest | None) -> str | None:

@@ -77,12 +77,14 @@ class Gateway:
             self.salter = UpstreamSalter(c.salt_secret)
 
     def parse_context(self, request_id: str, tenant: str) -> ParseContext:
-        """What a parser needs for this backend: its models, and whether it constrains its
-        output with the gateway's grammar (the embedded engine; upstreams enforce tools and
-        response formats themselves)."""
+        """What a parser needs for this backend: its models, and whether it is the embedded
+        engine, which constrains its output with the gateway's grammar and must honour every
+        field it accepts (upstreams enforce tools, response formats and their own fields
+        themselves)."""
         backend = self.backend
+        embedded = backend.name == "embedded"
         return ParseContext(request_id, tenant, tuple(backend.models()),
-                            grammar=backend.name == "embedded")
+                            grammar=embedded, embedded=embedded)
 
     @property
     def preparing(self) -> PreparingBackend | None:

@@ -7,8 +7,8 @@ providers get the fields in the body and enforce them themselves). Tool calls us
   calls are off), each an object whose `name` is one of the tools and whose `arguments`
   validate against that tool's schema; a named choice allows only that tool.
 - "auto": free text, but once the model writes `<tool_call>` the rest is a valid call.
-- response_format json_object / json_schema: the answer is one JSON document (with auto tools,
-  a call is the other alternative).
+- response_format json_object / json_schema (Anthropic: output_config.format json_schema): the
+  answer is one JSON document (with auto tools, a call is the other alternative).
 JSON is generated with ", " and ": " separators and no free whitespace (the way the chat
 template writes earlier calls), so a small model cannot wander into endless blank space.
 

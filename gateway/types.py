@@ -29,10 +29,12 @@ class SamplingOptions:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # sample from the k most likely tokens; None: from every token
     stop: tuple[str, ...] = ()
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs in id order
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,8 @@ class OutputConstraint:
 
     grammar: an llguidance Lark grammar over the output text.
     tool_calls_required: the output is only tool calls (tool_choice required / any / named).
-    json_document: the output is one JSON document (response_format json_object/json_schema).
+    json_document: the output is one JSON document (response_format json_object/json_schema,
+        Anthropic's output_config.format).
     """
 
     grammar: str

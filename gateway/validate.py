@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
-from gateway.errors import invalid
+from gateway.errors import invalid, model_not_found
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +21,10 @@ class ParseContext:
     # engine); an upstream gets tools and response formats in its body and enforces them
     # itself, so neither the grammar nor the grammar engine's view of a schema applies there
     grammar: bool = True
+    # the embedded engine serves the request: a field it cannot honour (best_of > 1, a suffix,
+    # extended thinking) is a 400 here; an upstream gets the client's body and answers for
+    # such fields itself, so they are only checked for their shape there
+    embedded: bool = True
 
 
 def namespace_for(tenant: str, salt: str | None) -> str:
@@ -28,11 +32,16 @@ def namespace_for(tenant: str, salt: str | None) -> str:
     return tenant if not salt else f"{tenant}/{salt}"
 
 
+def is_served(model: object, models: tuple[str, ...] | list[str]) -> TypeGuard[str]:
+    """True when `model` is a model id among `models` ("*" serves any non-empty id)."""
+    return isinstance(model, str) and bool(model) and ("*" in models or model in models)
+
+
 def check_model(body: dict[str, Any], ctx: ParseContext) -> str:
     model = req_str(body, "model")
-    if "*" not in ctx.models and model not in ctx.models:
+    if not is_served(model, ctx.models):
         served = ", ".join(ctx.models)
-        raise invalid(f"model {model!r} does not exist; served: {served}", "model", status=404)
+        raise model_not_found(f"model {model!r} does not exist; served: {served}")
     return model
 
 
@@ -113,13 +122,15 @@ def opt_list(body: dict[str, Any], name: str) -> list[Any]:
     return value
 
 
-def stop_strings(value: Any, name: str, limit: int) -> tuple[str, ...]:
-    """`stop`: a string or a list of up to `limit` non-empty strings."""
+def stop_strings(value: Any, name: str, limit: int, *, single: bool = True
+                 ) -> tuple[str, ...]:
+    """`stop`: a list of up to `limit` non-empty strings, or (`single`) one string."""
     if value is None:
         return ()
-    items = [value] if isinstance(value, str) else value
+    items = [value] if single and isinstance(value, str) else value
     if not isinstance(items, list) or len(items) > limit:
-        raise invalid(f"'{name}' must be a string or an array of at most {limit} strings", name)
+        what = "a string or an array" if single else "an array"
+        raise invalid(f"'{name}' must be {what} of at most {limit} strings", name)
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item:
             raise invalid(f"'{name}[{i}]' must be a non-empty string", f"{name}[{i}]")

@@ -1,6 +1,8 @@
 """Anthropic Messages bodies for the Anthropic upstream: conversion and cache breakpoints.
 
-`to_anthropic_body` re-expresses a neutral (OpenAI-shaped) `ChatRequest` as a Messages body.
+`to_anthropic_body` re-expresses a neutral (OpenAI-shaped) `ChatRequest` as a Messages body;
+an OpenAI field the Messages API has no place for (`best_of` > 1, a `suffix`, a non-empty
+`logit_bias`) is a 400 naming it, never a silent drop.
 `place_cache_breakpoints` adds `cache_control` markers at the stable boundary: the end of the
 history before the last user turn (prompt_lint's rewriter moves dynamic spans into that turn),
 then the end of the system prompt, then the last tool. The client's own markers are kept and
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.types import ChatRequest
+from gateway.types import BackendError, ChatRequest
 
 MAX_BREAKPOINTS = 4
 DEFAULT_MAX_TOKENS = 1024
@@ -91,8 +93,25 @@ def _convert_messages(
     return system, out
 
 
+def _unsupported(name: str, why: str) -> BackendError:
+    return BackendError(400, f"'{name}' is not supported by an Anthropic upstream: {why}",
+                        kind="invalid_request_error", param=name)
+
+
+def check_carried(body: dict[str, Any]) -> None:
+    """400 for an OpenAI body's field that a Messages body cannot carry (the parser has
+    checked the fields' shapes)."""
+    if body.get("best_of") not in (None, 1):
+        raise _unsupported("best_of", "it samples one answer")
+    if body.get("suffix"):
+        raise _unsupported("suffix", "it cannot insert before a suffix")
+    if body.get("logit_bias"):
+        raise _unsupported("logit_bias", "the Messages API has no token biases")
+
+
 def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
     """A Messages API body for a request that arrived in OpenAI format."""
+    check_carried(req.body)
     if req.prompt is not None:
         system: list[str] = []
         messages: list[dict[str, Any]] = [{"role": "user", "content": req.prompt}]
@@ -109,7 +128,7 @@ def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
             "description": t["function"].get("description", ""),
             "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}},
         } for t in req.tools]
-    extra = {"temperature": o.temperature, "top_p": o.top_p,
+    extra = {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k,
              "stop_sequences": list(o.stop) or None}
     body.update({k: v for k, v in extra.items() if v is not None})
     return body

@@ -111,10 +111,12 @@ class EmbeddedBackend:
                 max_tokens=o.max_tokens or self.config.default_max_tokens,
                 temperature=1.0 if o.temperature is None else o.temperature,
                 top_p=1.0 if o.top_p is None else o.top_p,
+                top_k=o.top_k or 0,
                 seed=None if o.seed is None else o.seed % (2**63),
                 stop=o.stop,
                 presence_penalty=o.presence_penalty,
                 frequency_penalty=o.frequency_penalty,
+                logit_bias=o.logit_bias,
                 grammar=req.constraint.grammar if req.constraint is not None else None,
             )
         except ValueError as exc:  # SamplingParams checks its own fields

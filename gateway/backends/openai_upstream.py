@@ -1,10 +1,13 @@
 """OpenAI-compatible upstream (OpenAI, vLLM, SGLang, llama.cpp server, DeepSeek, ...).
 
 The client's body (after lint rewrite) is forwarded as-is when the client spoke OpenAI; an
-Anthropic-format client is re-expressed from the neutral `ChatRequest`. Streaming requests are
-streamed from the upstream and passed on delta by delta. The upstream's own cache report is read
-back into `Usage.reported_cached_tokens`: `usage.prompt_tokens_details.cached_tokens` (OpenAI,
-vLLM, SGLang) or `usage.prompt_cache_hit_tokens` (DeepSeek).
+Anthropic-format client is re-expressed from the neutral `ChatRequest` (its `top_k` as vLLM's
+extension, a 400 for api.openai.com, which has none; `output_config.format` as
+`response_format` json_schema; extended `thinking`, which has no OpenAI field, a 400).
+Streaming requests are streamed from the upstream and passed on delta by delta. The upstream's
+own cache report is read back into `Usage.reported_cached_tokens`:
+`usage.prompt_tokens_details.cached_tokens` (OpenAI, vLLM, SGLang) or
+`usage.prompt_cache_hit_tokens` (DeepSeek).
 """
 
 from __future__ import annotations
@@ -94,15 +97,38 @@ def _is_openai(url: str) -> bool:
     return httpx.URL(url).host.endswith("openai.com")
 
 
-def _sampling_fields(req: ChatRequest) -> dict[str, Any]:
+def _sampling_fields(req: ChatRequest, options: UpstreamOptions) -> dict[str, Any]:
+    """The sampling fields of a request from an Anthropic client, in OpenAI's names; `top_k`
+    as vLLM's extension (api.openai.com has none: a 400 naming it, not a silent drop)."""
     o = req.options
+    if o.top_k is not None and _is_openai(options.url):
+        raise BackendError(400, "'top_k' is not supported by an api.openai.com upstream",
+                           kind="invalid_request_error", param="top_k")
     fields: dict[str, Any] = {
         "max_tokens": o.max_tokens, "temperature": o.temperature, "top_p": o.top_p,
-        "seed": o.seed, "stop": list(o.stop) or None,
+        "top_k": o.top_k, "seed": o.seed, "stop": list(o.stop) or None,
         "presence_penalty": o.presence_penalty or None,
         "frequency_penalty": o.frequency_penalty or None,
     }
     return {k: v for k, v in fields.items() if v is not None}
+
+
+THINKING_TYPES = ("enabled", "between_tools")  # an Anthropic client asking for thinking
+
+
+def _anthropic_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic client's output format in OpenAI's fields (`output_config.format` ->
+    `response_format` json_schema; the parser has checked the shapes). Extended thinking has
+    no OpenAI field: a 400 naming it, not a silent drop."""
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in THINKING_TYPES:
+        raise BackendError(400, "'thinking' is not supported by an OpenAI-compatible upstream",
+                           kind="invalid_request_error", param="thinking")
+    fmt = (body.get("output_config") or {}).get("format")
+    if not fmt:
+        return {}
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "output", "schema": fmt["schema"]}}}
 
 
 def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[str, Any]]:
@@ -112,9 +138,10 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
         body = dict(req.body)
         body["model"] = req.model
     elif req.prompt is not None:
-        body = {"model": req.model, "prompt": req.prompt, **_sampling_fields(req)}
+        body = {"model": req.model, "prompt": req.prompt, **_sampling_fields(req, options)}
     else:
-        body = {"model": req.model, "messages": list(req.messages), **_sampling_fields(req)}
+        body = {"model": req.model, "messages": list(req.messages),
+                **_sampling_fields(req, options), **_anthropic_fields(req.body)}
         if req.tools:
             body["tools"] = list(req.tools)
     body["stream"] = req.stream

@@ -37,11 +37,26 @@ from engine.sampling_params import SamplingParams
         ({"frequency_penalty": -2.5}, "frequency_penalty"),
         ({"stop": [""]}, "stop"),
         ({"seed": -1}, "seed"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"logit_bias": {True: 1.0}}, "logit_bias"),
+        ({"logit_bias": {3: float("nan")}}, "logit_bias"),
+        ({"logit_bias": {3: "up"}}, "logit_bias"),
+        ({"logit_bias": ((3, 1.0), (3, 2.0))}, "logit_bias"),
+        ({"logit_bias": 5}, "logit_bias"),
     ],
 )
 def test_bad_sampling_params_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_sampling_params_normalise_logit_bias() -> None:
+    """A mapping or pairs become (token id, bias) pairs in id order (hashable, like the rest)."""
+    params = SamplingParams(logit_bias={5: 1, 2: -3.5})
+    assert params.logit_bias == ((2, -3.5), (5, 1.0)) == params.biases
+    assert SamplingParams(logit_bias=[(5, 1.0), (2, -3.5)]) == params
+    assert hash(params) == hash(SamplingParams(logit_bias={2: -3.5, 5: 1.0}))
+    assert SamplingParams().biases == ()
 
 
 def test_sampling_params_normalise_stop() -> None:

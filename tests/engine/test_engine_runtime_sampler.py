@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from engine.sampler import Sampler, SamplingRow, apply_penalties, apply_top_k_top_p
+from engine.sampler import (
+    Sampler,
+    SamplingRow,
+    apply_logit_bias,
+    apply_penalties,
+    apply_top_k_top_p,
+)
 from engine.sampling_params import SamplingParams
 
 
@@ -134,3 +140,32 @@ def test_seeded_rows_reproduce_whatever_the_batch() -> None:
 def test_row_count_mismatch_is_an_error() -> None:
     with pytest.raises(ValueError, match="logit rows"):
         Sampler()(torch.zeros(2, 5), rows_of([SamplingParams()]))
+
+
+def test_logit_bias_adds_to_each_rows_own_tokens() -> None:
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(5))
+    biases = (((2, 5.0), (7, -1.5)), (), ((19, 100.0),))
+    got = apply_logit_bias(logits, biases)
+    want = logits.clone()
+    for row, pairs in enumerate(biases):
+        for token, bias in pairs:
+            want[row, token] += bias
+    assert torch.equal(got, want)
+    assert not torch.equal(got, logits)  # a new tensor: the model's logits are left alone
+
+
+def test_logit_bias_steers_greedy_and_sampled_rows_but_not_past_a_grammar() -> None:
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(9))
+    params = [
+        SamplingParams(temperature=0.0, logit_bias={11: 100.0}),
+        SamplingParams(temperature=1.0, logit_bias={12: 100.0}),
+        SamplingParams(temperature=0.0, logit_bias={int(logits[2].argmax()): -100.0}),
+    ]
+    sampler = Sampler()
+    for _ in range(20):
+        tokens = sampler(logits, rows_of(params))
+        assert tokens[:2] == [11, 12]
+        assert tokens[2] != int(logits[2].argmax())  # banned: the next best is taken
+    bits = torch.zeros(3, 2, dtype=torch.int32)
+    bits[:, 0] = 1 << 3  # the grammar allows only token 3
+    assert sampler(logits, rows_of(params), bits) == [3, 3, 3]

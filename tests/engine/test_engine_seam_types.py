@@ -50,6 +50,20 @@ def test_bad_input_raises_typed_errors_with_fields(tiny: LoadedModel) -> None:
     eng.check()
 
 
+def test_logit_bias_is_checked_against_the_vocabulary_and_steers_output(
+        tiny: LoadedModel) -> None:
+    eng = Engine(EngineConfig(num_pages=16, page_size=8), model=tiny)
+    vocab = tiny.config.vocab_size
+    with pytest.raises(InvalidRequest) as outside:
+        eng.add_request([1, 2, 3], SamplingParams(logit_bias={vocab: 1.0}))
+    assert outside.value.field == "logit_bias" and str(vocab) in str(outside.value)
+    forced = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True,
+                            logit_bias={vocab - 1: 100.0})
+    [out] = eng.generate([[1, 2, 3]], forced)
+    assert out.token_ids == [vocab - 1] * 4
+    eng.check()
+
+
 def test_step_returns_stream_deltas_with_the_saved_prefill_time(tiny: LoadedModel) -> None:
     eng = Engine(EngineConfig(num_pages=64, page_size=8), model=tiny)
     prompt = random_prompts(1, 40, 40, seed=4)[0]

@@ -111,8 +111,9 @@ async def test_unknown_endpoints_answer_in_the_callers_format(make_fake_app):
         batches = await http.post("/v1/messages/batches", json={})
         wrong_verb = await http.get("/v1/chat/completions")
         page = await http.get("/dashboard/nowhere")
-    assert embeddings.status_code == 404
-    assert embeddings.json()["error"]["type"] == "not_found_error"
+    assert embeddings.status_code == 404  # OpenAI's own unknown-URL answer: no not_found type
+    assert embeddings.json()["error"]["type"] == "invalid_request_error"
+    assert embeddings.json()["error"]["code"] is None
     assert "/v1/embeddings" in embeddings.json()["error"]["message"]
     assert batches.status_code == 404 and batches.json()["type"] == "error"
     assert batches.json()["error"]["type"] == "not_found_error"

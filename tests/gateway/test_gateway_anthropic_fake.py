@@ -121,6 +121,21 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
       "messages": [{"role": "user", "content": "x"}]}, 400, "system"),
     ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {}}]}]}, 400, "messages[0].content[0]"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": []}]},
+     400, "messages[0].content"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": ""}]},
+     400, "messages[0].content"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": []},
+        {"role": "user", "content": "y"}]}, 400, "messages[1].content"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "tools": [{"name": "lookup"}],
+      "messages": [{"role": "user", "content": "x"}]}, 400, "tools[0].input_schema"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "tools": [{"name": "lookup", "input_schema": None}],
+      "messages": [{"role": "user", "content": "x"}]}, 400, "tools[0].input_schema"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "top_k": 0,
+      "messages": [{"role": "user", "content": "x"}]}, 400, "top_k"),
+    ({"model": FAKE_MODEL, "max_tokens": 5, "stop_sequences": "x",
+      "messages": [{"role": "user", "content": "x"}]}, 400, "stop_sequences"),
 ])
 async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, field):
     async with asgi_client(make_fake_app()) as http:
@@ -132,6 +147,25 @@ async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, fiel
         assert data["error"]["type"] in {"invalid_request_error", "not_found_error"}
 
 
+async def test_top_k_reaches_the_backend(make_fake_app, fake_backend: FakeBackend):
+    client = async_sdk(make_fake_app())
+    for top_k, expected in ((1, 1), (40, 40), (None, None)):
+        await client.messages.create(model=FAKE_MODEL, max_tokens=4, extra_body={"top_k": top_k},
+                                     messages=[{"role": "user", "content": "x"}])
+        assert fake_backend.seen[-1].options.top_k == expected
+
+
+async def test_a_final_assistant_message_may_be_empty(make_fake_app):
+    """Anthropic's rule: every message has content, except an optional final assistant one
+    (the prefill of the answer)."""
+    client = async_sdk(make_fake_app())
+    for empty in ("", []):
+        out = await client.messages.create(
+            model=FAKE_MODEL, max_tokens=8, stop_sequences=["zz"],
+            messages=[{"role": "user", "content": "a b"}, {"role": "assistant", "content": empty}])
+        assert out.content[0].text == "echo: a b"
+
+
 async def test_sdk_raises_typed_errors(make_fake_app):
     client = async_sdk(make_fake_app())
     with pytest.raises(anthropic.BadRequestError) as err:
@@ -139,3 +173,15 @@ async def test_sdk_raises_typed_errors(make_fake_app):
                                      extra_body={"temperature": 1.7},
                                      messages=[{"role": "user", "content": "x"}])
     assert "temperature" in str(err.value)
+
+
+async def test_unknown_model_is_anthropics_not_found_error(make_fake_app):
+    """Anthropic's shape for an unknown model stays its own: 404 with not_found_error."""
+    client = async_sdk(make_fake_app())
+    with pytest.raises(anthropic.NotFoundError) as err:
+        await client.messages.create(model="claude-nope", max_tokens=5,
+                                     messages=[{"role": "user", "content": "x"}])
+    assert err.value.status_code == 404
+    assert err.value.body["type"] == "error"
+    assert err.value.body["error"]["type"] == "not_found_error"
+    assert "claude-nope" in err.value.body["error"]["message"]

@@ -326,3 +326,48 @@ async def test_count_tokens_is_what_the_same_request_prefills(make_real_app):
     prefilled = (usage["input_tokens"] + usage["cache_read_input_tokens"]
                  + usage["cache_creation_input_tokens"])
     assert counted.json() == {"input_tokens": prefilled}
+
+
+async def test_top_k_one_is_greedy(make_real_app):
+    """Anthropic's top_k reaches the engine's sampler: at temperature 1.0 with top_k 1 every
+    answer is the greedy one (it was validated and dropped, so four runs gave four texts);
+    vLLM's top_k extension on the OpenAI route does the same."""
+    app = make_real_app()
+    body = {"model": MODEL, "max_tokens": 6, "system": SYSTEM, "cache_salt": salt(),
+            "messages": [{"role": "user", "content": "Name a colour."}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        greedy = await http.post("/v1/messages", json={**body, "temperature": 0})
+        assert greedy.status_code == 200, greedy.text
+        text = greedy.json()["content"][0]["text"]
+        for _ in range(3):
+            sampled = await http.post("/v1/messages", json={**body, "temperature": 1.0,
+                                                            "top_k": 1})
+            assert sampled.json()["content"][0]["text"] == text
+        chat = await http.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 6, "temperature": 1.0, "top_k": 1, "seed": 3,
+            "messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": "Name a colour."}],
+            "cache_salt": body["cache_salt"]})
+        assert chat.json()["choices"][0]["message"]["content"] == text
+
+
+async def test_logit_bias_steers_the_engine(make_real_app, real_backend):
+    """logit_bias reaches the sampler (it was ignored): +100 on a token makes a greedy answer
+    start with it; a token id outside the vocabulary is a 400 naming logit_bias."""
+    app = make_real_app()
+    [token] = real_backend.engine.tokenizer.encode(" banana")[:1]
+    piece = real_backend.engine.tokenizer.decode([token])
+    body = {"model": MODEL, "max_tokens": 2, "temperature": 0, "cache_salt": salt(),
+            "messages": chat()}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        plain = await http.post("/v1/chat/completions", json=body)
+        forced = await http.post("/v1/chat/completions",
+                                 json={**body, "logit_bias": {str(token): 100}})
+        outside = await http.post("/v1/chat/completions",
+                                  json={**body, "logit_bias": {"99999999": 5}})
+    assert not plain.json()["choices"][0]["message"]["content"].startswith(piece)
+    assert forced.json()["choices"][0]["message"]["content"].startswith(piece)
+    assert outside.status_code == 400
+    assert outside.json()["error"]["param"] == "logit_bias"

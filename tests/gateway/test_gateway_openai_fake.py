@@ -169,6 +169,14 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
      400, "logprobs"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]},
      400, "stop[0]"),
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "metadata": 5},
+     400, "metadata"),
+    *[({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}],
+        "logit_bias": bias}, 400, "logit_bias")
+      for bias in ({"a": 1}, {"5": 101}, {"5": -100.5}, {"5": "up"}, {"5": None}, {"-5": 1},
+                   {"05": 1}, {"1" * 12: 1}, [5], "5")],
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}],
+      "metadata": {"run": 1}}, 400, "metadata.run"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{}]},
      400, "tools[0].function"),
     ({"model": FAKE_MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400,
@@ -183,7 +191,7 @@ async def test_bad_input_is_a_4xx_naming_the_field(make_fake_app, body, status, 
         assert response.status_code == status
         error = response.json()["error"]
         assert error["param"] == param
-        assert error["type"] in {"invalid_request_error", "not_found_error"}
+        assert error["type"] == "invalid_request_error"  # OpenAI's type, whatever the status
         assert response.headers["x-prefixgate-prompt-tokens"] == "0"
         assert (await http.get("/healthz")).status_code == 200
 
@@ -211,3 +219,76 @@ async def test_sdk_raises_typed_errors(make_fake_app):
     with pytest.raises(openai.BadRequestError):
         await client.chat.completions.create(
             model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}], top_p=1.5)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"best_of": 3}, "best_of"), ({"best_of": "2"}, "best_of"), ({"best_of": 0}, "best_of"),
+    ({"suffix": "}"}, "suffix"), ({"suffix": 5}, "suffix")])
+async def test_completions_refuse_best_of_and_suffix(make_fake_app, extra, param):
+    """The engine samples one completion and cannot insert before a suffix: asking for either
+    is a 400 naming the field (both were ignored); best_of 1 and an empty suffix are fine."""
+    client = async_sdk(make_fake_app())
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.completions.create(model=FAKE_MODEL, prompt="alpha", max_tokens=4,
+                                        extra_body=extra)
+    assert refused.value.body["param"] == param
+    for fine in ({"best_of": 1}, {"best_of": None}, {"suffix": ""}, {"suffix": None}):
+        out = await client.completions.create(model=FAKE_MODEL, prompt="alpha", max_tokens=4,
+                                              extra_body=fine)
+        assert out.choices[0].text == "echo: alpha"
+
+
+async def test_vllm_top_k_extension_is_honoured(make_fake_app, fake_backend: FakeBackend):
+    """OpenAI has no top_k; vLLM-style servers take it (-1 or 0: every token), and so does the
+    engine: it reaches the backend, and a bad one is a 400 naming it."""
+    client = async_sdk(make_fake_app())
+    for top_k, expected in ((1, 1), (50, 50), (0, None), (-1, None), (None, None)):
+        await client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}],
+            extra_body={"top_k": top_k})
+        assert fake_backend.seen[-1].options.top_k == expected
+    for bad in ("x", -2, 1.5, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}],
+                extra_body={"top_k": bad})
+        assert refused.value.body["param"] == "top_k"
+
+
+async def test_logit_bias_reaches_the_backend(make_fake_app, fake_backend: FakeBackend):
+    """logit_bias (token id text -> bias in [-100, 100]) reaches the backend as id-ordered
+    pairs (it was ignored, even when invalid); empty or null is no bias."""
+    client = async_sdk(make_fake_app())
+    for bias, expected in (({"70": -2.5, "5": 100}, ((5, 100.0), (70, -2.5))), ({}, ()),
+                           (None, ())):
+        await client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}], logit_bias=bias)
+        assert fake_backend.seen[-1].options.logit_bias == expected
+    await client.completions.create(model=FAKE_MODEL, prompt="x", logit_bias={"9": -100})
+    assert fake_backend.seen[-1].options.logit_bias == ((9, -100.0),)
+
+
+async def test_metadata_of_strings_is_accepted(make_fake_app):
+    client = async_sdk(make_fake_app())
+    for metadata in ({"run": "7", "team": "core"}, {}, None):
+        out = await client.chat.completions.create(
+            model=FAKE_MODEL, messages=[{"role": "user", "content": "x"}],
+            extra_body={"metadata": metadata})
+        assert out.choices[0].message.content == "echo: x"
+
+
+async def test_unknown_model_is_openais_model_not_found(make_fake_app):
+    """OpenAI's shape for an unknown model: 404, type invalid_request_error, code
+    model_not_found (the type and code were swapped: not_found_error is Anthropic's type)."""
+    client = async_sdk(make_fake_app())
+    with pytest.raises(openai.NotFoundError) as chat:
+        await client.chat.completions.create(
+            model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.NotFoundError) as legacy:
+        await client.completions.create(model="nope", prompt="x")
+    for err in (chat.value, legacy.value):
+        assert err.status_code == 404
+        assert err.body["type"] == "invalid_request_error"
+        assert err.body["code"] == "model_not_found"
+        assert err.body["param"] == "model"
+        assert "nope" in err.body["message"]

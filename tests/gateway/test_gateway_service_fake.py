@@ -12,6 +12,7 @@ import openai
 import pytest
 from sqlalchemy import select
 
+from gateway.api_stats import compute_stats
 from gateway.stats import RequestRecord
 from tests.support import serve
 
@@ -116,6 +117,24 @@ async def test_records_and_metrics_match_the_responses(make_fake_app):
     assert all(r.tenant == "default" and r.model == FAKE_MODEL for r in rows)
     assert json.loads(rows[0].prompt_text)["messages"][1]["content"] == "where is my order"
     assert rows[3].error and "top_p" in rows[3].error
+
+
+async def test_rejected_bodies_record_only_a_served_model(make_fake_app):
+    """Every request leaves one record, but a body's `model` is stored only when it names a
+    served model: rejected bodies with model 5 or "nope" made stats rows for those models."""
+    app = make_fake_app()
+    bodies = [{**CHAT, "model": 5}, {**CHAT, "model": "nope"}, {**CHAT, "model": ["x"]},
+              {**CHAT, "temperature": "hot"}, CHAT]
+    async with asgi_client(app) as http:
+        statuses = [(await http.post("/v1/chat/completions", json=b)).status_code
+                    for b in bodies]
+    assert statuses == [400, 404, 400, 400, 200]
+    rows = records(app)
+    assert [(r.status, r.model) for r in rows] == [
+        (400, ""), (404, ""), (400, ""), (400, FAKE_MODEL), (200, FAKE_MODEL)]
+    stats = compute_stats(app.state.store.engine)
+    assert [m["model"] for m in stats["by_model"]] == ["-", FAKE_MODEL]  # no "5", no "nope"
+    assert stats["totals"]["requests"] == 5
 
 
 async def test_prompts_are_not_stored_by_default(make_fake_app):

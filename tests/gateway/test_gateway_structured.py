@@ -199,6 +199,20 @@ ANTHROPIC_BAD = [
     ({"tools": [{"name": "f", "input_schema": WEATHER}],
       "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
     ({"tool_choice": {"type": "any"}}, "tool_choice.type"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": UNSUPPORTED}}},
+     "output_config.format.schema"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": BAD_SCHEMA}}},
+     "output_config.format.schema"),
+    ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+    ({"output_config": {"format": {"type": "xml", "schema": WEATHER}}},
+     "output_config.format.type"),
+    ({"output_config": {"format": "json"}}, "output_config.format"),
+    ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
+    ({"output_config": 5}, "output_config"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
+    ({"thinking": {"type": "between_tools"}}, "thinking"),
+    ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+    ({"thinking": True}, "thinking"),
 ]
 
 
@@ -228,3 +242,28 @@ async def test_valid_structured_request_carries_its_grammar(make_fake_app, fake_
     assert constraint is not None and constraint.tool_calls_required
     assert constraint.grammar == tool_grammar(
         [ToolSchema("get_weather", WEATHER, "")], ToolChoice("required", parallel=False))
+
+
+async def test_anthropic_output_format_is_a_json_document_grammar(make_fake_app, fake_backend):
+    """output_config.format json_schema constrains the answer as OpenAI's response_format
+    does (it was ignored: free text came back); thinking off or adaptive and an effort hint
+    are accepted (the model never thinks; adaptive lets it decide not to)."""
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=make_fake_app()),
+                              base_url="http://gateway")
+    client = anthropic.AsyncAnthropic(base_url="http://gateway", api_key="none",
+                                      http_client=http, max_retries=0)
+    fmt = {"type": "json_schema", "schema": WEATHER}
+    for extra in ({"thinking": {"type": "disabled"}}, {"thinking": {"type": "adaptive"}},
+                  {"output_config": {"effort": "low", "format": fmt}}):
+        await client.messages.create(model=FAKE_MODEL, max_tokens=8,
+                                     messages=[{"role": "user", "content": "hi"}],
+                                     **{"output_config": {"format": fmt}, **extra})
+        constraint = fake_backend.seen[-1].constraint
+        assert constraint is not None and constraint.json_document
+        assert constraint.grammar == tool_grammar([], ToolChoice("none"), WEATHER)
+    await client.messages.create(
+        model=FAKE_MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}],
+        tools=[{"name": "add", "input_schema": ADD}],
+        output_config={"format": {"type": "json_schema", "schema": WEATHER}})
+    assert fake_backend.seen[-1].constraint.grammar == tool_grammar(
+        [ToolSchema("add", ADD, "")], ToolChoice("auto"), WEATHER)

@@ -121,6 +121,29 @@ async def test_openai_json_schema_documents_always_validate(make_real_app):
     assert len(replies) == 20
 
 
+async def test_anthropic_output_format_documents_always_validate(make_real_app):
+    """Anthropic's output_config.format json_schema: the answer's text is a JSON document that
+    validates (it was ignored and free text came back). Anthropic has no seed, so the sampled
+    half differs run to run: max_tokens bounds the longest document the schema allows (two
+    strings of at most 20 ASCII letters, at most a token each, an age, keys and punctuation)."""
+    app = make_real_app()
+    words = {"type": "string", "pattern": "^[A-Za-z ]{1,20}$"}
+    schema = {**PERSON, "properties": {**PERSON["properties"], "name": words, "city": words}}
+    fmt = {"format": {"type": "json_schema", "schema": schema}}
+    with serve(app) as server:
+        client = anthropic.AsyncAnthropic(base_url=server.url, api_key="none", max_retries=0)
+        replies = await asyncio.gather(*(
+            client.messages.create(
+                model=MODEL, system=SYSTEM, max_tokens=80, output_config=fmt,
+                messages=[{"role": "user", "content": f"Describe a person related to: {p}"}],
+                extra_body={"cache_salt": salt(), "temperature": 0.7 if i % 2 else 0})
+            for i, p in enumerate(PROMPTS[:6])))
+        await client.close()
+    for reply in replies:
+        assert reply.stop_reason == "end_turn"
+        jsonschema.validate(json.loads(reply.content[0].text), schema)
+
+
 async def test_anthropic_any_tool_use_always_validates(make_real_app):
     app = make_real_app()
     with serve(app) as server:

@@ -262,3 +262,56 @@ async def test_upstream_error_event_mid_stream(tmp_path: Path) -> None:
     assert row.status == 502 and "Overloaded" in (row.error or "")
     app.state.store.close()
     await pool.aclose()
+
+
+async def test_openai_fields_a_messages_body_cannot_carry_are_a_400(tmp_path: Path) -> None:
+    """An OpenAI client's fields the Messages API has no place for are a 400 naming the field
+    (they were dropped in the conversion); nothing reaches the upstream."""
+    fake = FakeAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        for path, extra, param in [
+                ("/v1/completions", {"best_of": 2}, "best_of"),
+                ("/v1/completions", {"suffix": "}"}, "suffix"),
+                ("/v1/chat/completions", {"logit_bias": {"5": 3}}, "logit_bias")]:
+            body = {"model": "c", "max_tokens": 9, **extra}
+            body |= {"prompt": "go"} if path == "/v1/completions" else {
+                "messages": [{"role": "user", "content": "go"}]}
+            r = await client.post(path, json=body)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == param
+            assert "Anthropic upstream" in r.json()["error"]["message"]
+        fine = await client.post("/v1/completions", json={
+            "model": "c", "max_tokens": 9, "prompt": "go", "best_of": 1, "suffix": ""})
+        assert fine.status_code == 200, fine.text
+        top_k = await client.post("/v1/chat/completions", json={
+            "model": "c", "max_tokens": 9, "top_k": 5,
+            "messages": [{"role": "user", "content": "go"}]})
+        assert top_k.status_code == 200, top_k.text
+    assert len(fake.bodies) == 2
+    assert "top_k" not in fake.bodies[0] and fake.bodies[1]["top_k"] == 5  # vLLM's extension
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_thinking_and_output_format_pass_to_an_anthropic_upstream(tmp_path: Path) -> None:
+    """The model behind an Anthropic upstream can think and enforces its own output format:
+    both pass in the body (the embedded engine refuses thinking and builds a grammar)."""
+    fake = FakeAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    extra = {"thinking": {"type": "enabled", "budget_tokens": 2048},
+             "output_config": {"format": {"type": "json_schema", "schema": {
+                 "type": "object", "properties": {"tags": {"type": "array",
+                                                           "uniqueItems": True}}}}}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json={
+            "model": "c", "max_tokens": 4096, "messages": [{"role": "user", "content": "go"}],
+            **extra})
+    assert r.status_code == 200, r.text
+    assert {k: fake.bodies[0][k] for k in extra} == extra
+    app.state.store.close()
+    await pool.aclose()

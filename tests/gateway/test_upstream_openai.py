@@ -124,6 +124,76 @@ async def test_agent_turns_report_and_predict_cached_tokens(tmp_path: Path) -> N
     await pool.aclose()
 
 
+async def test_completion_fields_pass_to_an_openai_upstream(tmp_path: Path) -> None:
+    """best_of and suffix are the embedded engine's 400s; an OpenAI-compatible upstream gets
+    them in the body and answers for them itself (logit_bias too, once its shape is checked)."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    out = await sdk(app).completions.create(model="m", prompt="def f(", max_tokens=8,
+                                            best_of=3, suffix="    return x\n",
+                                            logit_bias={"7": -100})
+    assert out.choices[0].text
+    sent = replica.state.replica.config.bodies[0]
+    assert (sent["best_of"], sent["suffix"]) == (3, "    return x\n")
+    assert sent["logit_bias"] == {"7": -100}
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_anthropic_top_k_on_openai_upstreams(tmp_path: Path) -> None:
+    """An Anthropic client's top_k goes to an OpenAI-compatible server (vLLM's extension);
+    api.openai.com has no top_k, so there it is a 400 naming the field, not a silent drop."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path / "vllm", pool)
+    body = {"model": "m", "max_tokens": 8, "top_k": 3,
+            "messages": [{"role": "user", "content": "hello"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    assert replica.state.replica.config.bodies[0]["top_k"] == 3
+    app.state.store.close()
+    await pool.aclose()
+    sent: list[Any] = []
+    openai_pool = pool_over_handler(lambda request: sent.append(request) or httpx.Response(500),
+                                    url="https://api.openai.com/v1")
+    app = gateway_app(tmp_path / "openai", openai_pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json=body)
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert "top_k" in r.json()["error"]["message"] and not sent
+    app.state.store.close()
+    await openai_pool.aclose()
+
+
+async def test_anthropic_output_format_and_thinking_on_an_openai_upstream(tmp_path: Path) -> None:
+    """An Anthropic client's output_config.format becomes OpenAI's response_format
+    json_schema; extended thinking has no OpenAI field, so it is a 400 naming it."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        ok = await client.post("/v1/messages", json={
+            **body, "thinking": {"type": "disabled"}, "output_config": {
+                "effort": "low", "format": {"type": "json_schema", "schema": schema}}})
+        refused = await client.post("/v1/messages", json={
+            **body, "thinking": {"type": "enabled", "budget_tokens": 2048}})
+    assert ok.status_code == 200, ok.text
+    [sent] = replica.state.replica.config.bodies
+    assert sent["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": schema}}
+    assert "thinking" not in sent and "output_config" not in sent
+    assert refused.status_code == 400 and "thinking" in refused.json()["error"]["message"]
+    app.state.store.close()
+    await pool.aclose()
+
+
 async def test_anthropic_client_on_openai_upstream(tmp_path: Path) -> None:
     [replica] = fake_replicas(1)
     pool = pool_over([replica])
