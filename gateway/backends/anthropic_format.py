@@ -1,8 +1,10 @@
 """Anthropic Messages bodies for the Anthropic upstream: conversion and cache breakpoints.
 
 `to_anthropic_body` re-expresses a neutral (OpenAI-shaped) `ChatRequest` as a Messages body;
-an OpenAI field the Messages API has no place for (`best_of` > 1, a `suffix`, a non-empty
-`logit_bias`) is a 400 naming it, never a silent drop.
+tool_choice and parallel_tool_calls become its tool_choice, response_format json_schema its
+output_config format; an OpenAI field the Messages API has no place for (`best_of` > 1, a
+`suffix`, a non-empty `logit_bias`, repetition penalties, json_object) is a 400 naming it, never
+a silent drop (`seed`, a best-effort hint in OpenAI's own API, is dropped).
 `place_cache_breakpoints` adds `cache_control` markers at the stable boundary: the end of the
 history before the last user turn (prompt_lint's rewriter moves dynamic spans into that turn),
 then the end of the system prompt, then the last tool. The client's own markers are kept and
@@ -100,13 +102,45 @@ def _unsupported(name: str, why: str) -> BackendError:
 
 def check_carried(body: dict[str, Any]) -> None:
     """400 for an OpenAI body's field that a Messages body cannot carry (the parser has
-    checked the fields' shapes)."""
+    checked the fields' shapes). `seed` alone is dropped: OpenAI's own API takes it as a
+    best-effort hint, and a Messages body has none."""
     if body.get("best_of") not in (None, 1):
         raise _unsupported("best_of", "it samples one answer")
     if body.get("suffix"):
         raise _unsupported("suffix", "it cannot insert before a suffix")
     if body.get("logit_bias"):
         raise _unsupported("logit_bias", "the Messages API has no token biases")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name):
+            raise _unsupported(name, "the Messages API has no repetition penalties")
+    if (body.get("response_format") or {}).get("type") == "json_object":
+        raise _unsupported("response_format", "it takes a JSON schema (type json_schema), "
+                                              "not json_object")
+
+
+def _tool_choice(body: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's tool_choice and parallel_tool_calls as a Messages tool_choice (None: the
+    default, auto with parallel calls)."""
+    choice, parallel = body.get("tool_choice"), body.get("parallel_tool_calls")
+    if isinstance(choice, dict):
+        out: dict[str, Any] = {"type": "tool", "name": choice["function"]["name"]}
+    elif choice in ("required", "none"):
+        out = {"type": "any" if choice == "required" else "none"}
+    elif parallel is False:
+        out = {"type": "auto"}
+    else:
+        return None
+    if parallel is False and out["type"] != "none":
+        out["disable_parallel_tool_use"] = True
+    return out
+
+
+def _output_config(body: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's response_format json_schema as a Messages output_config format."""
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") != "json_schema":
+        return None
+    return {"format": {"type": "json_schema", "schema": fmt["json_schema"].get("schema") or {}}}
 
 
 def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
@@ -128,9 +162,12 @@ def to_anthropic_body(req: ChatRequest) -> dict[str, Any]:
             "description": t["function"].get("description", ""),
             "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}},
         } for t in req.tools]
+        body["tool_choice"] = _tool_choice(req.body)
     extra = {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k,
-             "stop_sequences": list(o.stop) or None}
+             "stop_sequences": list(o.stop) or None, "output_config": _output_config(req.body)}
     body.update({k: v for k, v in extra.items() if v is not None})
+    if body.get("tool_choice") is None:
+        body.pop("tool_choice", None)
     return body
 
 

@@ -117,18 +117,31 @@ THINKING_TYPES = ("enabled", "between_tools")  # an Anthropic client asking for 
 
 
 def _anthropic_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """An Anthropic client's output format in OpenAI's fields (`output_config.format` ->
-    `response_format` json_schema; the parser has checked the shapes). Extended thinking has
-    no OpenAI field: a 400 naming it, not a silent drop."""
+    """An Anthropic client's output format and tool choice in OpenAI's fields
+    (`output_config.format` -> `response_format` json_schema; `tool_choice` auto / any / tool /
+    none -> auto / required / a named function / none, `disable_parallel_tool_use` ->
+    `parallel_tool_calls` false; the parser has checked the shapes). Extended thinking has no
+    OpenAI field: a 400 naming it, not a silent drop."""
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in THINKING_TYPES:
         raise BackendError(400, "'thinking' is not supported by an OpenAI-compatible upstream",
                            kind="invalid_request_error", param="thinking")
+    fields: dict[str, Any] = {}
     fmt = (body.get("output_config") or {}).get("format")
-    if not fmt:
-        return {}
-    return {"response_format": {"type": "json_schema",
-                                "json_schema": {"name": "output", "schema": fmt["schema"]}}}
+    if fmt:
+        fields["response_format"] = {"type": "json_schema",
+                                     "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and body.get("tools"):
+        kind = str(choice.get("type"))
+        fields["tool_choice"] = _OPENAI_CHOICE.get(kind) or {
+            "type": "function", "function": {"name": choice.get("name")}}
+        if choice.get("disable_parallel_tool_use") and kind != "none":
+            fields["parallel_tool_calls"] = False
+    return fields
+
+
+_OPENAI_CHOICE = {"auto": "auto", "any": "required", "none": "none"}  # Messages -> OpenAI
 
 
 def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[str, Any]]:

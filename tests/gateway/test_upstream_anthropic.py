@@ -10,6 +10,7 @@ from typing import Any
 import anthropic
 import httpx
 import httpx2
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -275,7 +276,11 @@ async def test_openai_fields_a_messages_body_cannot_carry_are_a_400(tmp_path: Pa
         for path, extra, param in [
                 ("/v1/completions", {"best_of": 2}, "best_of"),
                 ("/v1/completions", {"suffix": "}"}, "suffix"),
-                ("/v1/chat/completions", {"logit_bias": {"5": 3}}, "logit_bias")]:
+                ("/v1/chat/completions", {"logit_bias": {"5": 3}}, "logit_bias"),
+                ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
+                ("/v1/chat/completions", {"frequency_penalty": -1}, "frequency_penalty"),
+                ("/v1/chat/completions", {"response_format": {"type": "json_object"}},
+                 "response_format")]:
             body = {"model": "c", "max_tokens": 9, **extra}
             body |= {"prompt": "go"} if path == "/v1/completions" else {
                 "messages": [{"role": "user", "content": "go"}]}
@@ -313,5 +318,43 @@ async def test_thinking_and_output_format_pass_to_an_anthropic_upstream(tmp_path
             **extra})
     assert r.status_code == 200, r.text
     assert {k: fake.bodies[0][k] for k in extra} == extra
+    app.state.store.close()
+    await pool.aclose()
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({}, None),
+    ({"tool_choice": "auto"}, None),
+    ({"tool_choice": "required"}, {"type": "any"}),
+    ({"tool_choice": "none"}, {"type": "none"}),
+    ({"tool_choice": {"type": "function", "function": {"name": "read_file"}}},
+     {"type": "tool", "name": "read_file"}),
+    ({"parallel_tool_calls": False}, {"type": "auto", "disable_parallel_tool_use": True}),
+    ({"tool_choice": "required", "parallel_tool_calls": False},
+     {"type": "any", "disable_parallel_tool_use": True}),
+])
+async def test_an_openai_tool_choice_reaches_an_anthropic_upstream(
+        tmp_path: Path, extra: dict[str, Any], expected: dict[str, Any] | None) -> None:
+    """OpenAI's tool_choice and parallel_tool_calls become the Messages tool_choice (they were
+    dropped, so a forced call was left to the model); response_format json_schema becomes
+    output_config.format."""
+    fake = FakeAnthropic(reply=[{"type": "tool_use", "id": "toolu_1", "name": "read_file",
+                                 "input": {"path": "setup.py"}}])
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "read",
+                                               "parameters": TOOL["input_schema"]}}]
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/chat/completions", json={
+            "model": "c", "max_tokens": 9, "tools": tools, **extra,
+            "messages": [{"role": "user", "content": "open setup.py"}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "out", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    (sent,) = fake.bodies
+    assert sent.get("tool_choice") == expected
+    assert sent["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
     app.state.store.close()
     await pool.aclose()

@@ -194,6 +194,37 @@ async def test_anthropic_output_format_and_thinking_on_an_openai_upstream(tmp_pa
     await pool.aclose()
 
 
+@pytest.mark.parametrize(("choice", "expected"), [
+    ({"type": "auto"}, {"tool_choice": "auto"}),
+    ({"type": "any"}, {"tool_choice": "required"}),
+    ({"type": "none"}, {"tool_choice": "none"}),
+    ({"type": "tool", "name": "read_file"},
+     {"tool_choice": {"type": "function", "function": {"name": "read_file"}}}),
+    ({"type": "any", "disable_parallel_tool_use": True},
+     {"tool_choice": "required", "parallel_tool_calls": False}),
+])
+async def test_an_anthropic_tool_choice_reaches_an_openai_upstream(
+        tmp_path: Path, choice: dict[str, Any], expected: dict[str, Any]) -> None:
+    """An Anthropic client's tool_choice becomes OpenAI's tool_choice and parallel_tool_calls
+    (it was dropped, so a forced call was left to the model)."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    tool = {"name": "read_file", "description": "read a file", "input_schema": {
+        "type": "object", "properties": {"path": {"type": "string"}}}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json={
+            "model": "m", "max_tokens": 8, "tools": [tool], "tool_choice": choice,
+            "messages": [{"role": "user", "content": "open setup.py"}]})
+    assert r.status_code == 200, r.text
+    [sent] = replica.state.replica.config.bodies
+    assert {k: sent[k] for k in ("tool_choice", "parallel_tool_calls") if k in sent} == expected
+    assert sent["tools"][0]["function"]["name"] == "read_file"
+    app.state.store.close()
+    await pool.aclose()
+
+
 async def test_anthropic_client_on_openai_upstream(tmp_path: Path) -> None:
     [replica] = fake_replicas(1)
     pool = pool_over([replica])
