@@ -1,6 +1,6 @@
 """Word-pair samples: what a request's template text says, beside its line hashes.
 
-Families are found by line hashes (`templates`), which a value no pattern names breaks
+Families are found by line hashes (`family_index`), which a value no pattern names breaks
 wherever it sits on its line: a one-line system prompt with a user id near one end kept
 one of its three hashes (the line's, its head's, its tail's) from request to request and
 matched no family. A text's word pairs change only around such a value, so two requests

@@ -1,13 +1,8 @@
-"""Template learning: prompt families and the spans that vary inside them.
+"""Template learning: the spans that vary inside a request's prompt family.
 
-A request's template material (system prompt, tool descriptions, tool names)
-is cut into lines. Lines with pattern-detected values masked are hashed, a long
-line's two ends on their own as well (a value no pattern names changes a line's
-hash, not its ends), and so is a sample of the masked text's word pairs
-(`prompt_lint.pairs`: a value changes only the pairs around it, wherever it sits
-on its line). A request joins the family whose hashes it shares most (Jaccard
-similarity >= `min_similarity` of the line hashes and pair samples together, or
-of the line hashes alone where that is higher), or founds a new one. Each
+`TemplateLearner` finds a request's family through its `FamilyIndex`
+(`prompt_lint.family_index`: masked line hashes and word-pair samples, matched
+by Jaccard similarity, or a new family founded), then learns here. Each
 family keeps, per path, the founding request's lines as a reference, and marks
 reference words that were seen to differ as dynamic. A new request is aligned
 to the reference line by line, then word by word inside changed lines; words
@@ -39,10 +34,9 @@ thread or tenant.
 
 from __future__ import annotations
 
-import hashlib
 from itertools import compress
 from operator import ne
-from typing import Any, NamedTuple
+from typing import Any
 
 from prompt_lint.align import line_offsets, line_pairs, region, value_groups, word_opcodes, words
 from prompt_lint.detectors import Span
@@ -57,67 +51,17 @@ from prompt_lint.family import (  # the learner's data types, re-exported here
     TextSpan,
     _Template,
 )
+from prompt_lint.family_index import _HASH_BYTES, FamilyIndex, _Key, masked_text
 from prompt_lint.incremental import shared_bounds
 from prompt_lint.memo import LRU, caching, text_bytes
-from prompt_lint.pairs import merge_samples, pair_sample
 from prompt_lint.providers import Segment
 from prompt_lint.session import SessionTracker
 
 __all__ = ["Family", "FamilyMatch", "LearnedSpan", "LearnerConfig", "TemplateLearner",
            "masked_text", "template_key"]
 
-#: Line hashes probed in the index to find candidate families (then scored exactly).
-_PROBES = 48
-#: Characters at each end of a long line that are hashed on their own (`_line_hashes`).
-_END_CHARS = 32
-_MASK_CACHE = 4096
-#: Byte estimates: a line (str header, list slot), a line hash (boxed int, set slot), a
-#: family's fixed part, and the copies of a reference text a template may hold (its lines,
-#: the last text aligned, one remembered line per changed line). A family's weight grows
-#: with its session evidence (`Family.held_bytes`).
-_LINE_BYTES = 64
-_HASH_BYTES = 56
-_FAMILY_BYTES = 4096
-_TEMPLATE_COPIES = 3
 _EVIDENCE_BYTES = 512  # one session's evidence entry: its dicts, before their lines
 _VALUE_BYTES = 128  # one value of a changed line in it: (word, hash) tuple, its ints
-
-
-class _Key(NamedTuple):
-    """What a request (or one of its strings) is matched to families by: its line hashes
-    and its word-pair sample."""
-
-    lines: frozenset[int]
-    pairs: frozenset[int]
-
-
-def masked_text(text: str, spans: list[Span]) -> str:
-    """`text` with pattern spans replaced by their kind."""
-    if not spans:
-        return text
-    parts, pos = [], 0
-    for s in spans:
-        parts += [text[pos:s.start], f"\x00{s.kind}\x00"]
-        pos = s.end
-    return "".join(parts) + text[pos:]
-
-
-def _line_hashes(lines: list[str]) -> frozenset[int]:
-    """The hashes a request is matched to families by: each non-blank line's, and for a line
-    longer than two ends, its first and its last `_END_CHARS` characters' too. A line whose
-    middle holds a value no pattern names (a user handle, an account number) differs by its
-    whole hash from request to request, but keeps its ends: without them a one-line system
-    prompt with such a value matched no family at all (each request founded its own, and the
-    value was never seen to vary)."""
-    out = set()
-    for line in lines:
-        if not line.strip():
-            continue
-        out.add(hash(line))
-        if len(line) > 2 * _END_CHARS:
-            out.add(hash(("head", line[:_END_CHARS])))
-            out.add(hash(("tail", line[-_END_CHARS:])))
-    return frozenset(out)
 
 
 def template_key(path: str, tool_names: list[str]) -> str:
@@ -144,23 +88,15 @@ class TemplateLearner:
         self.config = config or LearnerConfig(max_families, max_template_chars, max_lines,
                                               min_similarity, max_sessions)
         cfg = self.config
-        # state, not a memo: set_caching(False) leaves it on; a dropped family leaves the index
-        self.families: LRU[str, Family] = LRU(cfg.max_families, cfg.family_bytes,
-                                              evicted=self._unindex, switchable=False)
-        self._index: dict[int, set[str]] = {}
-        self._pair_index: dict[int, set[str]] = {}
-        self._recent: LRU[_Key, str] = LRU(4 * cfg.max_families, cfg.memo_bytes // 4)
-        self._masks: LRU[str, tuple[list[str], _Key]] = LRU(_MASK_CACHE, cfg.memo_bytes // 2)
-        self._sets: LRU[tuple[tuple[str, ...], tuple[_Key, ...]], _Key] = \
-            LRU(_MASK_CACHE, cfg.memo_bytes // 4)
+        self.index = FamilyIndex(cfg)  # finds and founds families; `families` is its store
+        self.families: LRU[str, Family] = self.index.families
         self.sessions = SessionTracker(max_sessions=cfg.max_sessions,
                                        max_bytes=cfg.session_bytes)
         self.frozen = False
 
     def memos(self) -> dict[str, LRU[Any, Any]]:
         """The byte-bounded stores by name (for accounting and tests)."""
-        return {"families": self.families, "recent": self._recent, "masks": self._masks,
-                "sets": self._sets, **self.sessions.memos()}
+        return {**self.index.memos(), **self.sessions.memos()}
 
     def freeze(self) -> None:
         """Stop learning: later observe() calls answer but change no template."""
@@ -180,14 +116,14 @@ class TemplateLearner:
         lines: dict[str, list[str]] = {}
         parts: list[_Key] = []
         for target in targets:
-            lines[target.path], part = self._masked(target, spans.get(target.path, []))
+            lines[target.path], part = self.index.masked(target, spans.get(target.path, []))
             parts.append(part)
-        key = self._request_key(tool_names, parts)
-        family = self._match_cached(key)
+        key = self.index.request_key(tool_names, parts)
+        family = self.index.match(key)
         if family is None:
             if self.frozen:
                 return FamilyMatch(None, [])
-            family = self._found(key, targets, lines, keys)
+            family = self.index.found(key, targets, lines, keys)
         self.families.get(family.id)  # now the most recently used
         if not self.frozen:
             family.requests += 1
@@ -235,108 +171,6 @@ class TemplateLearner:
             if lines != old:
                 for i, k in _changed_values(lines, old):
                     template.within.setdefault(i, set()).add(k)
-
-    def _masked(self, target: Segment, spans: list[Span]) -> tuple[list[str], _Key]:
-        """Masked lines of a target, their hashes and its word-pair sample, cached on the
-        masked text (tool texts repeat; a system prompt that differs only in detected
-        values masks the same)."""
-        text = masked_text(target.text, spans)
-        found = self._masks.get(text)
-        if found is None:
-            masked = text.split("\n")
-            found = (masked, _Key(_line_hashes(masked), pair_sample(text)))
-            # the text, its lines (as many characters again, a header each), the hash sets
-            weight = 2 * text_bytes(text) + _LINE_BYTES * len(masked) + \
-                _HASH_BYTES * (len(found[1].lines) + len(found[1].pairs))
-            self._masks.put(text, found, weight)
-        return found
-
-    def _request_key(self, tool_names: list[str], parts: list[_Key]) -> _Key:
-        """The request's line hashes (tool names and masked lines, at most `max_lines`) and
-        word-pair sample, cached on the per-target keys (the same objects while `_masks`
-        holds them)."""
-        key = (tuple(tool_names), tuple(parts))
-        found = self._sets.get(key)
-        if found is not None:
-            return found
-        hashes: set[int] = {hash("\x00tool\x00" + name) for name in tool_names}
-        for part in parts:
-            hashes |= part.lines
-        if len(hashes) > self.config.max_lines:
-            hashes = set(list(hashes)[: self.config.max_lines])
-        found = _Key(frozenset(hashes), merge_samples(part.pairs for part in parts))
-        weight = sum(map(text_bytes, tool_names)) + _HASH_BYTES * (
-            _key_size(found) + sum(map(_key_size, parts)))
-        return self._sets.put(key, found, weight)
-
-    def _match_cached(self, key: _Key) -> Family | None:
-        """_match, memoised on the exact key (requests of a family mostly repeat it)."""
-        fid = self._recent.get(key)
-        found = self.families.peek(fid) if fid is not None else None
-        if found is not None:
-            return found
-        family = self._match(key)
-        if family is not None:
-            self._recent.put(key, family.id, _HASH_BYTES * _key_size(key) + 256)
-        return family
-
-    def _match(self, key: _Key) -> Family | None:
-        """The family most like the request: the Jaccard similarity of their line hashes
-        and word-pair samples together, or of their line hashes alone where that is higher
-        (the samples only add matches: a request that shares enough lines joins as it
-        did without them, whatever its value does to the pairs)."""
-        candidates: set[str] = set()
-        for h in sorted(key.lines)[:_PROBES]:
-            candidates.update(self._index.get(h, ()))
-        for h in key.pairs:
-            candidates.update(self._pair_index.get(h, ()))
-        best, best_score = None, 0.0
-        for fid, family in zip(candidates, map(self.families.peek, candidates), strict=True):
-            if family is None:
-                continue
-            score = _similarity(key, _Key(family.line_hashes, family.pair_sample))
-            if score > best_score or (score == best_score and best is not None and fid < best):
-                best, best_score = fid, score
-        if best is None or best_score < self.config.min_similarity:
-            return None
-        return self.families.peek(best)
-
-    def _found(self, key: _Key, targets: list[Segment],
-               lines: dict[str, list[str]], keys: dict[str, str]) -> Family:
-        skeleton = "\x01".join(f"{p}\x02" + "\n".join(ls) for p, ls in sorted(lines.items()))
-        # lone surrogates (a library caller's dict may hold one) hash like other text
-        fid = hashlib.blake2b(skeleton.encode("utf-8", "surrogatepass"),
-                              digest_size=6).hexdigest()
-        while fid in self.families:  # same skeleton but below similarity: keep ids unique
-            fid = hashlib.blake2b(fid.encode(), digest_size=6).hexdigest()
-        hashes = key.lines
-        family = Family(fid, hashes, pair_sample=key.pairs)
-        for target in targets:
-            if family.chars + len(target.text) <= self.config.max_template_chars:
-                family.templates[keys[target.path]] = _Template(target.text.split("\n"))
-                family.chars += len(target.text)
-                family.bytes += _TEMPLATE_COPIES * text_bytes(target.text) + \
-                    2 * _LINE_BYTES * (target.text.count("\n") + 1)
-        family.bytes += _FAMILY_BYTES + 2 * _HASH_BYTES * _key_size(key)  # its hashes, the index
-        for h in hashes:
-            self._index.setdefault(h, set()).add(fid)
-        for h in key.pairs:
-            self._pair_index.setdefault(h, set()).add(fid)
-        self.families.put(fid, family, family.held_bytes)
-        if fid not in self.families:  # heavier than the whole budget: not kept
-            self._unindex(fid, family)
-        return family
-
-    def _unindex(self, fid: str, family: Family) -> None:
-        """Remove a dropped family from the line and pair indexes."""
-        for index, hashes in ((self._index, family.line_hashes),
-                              (self._pair_index, family.pair_sample)):
-            for h in hashes:
-                owners = index.get(h)
-                if owners is not None:
-                    owners.discard(fid)
-                    if not owners:
-                        del index[h]
 
     def _align(self, family: Family, target: Segment, key: str) -> None:
         """Diff the target against its template (learning), caching the answer on the text."""
@@ -447,20 +281,6 @@ class TemplateLearner:
         spans = [(*found, min(dynamic), max(dynamic))] if found is not None else [
             (min(s for _, s, _ in g), max(e for _, _, e in g), lo, hi) for (lo, hi), g in groups]
         return [span for span in spans if span[1] > span[0]], tuple(sorted(values.items()))
-
-
-def _similarity(a: _Key, b: _Key) -> float:
-    """max(Jaccard of the line hashes, Jaccard of line hashes and pair samples together);
-    0.0 for two empty keys."""
-    lines = len(a.lines & b.lines)
-    both = lines + len(a.pairs & b.pairs)
-    return max(lines / max(len(a.lines) + len(b.lines) - lines, 1),
-               both / max(_key_size(a) + _key_size(b) - both, 1))
-
-
-def _key_size(key: _Key) -> int:
-    """Hashes in a key (its line hashes and its sample)."""
-    return len(key.lines) + len(key.pairs)
 
 
 def _spans_of(template: _Template, path: str, settled: bool) -> list[LearnedSpan]:

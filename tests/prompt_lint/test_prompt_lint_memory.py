@@ -127,7 +127,8 @@ def test_learner_stores_hold_at_most_their_budgets() -> None:
     seen: set[int] = set()
     assert sum(deep_size(f, seen) for f in learner.families.values()) <= config.family_bytes
     live = set(learner.families)
-    assert all(owners <= live for owners in learner._index.values())  # no dangling index
+    for index in (learner.index.lines, learner.index.pairs):  # no dangling index
+        assert all(owners <= live for owners in index.values())
     for name in ("masks", "sets", "recent"):
         assert stores[name].weight <= stores[name].max_weight, name
     assert sum(stores[n].max_weight for n in ("masks", "sets", "recent")) <= config.memo_bytes

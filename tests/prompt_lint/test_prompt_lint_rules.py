@@ -189,7 +189,7 @@ def test_learner_memory_is_bounded() -> None:
         lint_request(openai(system), learner=learner)
     assert len(learner.families) == 3
     live = set(learner.families)
-    assert all(owners <= live for owners in learner._index.values())
+    assert all(owners <= live for owners in learner.index.lines.values())
     with pytest.raises(ValueError):
         TemplateLearner(max_families=0)
 
