@@ -69,9 +69,11 @@ def _sums() -> list[ColumnElement[Any]]:
         func.sum(case((ok, 0), else_=1)).label("errors"),
         func.sum(case((R.status >= 500, 0), (R.status >= 400, 1), else_=0)).label("client_errors"),
         func.sum(case((R.status >= 500, 1), else_=0)).label("failures"),
-        func.sum(case((ok, R.prompt_tokens), else_=0)).label("prompt_tokens"),
-        func.sum(case((ok, R.cached_tokens), else_=0)).label("cached_tokens"),
-        func.sum(case((ok, R.completion_tokens), else_=0)).label("completion_tokens"),
+        # every row's tokens: a request cut short or failed mid-stream keeps the work it was
+        # given (as /metrics counts it); one refused before any work has none
+        func.sum(R.prompt_tokens).label("prompt_tokens"),
+        func.sum(R.cached_tokens).label("cached_tokens"),
+        func.sum(R.completion_tokens).label("completion_tokens"),
         func.sum(R.predicted_cached_tokens).label("predicted_cached_tokens"),
         func.sum(R.reported_cached_tokens).label("reported_cached_tokens"),
         func.count(R.predicted_cached_tokens).label("predicted_requests"),

@@ -54,10 +54,16 @@ def error_type(status: int, provider: Provider) -> str:
     return table.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
+# an Anthropic error type that says more than the status (a full queue's 503 is Anthropic's
+# overloaded_error, not an api_error)
+ANTHROPIC_KINDS = frozenset({"overloaded_error", "rate_limit_error"})
+
+
 def error_body(err: ApiError, provider: Provider) -> dict[str, Any]:
     """The JSON error body in the client's format."""
     kind = error_type(err.status, provider)
     if provider == "anthropic":
+        kind = err.kind if err.kind in ANTHROPIC_KINDS else kind
         message = err.message
         if err.param and err.param not in message:
             message = f"{err.param}: {message}"

@@ -22,6 +22,7 @@ endpoints of those names do.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
@@ -236,3 +237,29 @@ def create_fake_llama_server(config: FakeLlamaConfig | None = None) -> Starlette
                             Route("/tokenize", tokenize, methods=["POST"])])
     app.state.server = server
     return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gateway.fake_llama_server --port 9002 --slots 2`: serve it."""
+    parser = argparse.ArgumentParser(prog="python -m gateway.fake_llama_server",
+                                     description="a fake llama-server with its KV slots")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9002)
+    parser.add_argument("--slots", type=int, default=FakeLlamaConfig.slots,
+                        help="llama-server's --parallel")
+    parser.add_argument("--similarity", type=float, default=FakeLlamaConfig.similarity,
+                        help="llama-server's --slot-prompt-similarity")
+    parser.add_argument("--no-host-cache", action="store_true",
+                        help="without llama-server's --cache-ram prompt cache")
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    config = FakeLlamaConfig(slots=args.slots, similarity=args.similarity,
+                             host_cache=not args.no_host_cache)
+    uvicorn.run(create_fake_llama_server(config), host=args.host, port=args.port,
+                log_level="warning", timeout_keep_alive=60)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

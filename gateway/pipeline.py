@@ -95,8 +95,6 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
         ticket.tenant = tenant_for(request, gw.config)
         raw = await read_body(request, gw.config.max_body_bytes)
         started = await _unless_disconnected(request, _start(gw, request, ticket, raw))
-    except Overloaded as err:
-        return _error_response(gw, ticket, err, {"retry-after": str(err.retry_after)})
     except ApiError as err:
         return _error_response(gw, ticket, err)
     except ClientDisconnect:
@@ -277,11 +275,16 @@ async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
         raise BackendError(502, "backend returned no output") from None
 
 
-def _error_response(gw: Gateway, ticket: Ticket, err: ApiError,
-                    extra: dict[str, str] | None = None) -> Response:
-    record(gw, ticket, err.status, None, error=err.message)
+def _error_response(gw: Gateway, ticket: Ticket, err: ApiError) -> Response:
+    """The error in the caller's format, with a `retry-after` when the refusal (the gateway's
+    admission, or the provider's) says when to come back; its record names the replica."""
+    replica = err.replica if isinstance(err, BackendError) else None
+    record(gw, ticket, err.status, None, error=err.message, replica=replica)
     lint_ids = ticket.req.lint_ids if ticket.req else ()
-    headers = {**prefixgate_headers(None, lint_ids, ticket.request_id), **(extra or {})}
+    headers = prefixgate_headers(None, lint_ids, ticket.request_id)
+    retry_after = err.retry_after if isinstance(err, BackendError | Overloaded) else None
+    if retry_after is not None:
+        headers["retry-after"] = str(retry_after)
     body = error_body(err, ticket.route.provider)
     return JSONResponse(body, status_code=err.status, headers=headers)
 

@@ -13,9 +13,11 @@ from gateway.validate import is_served
 
 
 def record(
-    gw: Gateway, ticket: Ticket, status: int, final: Final | None, *, error: str | None = None
+    gw: Gateway, ticket: Ticket, status: int, final: Final | None, *, error: str | None = None,
+    replica: str | None = None,
 ) -> None:
-    """Store the one record of this request and update the metrics."""
+    """Store the one record of this request and update the metrics; `replica`: the one that
+    failed it, when no answer names one."""
     if ticket.recorded:
         return
     ticket.recorded = True
@@ -29,7 +31,8 @@ def record(
     gw.metrics.latency.observe(latency, route=ticket.route.name)
     if usage is not None:
         gw.metrics.observe_usage(usage, backend)
-    gw.store.add(_make_record(gw, ticket, status, final, usage, error, latency))
+    replica = final.replica if final else replica
+    gw.store.add(_make_record(gw, ticket, status, replica, usage, error, latency))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -37,7 +40,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _make_record(
-    gw: Gateway, ticket: Ticket, status: int, final: Final | None, usage: Usage | None,
+    gw: Gateway, ticket: Ticket, status: int, replica: str | None, usage: Usage | None,
     error: str | None, latency: float,
 ) -> dict[str, Any]:
     """The record's column values: a plain dict, so no ORM object is built on the request
@@ -50,7 +53,7 @@ def _make_record(
         tenant=ticket.tenant or "-",
         model=req.model if req else _served_model(gw, body),
         backend=gw.backend.name,
-        replica=final.replica if final else None,
+        replica=replica,
         provider=ticket.route.provider,
         route=ticket.route.name,
         status=status,

@@ -42,7 +42,8 @@ def streaming_response(
     body = _sse_body(ticket, chunks, head, first, stream, outcome)
 
     async def cleanup() -> None:  # after the last byte, and even when the body never ran
-        record(gw, ticket, outcome.status, outcome.final, error=outcome.error)
+        record(gw, ticket, outcome.status, outcome.final, error=outcome.error,
+               replica=outcome.replica)
         await close_stream(stream)
 
     return FinishingStream(body, cleanup, media_type="text/event-stream", headers=headers)
@@ -55,9 +56,11 @@ class _Outcome:
     status: int = CLIENT_CLOSED
     final: Final | None = None
     error: str | None = "client disconnected"
+    replica: str | None = None  # the one that failed the stream
 
     def failed(self, err: ApiError) -> None:
         self.status, self.error = err.status, err.message
+        self.replica = err.replica if isinstance(err, BackendError) else None
 
 
 async def _sse_body(

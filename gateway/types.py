@@ -201,7 +201,12 @@ class ApiError(Exception):
 
 
 class BackendError(ApiError):
-    """A backend failure with the HTTP status and error kind the client should see."""
+    """A backend failure with the HTTP status and error kind the client should see; an
+    upstream's names its `replica` (for the request's record) and passes on the provider's
+    `retry_after` (seconds, for the response's header)."""
+
+    replica: str | None = None
+    retry_after: int | None = None
 
 
 class Backend(Protocol):

@@ -31,6 +31,7 @@ from gateway.backends.upstream_http import (
 from gateway.salt import SaltMode, salt_upstream_body
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
 from gateway.upstream_detect import api_root
+from prompt_lint.tokens import get_encoding
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
            "function_call": "tool_calls", "content_filter": "stop"}
@@ -178,6 +179,17 @@ def _tool_call(raw: dict[str, Any]) -> dict[str, Any]:
                          "arguments": str(fn.get("arguments") or "")}}
 
 
+def _estimate(state: _StreamState) -> int:
+    """Completion tokens of an answer whose upstream sent no usage and no streamed text to
+    count (a whole answer, or only tool-call fragments): the answer's text and arguments in
+    prefixgate's own tokens (tiktoken, thread-safe, no shared memo), marked estimated with the
+    rest of its usage; 0 when the upstream did send usage."""
+    if state.usage_seen:
+        return 0
+    text = "".join(state.text) + "".join(t["function"]["arguments"] for t in state.tools.values())
+    return len(get_encoding().encode_ordinary(text)) if text else 0
+
+
 class _StreamState:
     """Accumulates one streamed answer: text, tool-call fragments, finish reason, usage."""
 
@@ -312,7 +324,7 @@ class OpenAIUpstream(UpstreamBackend):
 
     def _final(self, state: _StreamState, clock: StreamClock) -> Final:
         self.server_kind = "llamacpp" if state.llamacpp else self.server_kind
-        completion = state.usage.completion_tokens or state.deltas
+        completion = state.usage.completion_tokens or state.deltas or _estimate(state)
         ttft, tpot = clock.timings(completion)
         tools = tuple(state.tools[i] for i in sorted(state.tools))
         finish = _FINISH.get(state.finish or "stop", "stop")

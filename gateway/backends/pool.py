@@ -249,6 +249,7 @@ class ReplicaPool:
                 finally:
                     _settle(after)  # closed after its last item (or on a fault): still once
         except BackendError as err:
+            err.replica = err.replica or replica.name
             if is_replica_fault(err):
                 replica.mark_failed(self.router.config)
             if self.metrics:

@@ -197,8 +197,17 @@ def _upstream_message(payload: Any) -> str:
     return ""
 
 
-def status_error(status: int, body: bytes, replica: str) -> BackendError:
-    """Map a non-2xx upstream answer to the error the client should see."""
+def status_error(status: int, body: bytes, replica: str, retry_after: str | None = None
+                 ) -> BackendError:
+    """Map a non-2xx upstream answer to the error the client should see, with the provider's
+    `retry-after` (whole seconds) passed on, so a client's SDK backs off as the provider asked."""
+    err = _status_error(status, body, replica)
+    if retry_after is not None and retry_after.strip().isdigit():
+        err.retry_after = int(retry_after)
+    return err
+
+
+def _status_error(status: int, body: bytes, replica: str) -> BackendError:
     try:
         message = _upstream_message(json.loads(body)) if body else ""
     except ValueError:
@@ -258,7 +267,8 @@ async def fetch_json(transport: httpx.AsyncBaseTransport, request: httpx.Request
     except httpx.HTTPError as exc:
         raise transport_error(exc, replica, started=False) from None
     if response.status_code >= 400:
-        raise status_error(response.status_code, data, replica)
+        raise status_error(response.status_code, data, replica,
+                           response.headers.get("retry-after"))
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -285,7 +295,8 @@ async def exchange(
         response = await send(transport, request)
         try:
             if response.status_code >= 400:
-                raise status_error(response.status_code, await response.aread(), replica)
+                raise status_error(response.status_code, await response.aread(), replica,
+                                   response.headers.get("retry-after"))
             if stream:
                 async with aclosing(read_stream(response)) as items:
                     async for item in items:

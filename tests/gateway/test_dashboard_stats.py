@@ -48,10 +48,10 @@ def naive_price(model: str) -> Price | None:
 
 def naive_group(rows: list[RequestRecord]) -> dict[str, Any]:
     ok = [r for r in rows if r.status < 400]
-    prompt = sum(r.prompt_tokens for r in ok)
-    cached = sum(r.cached_tokens for r in ok)
+    prompt = sum(r.prompt_tokens for r in rows)  # every row's work, a cut request's included
+    cached = sum(r.cached_tokens for r in rows)
     saved = 0.0
-    for r in ok:
+    for r in rows:
         price = naive_price(r.model)
         saved += r.cached_tokens * (price.input - price.cached_input) / 1e6 if price else 0.0
     return {"requests": len(rows), "errors": len(rows) - len(ok),

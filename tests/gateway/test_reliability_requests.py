@@ -170,6 +170,10 @@ async def test_tenant_concurrency_429_and_full_queue_503(make_fake_app) -> None:
         full = await http.post("/v1/chat/completions", json=CHAT, headers=bob)
         assert_error_format(full, "openai", 503)
         assert "retry-after" in full.headers
+        assert full.json()["error"]["code"] == "overloaded_error"
+        full = await http.post("/v1/messages", json=MESSAGES, headers=bob)
+        assert_error_format(full, "anthropic", 503)
+        assert full.json()["error"]["type"] == "overloaded_error"  # Anthropic's own type
         backend.gate.set()
         done = await asyncio.gather(*held, queued)
     assert [r.status_code for r in done] == [200, 200, 200]

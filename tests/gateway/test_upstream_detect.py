@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
+import time
 from typing import Any
 
 import httpx
@@ -24,6 +27,7 @@ from gateway.llama_slots import SlotShadow
 from gateway.shadow import ShadowCache
 from gateway.types import Final
 from gateway.upstream_detect import Detection, detect_kind, kind_from_models, kind_from_props
+from tests.support import free_port
 
 from .upstream_helpers import chat_request, pool_over, pool_over_handler
 
@@ -187,3 +191,29 @@ async def test_the_shadow_prompt_is_prepared_with_lint_for_the_rewritten_body(
     assert shadow.match_length(expected, "default") == len(expected) // page * page
     app.state.store.close()
     await pool.aclose()
+
+
+def test_the_fake_llama_server_runs_from_its_command_line() -> None:
+    """`python -m gateway.fake_llama_server --slots N` serves a llama-server that the kind
+    detection recognises, with N slots (it had no command line: --help printed nothing)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.fake_llama_server",
+                             "--port", str(port), "--slots", "3"])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                props = httpx.get(f"http://127.0.0.1:{port}/props", timeout=1).json()
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert props["total_slots"] == 3
+    detected = kind_from_props(props)
+    assert detected is not None and (detected.kind, detected.slots) == ("llamacpp", 3)
+    by_models = kind_from_models(models)
+    assert by_models is not None and by_models.kind == "llamacpp"

@@ -276,6 +276,32 @@ async def test_upstream_faults_become_client_errors(
     assert [r.status for r in rows] == [status, status]
     assert all(code.split("_")[1] in (r.error or "") or "upstream" in (r.error or "")
                for r in rows)
+    assert [r.replica for r in rows] == ["up", "up"]  # the record names who failed it
+    app.state.store.close()
+    await pool.aclose()
+
+
+@pytest.mark.parametrize(("upstream", "status"), [(429, 429), (503, 502)])
+async def test_the_providers_retry_after_reaches_the_client(
+        tmp_path: Path, upstream: int, status: int) -> None:
+    """A provider's `retry-after` is passed on (an SDK backs off as the provider asked, not
+    within a second); one that is not whole seconds is not."""
+    after = ["17", "soon"]
+    pool = pool_over_handler(lambda request: httpx.Response(
+        upstream, headers={"retry-after": after[0]}, json={"error": {"message": "busy"}}))
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        chat = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        anth = await client.post("/v1/messages", json={
+            "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+        after.pop(0)
+        vague = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert (chat.status_code, anth.status_code, vague.status_code) == (status,) * 3
+    assert chat.headers["retry-after"] == anth.headers["retry-after"] == "17"
+    assert "retry-after" not in vague.headers
     app.state.store.close()
     await pool.aclose()
 
@@ -307,6 +333,7 @@ async def test_stream_cut_mid_way_is_an_sse_error_event(tmp_path: Path) -> None:
         assert (await client.get("/healthz")).status_code == 200
     [row] = records(app)
     assert row.status == 502 and "cut" in (row.error or "")
+    assert row.replica == "up"  # the record names the replica whose stream was cut
     app.state.store.close()
     await pool.aclose()
 

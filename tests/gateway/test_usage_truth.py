@@ -21,6 +21,7 @@ import httpx2
 import openai
 
 from gateway.agent_trace import agent_trace
+from prompt_lint.tokens import get_encoding
 
 from .upstream_helpers import (
     fake_replicas,
@@ -210,3 +211,30 @@ def _await_records(app: Any) -> list[Any]:
     while not (rows := records(app)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return rows
+
+
+async def test_a_whole_answer_without_usage_counts_its_completion(tmp_path: Path) -> None:
+    """An upstream that sends no usage on a whole answer: the completion is prefixgate's own
+    count of the answer (tiktoken, the reference here), marked estimated, not 0."""
+    reply = "Hello world here, the weather in Paris is mild today."
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={
+            "id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                         "finish_reason": "stop"}]})
+
+    app = gateway_app(tmp_path, pool_over_handler(handler))
+    expected = len(get_encoding().encode_ordinary(reply))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        chat = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "weather?"}]})
+        anth = await client.post("/v1/messages", json={
+            "model": "m", "max_tokens": 30, "messages": [{"role": "user", "content": "weather?"}]})
+    assert chat.json()["usage"]["completion_tokens"] == expected > 0
+    assert anth.json()["usage"]["output_tokens"] == expected
+    assert chat.headers["x-prefixgate-usage"] == "estimated"
+    rows = records(app)
+    assert [(r.completion_tokens, r.usage_estimated) for r in rows] == [(expected, True)] * 2
+    app.state.store.close()

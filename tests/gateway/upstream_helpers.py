@@ -82,6 +82,7 @@ def seed_records(store: RecordStore, now: datetime | None = None) -> list[Reques
     rows: list[RequestRecord] = []
     for i in range(60):
         ok = i % 13 != 5
+        cut = i % 17 == 8  # a client gone mid-stream: a 499 that keeps the work it was given
         prompt = 1000 + 37 * i
         cached = (prompt * (i % 7)) // 8 if ok else 0
         rows.append(RequestRecord(
@@ -89,10 +90,12 @@ def seed_records(store: RecordStore, now: datetime | None = None) -> list[Reques
             tenant=("acme", "globex", "initech")[i % 3],
             model=("gpt-4o-2024-08-06", "claude-sonnet-4-20250514", "local-model")[i % 3],
             backend="openai", replica=f"10.0.0.{i % 4}:8000", provider="openai",
-            route="chat.completions", status=200 if ok else (502 if i % 2 else 422),
+            route="chat.completions",
+            status=(499 if cut else 200) if ok else (502 if i % 2 else 422),
             error=None if ok else "upstream failed", prompt_tokens=prompt if ok else 0,
             cached_tokens=cached, predicted_cached_tokens=cached + 16 * (i % 3) if ok else None,
-            reported_cached_tokens=cached if ok else None, completion_tokens=20 if ok else 0,
+            reported_cached_tokens=cached if ok else None,
+            completion_tokens=(3 if cut else 20) if ok else 0,
             latency_ms=100.0 + i, prefill_saved_ms=0.5 * cached,
             lint_ids=("PL001,PL004", "PL004", "")[i % 3], family=f"family-{i % 5}",
             stream=bool(i % 2)))
