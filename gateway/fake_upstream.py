@@ -28,6 +28,8 @@ from starlette.routing import Route
 from prompt_lint.tokens import get_encoding
 from radix_cache import RadixCache
 
+SERVERS = ("vllm", "sglang", "openai", "bare")  # whose /v1/models answer a fake replica gives
+
 
 @dataclass
 class FakeUpstreamConfig:
@@ -231,11 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="skip tokenization")
     parser.add_argument("--delay-ms", type=float, default=0.0,
                         help="answer each request this long after reading it")
+    parser.add_argument("--server", choices=SERVERS, default=FakeUpstreamConfig.server,
+                        help="whose /v1/models answer it gives (what kind detection reads)")
     args = parser.parse_args(argv)
     import uvicorn
 
     config = FakeUpstreamConfig(cache=not args.no_cache, keep_bodies=False,
-                                delay_s=args.delay_ms / 1000.0)
+                                delay_s=args.delay_ms / 1000.0, server=args.server)
     uvicorn.run(create_fake_upstream(config), host=args.host, port=args.port, log_level="warning",
                 timeout_keep_alive=60)
     return 0

@@ -193,27 +193,35 @@ async def test_the_shadow_prompt_is_prepared_with_lint_for_the_rewritten_body(
     await pool.aclose()
 
 
-def test_the_fake_llama_server_runs_from_its_command_line() -> None:
-    """`python -m gateway.fake_llama_server --slots N` serves a llama-server that the kind
-    detection recognises, with N slots (it had no command line: --help printed nothing)."""
+def _served(module: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(/v1/models, /props or {}) of `python -m module --port P *args`, run until answered."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.fake_llama_server",
-                             "--port", str(port), "--slots", "3"])
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args])
+    base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                props = httpx.get(f"http://127.0.0.1:{port}/props", timeout=1).json()
+                models = httpx.get(f"{base}/v1/models", timeout=1).json()
                 break
             except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+        props = httpx.get(f"{base}/props", timeout=5)
+        return models, props.json() if props.status_code == 200 else {}
     finally:
         proc.terminate()
         proc.wait(10)
-    assert props["total_slots"] == 3
-    detected = kind_from_props(props)
+
+
+def test_the_fakes_run_from_their_command_lines() -> None:
+    """`python -m gateway.fake_llama_server --slots N` serves a llama-server with N slots (it
+    had no command line: --help printed nothing) and `python -m gateway.fake_upstream --server
+    sglang` one that kind detection reads as SGLang."""
+    models, props = _served("gateway.fake_llama_server", "--slots", "3")
+    detected, by_models = kind_from_props(props), kind_from_models(models)
     assert detected is not None and (detected.kind, detected.slots) == ("llamacpp", 3)
-    by_models = kind_from_models(models)
     assert by_models is not None and by_models.kind == "llamacpp"
+    models, _ = _served("gateway.fake_upstream", "--server", "sglang", "--no-cache")
+    by_models = kind_from_models(models)
+    assert by_models is not None and by_models.kind == "sglang"
