@@ -21,7 +21,7 @@ from gateway.body import parse_body, text_chars
 from gateway.errors import error_body
 from gateway.overlap import cpu_work
 from gateway.parse_anthropic import parse_messages
-from gateway.pipeline import read_body
+from gateway.pipeline import read_body, with_beta
 from gateway.request_state import CLIENT_CLOSED, Gateway, new_request_id
 from gateway.shadow import prompt_tokens
 from gateway.types import ApiError, ChatRequest, CountingBackend, TokenCount
@@ -42,7 +42,8 @@ async def count_tokens(request: Request) -> Response:
         raw = await read_body(request, gw.config.max_body_bytes)
         body = parse_body(raw, gw.config.max_json_depth)
         ctx = gw.parse_context(new_request_id(), tenant)
-        req = parse_messages({**body, "max_tokens": 1, "stream": False}, ctx)
+        req = with_beta(request, parse_messages({**body, "max_tokens": 1, "stream": False},
+                                                ctx))
         backend = gw.backend
         if isinstance(backend, CountingBackend):
             count = await backend.count_tokens(req)

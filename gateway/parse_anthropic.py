@@ -6,6 +6,9 @@ Conversion to the neutral (OpenAI) shape:
   with the user's remaining text after them;
 - assistant `tool_use` blocks -> `tool_calls` ({"id", "type": "function",
   "function": {"name", "arguments": JSON text of input}});
+- assistant `thinking` / `redacted_thinking` blocks are accepted and left out of the neutral
+  messages (the engine's and an OpenAI-compatible upstream's model did not write them); an
+  Anthropic upstream is sent the client's body, so it gets them unchanged;
 - tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
 Sampling: temperature, top_p, top_k and stop_sequences go into `SamplingOptions`.
 `output_config.format` ({"type": "json_schema", "schema"}) constrains the answer to one JSON

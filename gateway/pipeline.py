@@ -171,6 +171,9 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes
         body, req = await anyio.to_thread.run_sync(_parse, gw.config, ticket, raw, ctx)
     else:
         body, req = _parse(gw.config, ticket, raw, ctx)
+    if ticket.route.provider == "anthropic":
+        req = with_beta(request, req)
+        ticket.req = req
     if not _lint_fits(gw.config, body, len(raw)):
         mode = "off"
     if mode == "report" and _lint_can_wait(gw, req):
@@ -180,6 +183,13 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes
     req = await _cpu_work(gw, len(raw), _lint_and_prepare, gw, body, req, ticket, mode)
     ticket.req = req
     return req, None
+
+
+def with_beta(request: Request, req: ChatRequest) -> ChatRequest:
+    """An Anthropic client's request with its `anthropic-beta` header, for an Anthropic
+    upstream (the only client header passed on; its credentials never are)."""
+    beta = request.headers.get("anthropic-beta")
+    return evolve(req, anthropic_beta=beta) if beta else req
 
 
 def _lint_can_wait(gw: Gateway, req: ChatRequest) -> bool:
@@ -242,7 +252,9 @@ def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, m
     the findings counted in the metrics."""
     outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode, req.layout_share)
     if outcome.changed:
-        req = ticket.route.parse(outcome.body, gw.parse_context(ticket.request_id, ticket.tenant))
+        req = evolve(ticket.route.parse(outcome.body, gw.parse_context(ticket.request_id,
+                                                                       ticket.tenant)),
+                     anthropic_beta=req.anthropic_beta)
     for rule in outcome.lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
     return evolve(req, lint_ids=outcome.lint_ids, family=outcome.family)

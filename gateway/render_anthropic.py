@@ -50,9 +50,12 @@ def _tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
 def message_response(req: ChatRequest, final: Final) -> dict[str, Any]:
     """A non-streaming Messages response."""
     content: list[dict[str, Any]] = []
-    if final.text:  # no empty text block (the API never sends one, and refuses one sent back)
-        content.append({"type": "text", "text": final.text})
-    content.extend(_tool_use_block(call) for call in final.tool_calls)
+    if final.provider_content is not None:  # an Anthropic upstream's, with thinking blocks
+        content.extend(final.provider_content)
+    else:
+        if final.text:  # no empty text block (the API never sends one, nor takes one back)
+            content.append({"type": "text", "text": final.text})
+        content.extend(_tool_use_block(call) for call in final.tool_calls)
     return {
         "id": message_id(req),
         "type": "message",
@@ -73,6 +76,7 @@ class MessageEvents:
         self.index = 0
         self.text_open = False
         self.tool_open = False
+        self.passed_open = False  # a block passed on as the upstream sent it (thinking)
         self.streamed_calls = 0  # tool_use blocks already sent piece by piece
         self.early: Usage | None = None
 
@@ -86,15 +90,16 @@ class MessageEvents:
         return event("message_start", {"type": "message_start", "message": message})
 
     def _open_text(self) -> bytes:
+        out = self._close_block() if self.tool_open or self.passed_open else b""
         self.text_open = True
         block = {"type": "text", "text": ""}
-        return event("content_block_start",
+        return out + event("content_block_start",
                      {"type": "content_block_start", "index": self.index, "content_block": block})
 
     def _close_block(self) -> bytes:
         out = event("content_block_stop", {"type": "content_block_stop", "index": self.index})
         self.index += 1
-        self.text_open = self.tool_open = False
+        self.text_open = self.tool_open = self.passed_open = False
         return out
 
     def text(self, text: str) -> bytes:
@@ -106,13 +111,32 @@ class MessageEvents:
                            {"type": "content_block_delta", "index": self.index, "delta": delta})
 
     def delta(self, item: TextDelta) -> bytes:
-        """Text deltas, then tool_use blocks streamed as `input_json_delta` fragments."""
-        return self.text(item.text) + b"".join(self._tool_piece(p) for p in item.tool_calls)
+        """Passed-on blocks' events, text deltas, then tool_use blocks streamed as
+        `input_json_delta` fragments."""
+        out = b"".join(self._passed(e) for e in item.provider_events) if item.provider_events \
+            else b""
+        return out + self.text(item.text) + b"".join(self._tool_piece(p) for p in item.tool_calls)
+
+    def _passed(self, data: dict[str, Any]) -> bytes:
+        """An upstream's content block event (thinking, redacted_thinking) as it came, at
+        this stream's block index."""
+        kind = str(data.get("type"))
+        if kind == "content_block_stop":
+            return self._close_block() if self.passed_open else b""
+        out = b""
+        if kind == "content_block_start":
+            out = self._close_block() if self.text_open or self.tool_open or self.passed_open \
+                else b""
+            self.passed_open = True
+        elif not self.passed_open:
+            return b""
+        return out + event(kind, {**data, "index": self.index})
 
     def _tool_piece(self, piece: ToolCallDelta) -> bytes:
         out = b""
         if piece.id is not None:
-            out += self._close_block() if self.text_open or self.tool_open else b""
+            out += self._close_block() if self.text_open or self.tool_open or self.passed_open \
+                else b""
             self.tool_open, self.streamed_calls = True, piece.index + 1
             block: dict[str, Any] = {"type": "tool_use", "id": piece.id, "name": piece.name,
                                      "input": {}}
@@ -126,7 +150,7 @@ class MessageEvents:
 
     def final(self, final: Final) -> bytes:
         out = b""
-        if self.text_open or self.tool_open:
+        if self.text_open or self.tool_open or self.passed_open:
             out += self._close_block()
         for call in final.tool_calls[self.streamed_calls :]:
             out += self._tool_use(call)

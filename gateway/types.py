@@ -101,6 +101,8 @@ class ChatRequest:
     shadow_prompt: Prompt | None = None
     # the token layout shared by the shadow's tokenizing and lint (one per request)
     layout_share: LayoutShare | None = field(default=None, compare=False, repr=False)
+    # the client's `anthropic-beta` header (messages route), passed on to an Anthropic upstream
+    anthropic_beta: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,10 @@ class TextDelta:
     usage: Usage | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
     tokens: int | None = None
+    # Anthropic stream events (content_block_start / _delta / _stop) of blocks the neutral
+    # stream has no field for (thinking, redacted_thinking), as an Anthropic upstream sent
+    # them to an Anthropic client; rendered before `text`, re-indexed, by that route only
+    provider_events: tuple[dict[str, Any], ...] = ()
 
 
 class LateUsage:
@@ -174,6 +180,10 @@ class Final:
     usage: Usage  # what the answer says
     replica: str | None = None
     late: LateUsage | None = field(default=None, compare=False, repr=False)
+    # an Anthropic upstream's own content blocks, verbatim, for an Anthropic client when the
+    # answer has blocks the neutral fields cannot carry (thinking, redacted_thinking): the
+    # Messages route sends these instead of blocks rebuilt from `text` and `tool_calls`
+    provider_content: tuple[dict[str, Any], ...] | None = None
 
     def settled_usage(self) -> Usage:
         """The usage to record: completed after the answer (`late`) when it was, else the

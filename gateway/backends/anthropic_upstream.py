@@ -2,8 +2,12 @@
 
 An Anthropic-format client's body is forwarded with `cache_control` breakpoints added at the
 stable boundary; an OpenAI-format client is converted first. Streams are passed on delta by
-delta. The upstream's cache report is `usage.cache_read_input_tokens`; Anthropic's
-`input_tokens` excludes cached and cache-written tokens, so the prompt size is their sum.
+delta. An Anthropic client gets the upstream's thinking and redacted_thinking blocks as they
+came (whole: the upstream's content verbatim; streamed: their events, with the tool_use blocks
+streamed in place), and its `anthropic-beta` header is passed on; an OpenAI client gets no
+thinking (chat completions has no field for it). The upstream's cache report is
+`usage.cache_read_input_tokens`; Anthropic's `input_tokens` excludes cached and cache-written
+tokens, so the prompt size is their sum.
 """
 
 from __future__ import annotations
@@ -15,21 +19,27 @@ from typing import Any, NamedTuple
 import httpx
 
 from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthropic_body
+from gateway.backends.http1_request import PostTemplate, post_template
 from gateway.backends.upstream import StreamClock, UpstreamBackend
 from gateway.backends.upstream_http import (
     UpstreamOptions,
     dumps_body,
+    fetch_json,
     iter_sse,
     loads_event,
     stream_error_event,
 )
-from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
+from gateway.evolve import evolve
+from gateway.types import BackendError, ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 
 API_VERSION = "2023-06-01"
 # what the Messages API's count_tokens endpoint takes of a Messages body
 COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
            "tool_use": "tool_calls"}
+#: content blocks the neutral types have no field for, passed to an Anthropic client as they came
+PASSED_BLOCKS = ("thinking", "redacted_thinking")
+_BETA_TEMPLATES = 32  # distinct anthropic-beta values whose request templates are kept
 
 
 class AnthropicUsage(NamedTuple):
@@ -62,6 +72,12 @@ def build_body(req: ChatRequest) -> dict[str, Any]:
     return place_cache_breakpoints(body)
 
 
+def passes_blocks(req: ChatRequest) -> bool:
+    """True for an Anthropic client's Messages request (its answer's thinking blocks are
+    passed on as they came)."""
+    return req.provider == "anthropic" and req.prompt is None
+
+
 def _tool_call(block: dict[str, Any], arguments: str | None = None) -> dict[str, Any]:
     args = arguments if arguments is not None else json.dumps(block.get("input") or {})
     return {"id": str(block.get("id") or ""), "type": "function",
@@ -78,11 +94,18 @@ def _early_usage(start_usage: dict[str, Any]) -> Usage | None:
 
 
 class _StreamState:
-    """One streamed message: text, tool-use blocks by index, stop reason, usage."""
+    """One streamed message: text, tool-use blocks by index, stop reason, usage. With
+    `passthrough` (an Anthropic client) the events of thinking blocks (`events`) and the
+    tool_use pieces (`calls`) of the last event are left for the caller to pass on."""
 
-    def __init__(self) -> None:
+    def __init__(self, passthrough: bool = False) -> None:
         self.text: list[str] = []
         self.tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        self.ordinals: dict[int, int] = {}  # tool_use block index -> its call's ordinal
+        self.passthrough = passthrough
+        self.passed: set[int] = set()  # indexes of the blocks passed on as they came
+        self.events: list[dict[str, Any]] = []
+        self.calls: list[ToolCallDelta] = []
         self.stop: str | None = None
         self.start_usage: dict[str, Any] = {}
         self.output_tokens: int | None = None
@@ -95,16 +118,34 @@ class _StreamState:
             self.start_usage = dict((event.get("message") or {}).get("usage") or {})
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
+            index = int(event.get("index", 0))
             if block.get("type") == "tool_use":
-                self.tools[int(event.get("index", 0))] = (block, [])
+                self.tools[index] = (block, [])
+                self.ordinals[index] = len(self.ordinals)
+                if self.passthrough:
+                    self.calls.append(ToolCallDelta(self.ordinals[index], "",
+                                                    id=str(block.get("id") or ""),
+                                                    name=str(block.get("name") or "")))
+            elif self.passthrough and block.get("type") in PASSED_BLOCKS:
+                self.passed.add(index)
+                self.events.append(event)
         elif kind == "content_block_delta":
             delta = event.get("delta") or {}
+            index = int(event.get("index", 0))
             if delta.get("type") == "text_delta":
                 return str(delta.get("text") or "")
-            if delta.get("type") == "input_json_delta":
-                slot = self.tools.get(int(event.get("index", 0)))
+            if index in self.passed:
+                self.events.append(event)
+            elif delta.get("type") == "input_json_delta":
+                slot = self.tools.get(index)
                 if slot is not None:
-                    slot[1].append(str(delta.get("partial_json") or ""))
+                    piece = str(delta.get("partial_json") or "")
+                    slot[1].append(piece)
+                    if self.passthrough and piece:
+                        self.calls.append(ToolCallDelta(self.ordinals[index], piece))
+        elif kind == "content_block_stop":
+            if int(event.get("index", 0)) in self.passed:
+                self.events.append(event)
         elif kind == "message_delta":
             self.stop = (event.get("delta") or {}).get("stop_reason") or self.stop
             usage = event.get("usage") or {}
@@ -132,7 +173,9 @@ class AnthropicUpstream(UpstreamBackend):
     ) -> None:
         super().__init__(options, transport=transport, models=models)
         path = "/messages" if self._base.endswith("/v1") else "/v1/messages"
-        self._endpoint = self._template(httpx.URL(self._base + path))
+        self._endpoint_url = httpx.URL(self._base + path)
+        self._endpoint = self._template(self._endpoint_url)
+        self._beta_templates: dict[tuple[str, str], PostTemplate] = {}
         self._count_url = httpx.URL(self._base + path + "/count_tokens")
         self.models_url = self._base + path.removesuffix("/messages") + "/models"
 
@@ -141,7 +184,12 @@ class AnthropicUpstream(UpstreamBackend):
         endpoint, passed the fields that endpoint takes)."""
         body = {k: req.body[k] for k in COUNT_FIELDS if k in req.body}
         body["model"] = req.model
-        payload = await self._post_json(self._count_url, body)
+        if req.anthropic_beta is None:
+            payload = await self._post_json(self._count_url, body)
+        else:
+            request = self._post(self._with_beta(self._count_url, req.anthropic_beta),
+                                 dumps_body(body))
+            payload = await fetch_json(self._transport, request, self.replica)
         tokens = payload.get("input_tokens") if isinstance(payload, dict) else None
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise BackendError(502, f"upstream {self.replica} sent no input_tokens",
@@ -154,25 +202,44 @@ class AnthropicUpstream(UpstreamBackend):
             headers["x-api-key"] = self.options.api_key
         return headers
 
+    def _with_beta(self, url: httpx.URL, beta: str) -> PostTemplate:
+        """The template of POSTs to `url` carrying the client's `anthropic-beta` header (the
+        last few values' templates are kept: a client sends one value, or a few)."""
+        key = (str(url), beta)
+        found = self._beta_templates.get(key)
+        if found is None:
+            headers = httpx.Headers(self._header_obj)
+            headers["anthropic-beta"] = beta
+            found = post_template(url, headers)
+            if len(self._beta_templates) >= _BETA_TEMPLATES:
+                self._beta_templates.pop(next(iter(self._beta_templates)))
+            self._beta_templates[key] = found
+        return found
+
     def _request(self, req: ChatRequest) -> httpx.Request:
-        return self._post(self._endpoint, dumps_body(build_body(req)))
+        template = (self._endpoint if req.anthropic_beta is None
+                    else self._with_beta(self._endpoint_url, req.anthropic_beta))
+        return self._post(template, dumps_body(build_body(req)))
 
     async def _read_stream(
-        self, response: httpx.Response, clock: StreamClock
+        self, response: httpx.Response, clock: StreamClock, req: ChatRequest
     ) -> AsyncGenerator[TextDelta | Final, None]:
-        state = _StreamState()
+        state = _StreamState(passes_blocks(req))
         async for event in iter_sse(response):
             payload = loads_event(event.data, self.replica)
             kind = event.event or str(payload.get("type", ""))
             if kind == "error":
                 raise stream_error_event(payload, self.replica)
             text = state.take(kind, payload)
-            if text:
+            if text or state.events or state.calls:
                 early = None if clock.first else _early_usage(state.start_usage)
                 clock.mark()
                 state.deltas += 1
                 state.text.append(text)
-                yield TextDelta(text, early)
+                yield TextDelta(text, early, tool_calls=tuple(state.calls),
+                                provider_events=tuple(state.events))
+                state.events.clear()
+                state.calls.clear()
             if state.stopped:
                 break
         if not state.stopped:
@@ -194,7 +261,7 @@ class AnthropicUpstream(UpstreamBackend):
             reported_cached_tokens=usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
         ), replica=self.replica)
 
-    def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
+    def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
         if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
             raise BackendError(502, f"upstream {self.replica} sent no content",
                                kind="upstream_error")
@@ -202,4 +269,8 @@ class AnthropicUpstream(UpstreamBackend):
         text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
         tools = tuple(_tool_call(b) for b in blocks if b.get("type") == "tool_use")
         usage = read_usage(payload.get("usage"))
-        return self._final(text, tools, payload.get("stop_reason"), usage, clock, 0)
+        final = self._final(text, tools, payload.get("stop_reason"), usage, clock, 0)
+        if passes_blocks(req) and any(isinstance(b, dict) and b.get("type") in PASSED_BLOCKS
+                                      for b in blocks):
+            return evolve(final, provider_content=tuple(blocks))
+        return final

@@ -301,7 +301,7 @@ class OpenAIUpstream(UpstreamBackend):
         return self._post(self._posts[path], dumps_body(body))
 
     async def _read_stream(
-        self, response: httpx.Response, clock: StreamClock
+        self, response: httpx.Response, clock: StreamClock, req: ChatRequest
     ) -> AsyncGenerator[TextDelta | Final, None]:
         state = _StreamState()
         async for event in iter_sse(response):
@@ -346,7 +346,7 @@ class OpenAIUpstream(UpstreamBackend):
                 old + PREFILL_EWMA * (sample - old))
         return self.prefill_ms_per_token or 0.0
 
-    def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
+    def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
         if not isinstance(payload, dict) or not payload.get("choices"):
             raise BackendError(502, f"upstream {self.replica} sent no choices",
                                kind="upstream_error")

@@ -149,12 +149,12 @@ class UpstreamBackend(ABC):
 
     @abstractmethod
     def _read_stream(
-        self, response: httpx.Response, clock: StreamClock
+        self, response: httpx.Response, clock: StreamClock, req: ChatRequest
     ) -> AsyncGenerator[Item, None]:
         """Deltas, then one Final, from a streamed answer (call `clock.mark()` at text)."""
 
     @abstractmethod
-    def _read_whole(self, payload: Any, clock: StreamClock) -> Final:
+    def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
         """The Final of a whole (non-streamed) JSON answer."""
 
     async def stream(self, req: ChatRequest) -> AsyncGenerator[Item, None]:
@@ -167,8 +167,8 @@ class UpstreamBackend(ABC):
         clock = StreamClock()
         items = exchange(
             self._transport, request, self.replica, stream=req.stream,
-            read_stream=lambda response: self._read_stream(response, clock),
-            read_whole=lambda payload: self._read_whole(payload, clock))
+            read_stream=lambda response: self._read_stream(response, clock, req),
+            read_whole=lambda payload: self._read_whole(payload, clock, req))
         async with aclosing(items):
             async for item in items:
                 yield item

@@ -358,3 +358,168 @@ async def test_an_openai_tool_choice_reaches_an_anthropic_upstream(
     assert sent["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
     app.state.store.close()
     await pool.aclose()
+
+
+SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3h+/=\u00e9sig123"
+THINKING_REPLY = [
+    {"type": "thinking", "thinking": "The user wants setup.py; read it.", "signature": SIGNATURE},
+    {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"},
+    {"type": "text", "text": "Reading it."},
+    {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "setup.py"}},
+]
+
+
+class ThinkingAnthropic(FakeAnthropic):
+    """Answers with thinking blocks and streams every reply block as the Messages API does;
+    keeps each request's headers."""
+
+    def __init__(self, reply: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(reply or THINKING_REPLY)
+        self.headers: list[httpx.Headers] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.headers.append(request.headers)
+        return super().__call__(request)
+
+    def sse(self, body: dict[str, Any], usage: dict[str, int]) -> bytes:
+        events: list[dict[str, Any]] = [{"type": "message_start", "message": {
+            "id": "msg_1", "type": "message", "role": "assistant", "content": [],
+            "model": body["model"], "usage": usage | {"output_tokens": 1}}}]
+        for i, block in enumerate(self.reply):
+            kind = block["type"]
+            start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                     "text": {"type": "text", "text": ""},
+                     "tool_use": {**block, "input": {}}}.get(kind, block)
+            events.append({"type": "content_block_start", "index": i, "content_block": start})
+            deltas: list[dict[str, Any]] = []
+            if kind == "thinking":
+                half = len(block["thinking"]) // 2
+                deltas = [{"type": "thinking_delta", "thinking": block["thinking"][:half]},
+                          {"type": "thinking_delta", "thinking": block["thinking"][half:]},
+                          {"type": "signature_delta", "signature": block["signature"]}]
+            elif kind == "text":
+                deltas = [{"type": "text_delta", "text": block["text"]}]
+            elif kind == "tool_use":
+                text = json.dumps(block["input"])
+                deltas = [{"type": "input_json_delta", "partial_json": text[:5]},
+                          {"type": "input_json_delta", "partial_json": text[5:]}]
+            events += [{"type": "content_block_delta", "index": i, "delta": d} for d in deltas]
+            events.append({"type": "content_block_stop", "index": i})
+        stop = "tool_use" if any(b["type"] == "tool_use" for b in self.reply) else "end_turn"
+        events += [{"type": "message_delta", "delta": {"stop_reason": stop},
+                    "usage": {"output_tokens": 4}}, {"type": "message_stop"}]
+        return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+
+
+def _thinking_request(**extra: Any) -> dict[str, Any]:
+    return {"model": "claude-test", "max_tokens": 4096, "tools": [TOOL],
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "messages": [{"role": "user", "content": "open setup.py"}], **extra}
+
+
+async def test_thinking_blocks_reach_an_anthropic_client_whole_and_streamed(
+        tmp_path: Path) -> None:
+    """Thinking and redacted_thinking blocks arrive as the upstream sent them (the signature
+    byte for byte), in their place among text and tool_use blocks, whole and streamed."""
+    fake = ThinkingAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test", api_key="ak")
+    app = gateway_app(tmp_path, pool)
+    client = _sdk(app)
+    whole = await client.messages.create(**_thinking_request())
+    assert [b.model_dump(exclude_none=True) for b in whole.content] == THINKING_REPLY
+    assert whole.stop_reason == "tool_use"
+    async with client.messages.stream(**_thinking_request()) as stream:
+        streamed = await stream.get_final_message()
+    assert [b.model_dump(exclude_none=True) for b in streamed.content] == THINKING_REPLY
+    assert streamed.content[0].signature == SIGNATURE  # type: ignore[union-attr]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as raw:
+        r = await raw.post("/v1/messages", json=_thinking_request(stream=True))
+    events = [json.loads(part.split("data: ", 1)[1]) for part in r.text.strip().split("\n\n")]
+    starts = [(e["index"], e["content_block"]["type"]) for e in events
+              if e["type"] == "content_block_start"]
+    assert starts == [(0, "thinking"), (1, "redacted_thinking"), (2, "text"), (3, "tool_use")]
+    deltas = [(e["index"], e["delta"]["type"]) for e in events
+              if e["type"] == "content_block_delta"]
+    assert deltas[:3] == [(0, "thinking_delta"), (0, "thinking_delta"), (0, "signature_delta")]
+    assert deltas[3:] == [(2, "text_delta"), (3, "input_json_delta"), (3, "input_json_delta")]
+    stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert stops == [0, 1, 2, 3]
+    assert all(b["thinking"] == {"type": "enabled", "budget_tokens": 1024} for b in fake.bodies)
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_thinking_blocks_sent_back_reach_the_upstream_unchanged(tmp_path: Path) -> None:
+    """The tool loop with thinking on: the assistant turn goes back with its thinking blocks
+    (Anthropic requires them before the tool_result), and the upstream gets them as sent."""
+    fake = ThinkingAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    client = _sdk(app)
+    first = await client.messages.create(**_thinking_request())
+    fake.reply = [{"type": "text", "text": "It is a setup script."}]
+    turn = [block.model_dump(exclude_none=True) for block in first.content]
+    messages = [{"role": "user", "content": "open setup.py"},
+                {"role": "assistant", "content": turn},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                              "content": "print(1)"}]}]
+    second = await client.messages.create(**_thinking_request(messages=messages))
+    assert second.content[0].text == "It is a setup script."  # type: ignore[union-attr]
+    sent = fake.bodies[-1]["messages"][1]["content"]
+    assert [{k: v for k, v in b.items() if k != "cache_control"} for b in sent] == THINKING_REPLY
+    assert "cache_control" not in sent[0] and "cache_control" not in sent[1]
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_an_openai_client_gets_no_thinking_from_an_anthropic_upstream(
+        tmp_path: Path) -> None:
+    """Chat completions has no field for thinking: an OpenAI client gets the text and the
+    tool call, whole and streamed."""
+    fake = ThinkingAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    tools = [{"type": "function", "function": {"name": "read_file",
+                                               "parameters": TOOL["input_schema"]}}]
+    body = {"model": "c", "max_tokens": 50, "tools": tools,
+            "messages": [{"role": "user", "content": "open setup.py"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/chat/completions", json=body)
+        s = await client.post("/v1/chat/completions", json={**body, "stream": True})
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] == "Reading it."
+    assert message["tool_calls"][0]["function"]["name"] == "read_file"
+    assert s.status_code == 200 and "Reading it." in s.text and "thinking" not in s.text
+    app.state.store.close()
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_beta_reaches_the_upstream_and_client_credentials_do_not(
+        tmp_path: Path, stream: bool) -> None:
+    """The client's anthropic-beta header is passed on (Claude Code turns features on with
+    it); its x-api-key and authorization never are: the upstream gets the gateway's key."""
+    fake = ThinkingAnthropic(reply=[{"type": "text", "text": "ok"}])
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test", api_key="ak")
+    app = gateway_app(tmp_path, pool)
+    beta = "interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        body = {"model": "c", "max_tokens": 9, "stream": stream,
+                "messages": [{"role": "user", "content": "go"}]}
+        for headers in ({"anthropic-beta": beta, "x-api-key": "client-key",
+                         "authorization": "Bearer client-token"},
+                        {"anthropic-beta": "other-2025-01-01"}, {}):
+            r = await client.post("/v1/messages", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+        r = await client.post("/v1/chat/completions", headers={"anthropic-beta": beta}, json={
+            "model": "c", "max_tokens": 9, "messages": [{"role": "user", "content": "go"}]})
+        assert r.status_code == 200, r.text
+    sent = fake.headers
+    assert [h.get("anthropic-beta") for h in sent] == [beta, "other-2025-01-01", None, None]
+    assert all(h["x-api-key"] == "ak" and "authorization" not in h for h in sent)
+    assert all(h["anthropic-version"] == "2023-06-01" for h in sent)
+    app.state.store.close()
+    await pool.aclose()
