@@ -170,10 +170,14 @@ class Final:
 
     text: str  # full generated text (tool-call markup removed)
     tool_calls: tuple[dict[str, Any], ...]  # OpenAI shape {"id","type":"function","function":{..}}
-    finish_reason: str  # OpenAI vocabulary: stop | length | tool_calls
+    # OpenAI vocabulary: stop | length | tool_calls, plus Anthropic's refusal | pause_turn
+    # (an Anthropic upstream's; rendered for OpenAI clients as content_filter / stop)
+    finish_reason: str
     usage: Usage  # what the answer says
     replica: str | None = None
     late: LateUsage | None = field(default=None, compare=False, repr=False)
+    # the stop string that ended the text (finish_reason "stop"): Anthropic's stop_sequence
+    stop_sequence: str | None = None
 
     def settled_usage(self) -> Usage:
         """The usage to record: completed after the answer (`late`) when it was, else the
