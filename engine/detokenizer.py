@@ -28,6 +28,7 @@ class IncrementalDetokenizer:
         self._longest_stop = max((len(s) for s in stop), default=0)
         self.text = ""
         self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text
         self._emitted = 0
 
     def add(self, token_id: int) -> None:
@@ -61,6 +62,7 @@ class IncrementalDetokenizer:
         index, stop = min(hits)
         self.text = self.text[: index + (len(stop) if self._include_stop else 0)]
         self.stopped = True
+        self.stop_string = stop
 
     def _held(self) -> int:
         """Length of the longest text suffix that is a proper prefix of some stop string."""

@@ -20,6 +20,8 @@ class RequestOutput:
     token after the first. prefill_time: seconds of model steps spent on this request's prompt.
     draft_tokens: speculative draft tokens verified for this request; accepted_tokens: those
     the model agreed with (each saved one decode step). Both 0 without speculation.
+    stop_string: the stop string (of `SamplingParams.stop`) that ended the text, when one did
+    (finish_reason "stop"); None for a stop token, a grammar's end or any other reason.
     """
 
     request_id: str
@@ -37,6 +39,7 @@ class RequestOutput:
     error: str | None = None
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    stop_string: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

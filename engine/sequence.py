@@ -127,4 +127,5 @@ class Sequence:
             error=self.error,
             draft_tokens=self.spec.draft_tokens if self.spec else 0,
             accepted_tokens=self.spec.accepted_tokens if self.spec else 0,
+            stop_string=self.detokenizer.stop_string if self.finish_reason == "stop" else None,
         )

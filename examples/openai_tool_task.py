@@ -8,7 +8,8 @@ for the final answer (`tool_choice="none"`), streamed.
     python examples/openai_tool_task.py                      # starts an embedded gateway
     python examples/openai_tool_task.py --base-url http://127.0.0.1:8000/v1
 
-Exits 0 when the call validated and the final answer quotes the tool's result.
+Exits 0 when the call validated and the final answer quotes the tool's result (as text, with
+no tool-call markup).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class TaskResult:
 
     @property
     def ok(self) -> bool:
-        return self.call_name == "stock_level" and self.tool_result in self.answer
+        return (self.call_name == "stock_level" and self.tool_result in self.answer
+                and "<tool_call" not in self.answer)
 
 
 def stock_level(city: str) -> str:

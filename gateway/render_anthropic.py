@@ -14,7 +14,17 @@ from typing import Any
 from gateway.types import ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 from gateway.usage_report import SUMMARY_FIELD, summary
 
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+                "refusal": "refusal", "pause_turn": "pause_turn"}
+
+
+def stop_fields(final: Final) -> dict[str, Any]:
+    """`stop_reason` and `stop_sequence`: "stop_sequence" and the string when one ended the
+    text, else the finish reason's Anthropic name and null."""
+    if final.stop_sequence is not None and final.finish_reason == "stop":
+        return {"stop_reason": "stop_sequence", "stop_sequence": final.stop_sequence}
+    return {"stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
+            "stop_sequence": None}
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -62,8 +72,7 @@ def message_response(req: ChatRequest, final: Final) -> dict[str, Any]:
         "role": "assistant",
         "model": req.model,
         "content": content,
-        "stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
-        "stop_sequence": None,
+        **stop_fields(final),
         "usage": usage_body(final.usage),
     }
 
@@ -154,8 +163,7 @@ class MessageEvents:
             out += self._close_block()
         for call in final.tool_calls[self.streamed_calls :]:
             out += self._tool_use(call)
-        delta = {"stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
-                 "stop_sequence": None}
+        delta = stop_fields(final)
         out += event("message_delta", {"type": "message_delta", "delta": delta,
                                        "usage": usage_body(final.usage),
                                        SUMMARY_FIELD: summary(final.usage)})

@@ -17,6 +17,13 @@ def sse(data: dict[str, Any] | str) -> bytes:
 
 
 DONE = sse("[DONE]")
+#: neutral finish reasons OpenAI has no word for (an Anthropic upstream's): the nearest one
+_FINISH = {"refusal": "content_filter", "pause_turn": "stop"}
+
+
+def finish_reason(final: Final) -> str:
+    """The answer's OpenAI finish_reason (a matched stop string is plain "stop")."""
+    return _FINISH.get(final.finish_reason, final.finish_reason)
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:
@@ -47,7 +54,7 @@ def chat_response(req: ChatRequest, final: Final, created: int) -> dict[str, Any
         "model": req.model,
         "choices": [
             {"index": 0, "message": message, "logprobs": None,
-             "finish_reason": final.finish_reason}
+             "finish_reason": finish_reason(final)}
         ],
         "usage": usage_body(final.usage),
     }
@@ -105,8 +112,8 @@ class ChatChunks:
             out += self._chunk({"tool_calls": [{"index": index, **call}]})
         tail = {SUMMARY_FIELD: summary(final.usage)}  # on the last chunk
         if not self.include_usage:
-            return out + self._chunk({}, final.finish_reason, tail) + DONE
-        out += self._chunk({}, final.finish_reason)
+            return out + self._chunk({}, finish_reason(final), tail) + DONE
+        out += self._chunk({}, finish_reason(final))
         return out + sse({
             "id": completion_id(self.req),
             "object": "chat.completion.chunk",
@@ -126,7 +133,7 @@ def text_completion(req: ChatRequest, final: Final, created: int) -> dict[str, A
         "created": created,
         "model": req.model,
         "choices": [{"index": 0, "text": final.text, "logprobs": None,
-                     "finish_reason": final.finish_reason}],
+                     "finish_reason": finish_reason(final)}],
         "usage": usage_body(final.usage),
     }
 
@@ -166,8 +173,8 @@ class CompletionChunks:
 
     def final(self, final: Final) -> bytes:
         if not self.include_usage:
-            return self._chunk("", final.finish_reason, last=final.usage) + DONE
-        out = self._chunk("", final.finish_reason)
+            return self._chunk("", finish_reason(final), last=final.usage) + DONE
+        out = self._chunk("", finish_reason(final))
         return out + self._chunk("", None, final.usage, last=final.usage) + DONE
 
 

@@ -7,6 +7,10 @@ providers get the fields in the body and enforce them themselves). Tool calls us
   calls are off), each an object whose `name` is one of the tools and whose `arguments`
   validate against that tool's schema; a named choice allows only that tool.
 - "auto": free text, but once the model writes `<tool_call>` the rest is a valid call.
+- "none" with tools given: free text that never contains `<tool` or `</tool` and does not
+  open with a tag, so a model shown the tools cannot answer with call markup (in any spelling
+  it invents) as content. SmolLM2 spells `<tool_call>` in five ordinary tokens, so there is no
+  single token to ban: the text's lexeme excludes the markup instead.
 - response_format json_object / json_schema (Anthropic: output_config.format json_schema): the
   answer is one JSON document (with auto tools, a call is the other alternative).
 JSON is generated with ", " and ": " separators and no free whitespace (the way the chat
@@ -39,6 +43,12 @@ from prompt_lint.memo import LRU, text_bytes
 ToolMode = Literal["none", "auto", "required"]
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+#: tool_choice none with tools: text that does not open with a tag (after blanks) and never
+#: writes `<tool`/`</tool` (llguidance's lexeme `&` and `~`): what a call looks like in any
+#: spelling the model invents (`<tool_call>`, `<tool_check>`, `<tool_call id=.. />`)
+_ANY = "(.|\\n)*"
+NO_CALL_GRAMMAR = (f"start: TEXT\nTEXT: /{_ANY}/ & ~/{_ANY}<\\/?tool{_ANY}/"
+                   f" & ~/\\s*<{_ANY}/\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +156,8 @@ def tool_grammar(tools: list[ToolSchema], choice: ToolChoice,
     if choice.name is not None:
         tools = [t for t in tools if t.name == choice.name]
     use_tools = choice.mode != "none" and bool(tools)
+    if not use_tools and document is None and tools:
+        return NO_CALL_GRAMMAR
     if not use_tools:
         return None if document is None else f"start: %json {_styled(document)}\n"
     lines = ["%llguidance {}"]

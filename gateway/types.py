@@ -176,7 +176,9 @@ class Final:
 
     text: str  # full generated text (tool-call markup removed)
     tool_calls: tuple[dict[str, Any], ...]  # OpenAI shape {"id","type":"function","function":{..}}
-    finish_reason: str  # OpenAI vocabulary: stop | length | tool_calls
+    # OpenAI vocabulary: stop | length | tool_calls, plus Anthropic's refusal | pause_turn
+    # (an Anthropic upstream's; rendered for OpenAI clients as content_filter / stop)
+    finish_reason: str
     usage: Usage  # what the answer says
     replica: str | None = None
     late: LateUsage | None = field(default=None, compare=False, repr=False)
@@ -184,6 +186,8 @@ class Final:
     # answer has blocks the neutral fields cannot carry (thinking, redacted_thinking): the
     # Messages route sends these instead of blocks rebuilt from `text` and `tool_calls`
     provider_content: tuple[dict[str, Any], ...] | None = None
+    # the stop string that ended the text (finish_reason "stop"): Anthropic's stop_sequence
+    stop_sequence: str | None = None
 
     def settled_usage(self) -> Usage:
         """The usage to record: completed after the answer (`late`) when it was, else the

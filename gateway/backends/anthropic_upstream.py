@@ -36,7 +36,7 @@ API_VERSION = "2023-06-01"
 # what the Messages API's count_tokens endpoint takes of a Messages body
 COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
-           "tool_use": "tool_calls"}
+           "tool_use": "tool_calls", "refusal": "refusal", "pause_turn": "pause_turn"}
 #: content blocks the neutral types have no field for, passed to an Anthropic client as they came
 PASSED_BLOCKS = ("thinking", "redacted_thinking")
 _BETA_TEMPLATES = 32  # distinct anthropic-beta values whose request templates are kept
@@ -107,6 +107,7 @@ class _StreamState:
         self.events: list[dict[str, Any]] = []
         self.calls: list[ToolCallDelta] = []
         self.stop: str | None = None
+        self.stop_sequence: str | None = None
         self.start_usage: dict[str, Any] = {}
         self.output_tokens: int | None = None
         self.deltas = 0
@@ -147,7 +148,9 @@ class _StreamState:
             if int(event.get("index", 0)) in self.passed:
                 self.events.append(event)
         elif kind == "message_delta":
-            self.stop = (event.get("delta") or {}).get("stop_reason") or self.stop
+            delta = event.get("delta") or {}
+            self.stop = delta.get("stop_reason") or self.stop
+            self.stop_sequence = delta.get("stop_sequence") or self.stop_sequence
             usage = event.get("usage") or {}
             if "output_tokens" in usage:
                 self.output_tokens = int(usage["output_tokens"])
@@ -247,19 +250,20 @@ class AnthropicUpstream(UpstreamBackend):
                                kind="upstream_stream_cut")
         usage = read_usage(state.start_usage, state.output_tokens)
         yield self._final("".join(state.text), state.tool_calls(), state.stop, usage,
-                          clock, state.deltas)
+                          clock, state.deltas, state.stop_sequence)
 
     def _final(
         self, text: str, tools: tuple[dict[str, Any], ...], stop: str | None,
-        usage: AnthropicUsage, clock: StreamClock, deltas: int,
+        usage: AnthropicUsage, clock: StreamClock, deltas: int, sequence: Any = None,
     ) -> Final:
         completion = usage.completion_tokens or deltas
         ttft, tpot = clock.timings(completion)
+        matched = sequence if stop == "stop_sequence" and isinstance(sequence, str) else None
         return Final(text, tools, _FINISH.get(stop or "end_turn", "stop"), Usage(
             prompt_tokens=usage.prompt_tokens, completion_tokens=completion,
             cached_tokens=usage.reported_cached_tokens or 0,
             reported_cached_tokens=usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
-        ), replica=self.replica)
+        ), replica=self.replica, stop_sequence=matched)
 
     def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
         if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
@@ -269,7 +273,8 @@ class AnthropicUpstream(UpstreamBackend):
         text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
         tools = tuple(_tool_call(b) for b in blocks if b.get("type") == "tool_use")
         usage = read_usage(payload.get("usage"))
-        final = self._final(text, tools, payload.get("stop_reason"), usage, clock, 0)
+        final = self._final(text, tools, payload.get("stop_reason"), usage, clock, 0,
+                            payload.get("stop_sequence"))
         if passes_blocks(req) and any(isinstance(b, dict) and b.get("type") in PASSED_BLOCKS
                                       for b in blocks):
             return evolve(final, provider_content=tuple(blocks))

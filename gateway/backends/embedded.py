@@ -168,7 +168,9 @@ class EmbeddedBackend:
             prefill_saved_ms=saved_ms,
             spec_draft_tokens=out.draft_tokens, spec_accepted_tokens=out.accepted_tokens,
         )
-        return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage)
+        matched = out.stop_string if finish == "stop" else None
+        return tail, Final(text=text, tool_calls=calls, finish_reason=finish, usage=usage,
+                           stop_sequence=matched)
 
 
 def _early_usage(prompt_tokens: int, delta: StreamDelta) -> Usage:

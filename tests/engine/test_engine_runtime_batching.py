@@ -208,12 +208,17 @@ def test_stop_tokens_and_stop_strings(tiny, prompts, reference) -> None:
         max_tokens=10, temperature=0.0, stop_token_ids=[ref[3]]))[0]  # fmt: skip
     cut = ref.index(ref[3]) + 1
     assert by_token.token_ids == ref[:cut] and by_token.finish_reason == "stop"
+    assert by_token.stop_string is None  # a stop token, not a string
     text = bytes(t for t in ref if t < 256).decode("utf-8", errors="replace")
     stop = text[2:4]
     by_string = eng.generate([prompts[1]], SamplingParams(
         max_tokens=10, temperature=0.0, stop=[stop]))[0]  # fmt: skip
     assert by_string.finish_reason == "stop"
     assert by_string.text == text[: text.index(stop)]
+    assert by_string.stop_string == stop  # the output says which string matched
+    unmatched = eng.generate([prompts[1]], SamplingParams(
+        max_tokens=3, temperature=0.0, stop=["\x00never"]))[0]  # fmt: skip
+    assert unmatched.finish_reason == "length" and unmatched.stop_string is None
     assert STOP in eng.tokenizer.stop_token_ids
     assert_all_pages_accounted(eng)
 

@@ -124,6 +124,16 @@ def test_stop_string_kept_when_asked_and_earliest_stop_wins() -> None:
     detok = IncrementalDetokenizer(byte_pieces, stop=("yz", "x"), include_stop=True)
     stream_text(detok, b"abxyz")
     assert detok.text == "abx"
+    assert detok.stop_string == "x"  # which stop string ended the text
+
+
+def test_stop_string_names_the_match_and_stays_none_without_one() -> None:
+    detok = IncrementalDetokenizer(byte_pieces, stop=("zz", "4,"))
+    stream_text(detok, b"1, 2, 3, 4, 5")
+    assert (detok.text, detok.stop_string) == ("1, 2, 3, ", "4,")
+    free = IncrementalDetokenizer(byte_pieces, stop=("zz",))
+    stream_text(free, b"1, 2")
+    assert not free.stopped and free.stop_string is None
 
 
 def test_incomplete_bytes_at_the_end_become_a_replacement_char() -> None:

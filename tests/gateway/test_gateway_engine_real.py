@@ -371,3 +371,33 @@ async def test_logit_bias_steers_the_engine(make_real_app, real_backend):
     assert forced.json()["choices"][0]["message"]["content"].startswith(piece)
     assert outside.status_code == 400
     assert outside.json()["error"]["param"] == "logit_bias"
+
+
+def test_a_matched_stop_sequence_is_the_anthropic_stop_reason(make_real_app):
+    """The QA repro: the text stops before "4," and the answer says so (stop_reason
+    "stop_sequence" and the string, whole and in the stream's message_delta; before:
+    "end_turn" and null); OpenAI says finish_reason "stop"; without a match, end_turn / null."""
+    app = make_real_app()
+    ask = dict(model=MODEL, max_tokens=16, stop_sequences=["4,"], extra_body={
+        "temperature": 0, "cache_salt": uuid.uuid4().hex[:12]},
+        messages=[{"role": "user", "content": "List: 1, 2, 3, 4, 5, 6, 7, 8, continue the list"}])
+    with serve(app) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        whole = claude.messages.create(**ask)
+        with claude.messages.stream(**ask) as stream:
+            events = list(stream)
+            streamed = stream.get_final_message()
+        unmatched = claude.messages.create(**{**ask, "stop_sequences": ["\x00never"]})
+        claude.close()
+        oai = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        choice = oai.chat.completions.create(
+            model=MODEL, max_tokens=16, temperature=0, stop=["4,"], messages=ask["messages"],
+            extra_body=ask["extra_body"]).choices[0]
+        oai.close()
+    for message in (whole, streamed):
+        assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "4,")
+        assert "4," not in message.content[0].text
+    deltas = [e.delta for e in events if e.type == "message_delta"]
+    assert [(d.stop_reason, d.stop_sequence) for d in deltas] == [("stop_sequence", "4,")]
+    assert unmatched.stop_sequence is None and unmatched.stop_reason in ("end_turn", "max_tokens")
+    assert choice.finish_reason == "stop" and "4," not in (choice.message.content or "")

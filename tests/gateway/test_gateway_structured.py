@@ -91,7 +91,23 @@ def test_auto_allows_text_but_constrains_an_opened_call(compiler):
     assert accepts(compiler, grammar, "Hello! How can I help?")
     assert accepts(compiler, grammar, "Let me check. " + call("get_weather", {"city": "Rome"}))
     assert not accepts(compiler, grammar, "Let me check. <tool_call>\n{\"city\": \"Rome\"}")
-    assert tool_grammar(TOOLS, ToolChoice("none")) is None
+
+
+def test_none_with_tools_allows_text_but_never_call_markup(compiler):
+    """tool_choice none with tools: text (SmolLM2 has no `<tool_call>` token to ban), but never
+    a `<tool` tag nor a leading tag, so call markup cannot come back as content."""
+    assert "<tool_call>" not in compiler._vocab.spec.tokens  # five ordinary tokens
+    grammar = tool_grammar(TOOLS, ToolChoice("none"))
+    assert grammar is not None
+    assert accepts(compiler, grammar, "Hello! It is 42 degrees in Rome.\n")
+    assert accepts(compiler, grammar, "Use x < y or <b>bold</b>; a <tol> b\n{}")
+    assert not accepts(compiler, grammar, call("get_weather", {"city": "Rome"}))
+    assert not accepts(compiler, grammar, "Sure. <tool_call>")
+    assert not accepts(compiler, grammar, "done</tool_call>")
+    assert not accepts(compiler, grammar, '3 <tool_call id="1" name="add" />')
+    assert not accepts(compiler, grammar, "<tool_check>{}</tool_check>")  # invented spelling
+    assert not accepts(compiler, grammar, "\n <answer>42</answer>")  # a leading tag
+    assert tool_grammar([], ToolChoice("none")) is None  # no tools: unconstrained
 
 
 def test_response_document_grammar(compiler):

@@ -271,4 +271,50 @@ def test_two_step_tool_example_completes(make_real_app):
     assert result.call_name == "stock_level"
     jsonschema.validate(result.call_arguments, module.TOOLS[0]["function"]["parameters"])
     assert result.tool_result == module.stock_level(result.call_arguments["city"])
-    assert result.answer.strip()
+    assert "<tool" not in result.answer and result.tool_result in result.answer, result.answer
+    assert result.ok  # what makes the example exit 0 (before: a <tool_call> block as content)
+
+
+def test_tool_choice_none_never_returns_call_markup(make_real_app):
+    """Tools given, tool_choice none (OpenAI) / {"type": "none"} (Anthropic), after a call and
+    its result (the example's second step): the model, shown the tools, writes a call again
+    (before: `<tool_call>...</tool_call>` or a spelling of its own as content); now the answer
+    is text without markup, streamed and whole, and no call."""
+    app = make_real_app()
+    extra = {"cache_salt": salt()}
+    args = '{"city": "Paris"}'
+    history = [{"role": "system", "content": "You are a store assistant. Use the tools."},
+               {"role": "user", "content": "What's the weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [{
+                   "id": "call_1", "type": "function",
+                   "function": {"name": "get_weather", "arguments": args}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+    claude_history = [
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                           "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": "18 degrees, sunny"}]}]
+    with serve(app) as server:
+        oai = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        body = dict(model=MODEL, messages=history, tools=OPENAI_TOOLS, tool_choice="none",
+                    max_tokens=40, temperature=0, extra_body=extra)
+        whole = oai.chat.completions.create(**body).choices[0]
+        chunks = list(oai.chat.completions.create(**body, stream=True))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        ask = dict(model=MODEL, system=history[0]["content"], messages=claude_history,
+                   tools=ANTHROPIC_TOOLS, tool_choice={"type": "none"}, max_tokens=40,
+                   extra_body={**extra, "temperature": 0})
+        answer = claude.messages.create(**ask)
+        with claude.messages.stream(**ask) as stream:
+            claude_streamed = "".join(stream.text_stream)
+        oai.close()
+        claude.close()
+    assert not whole.message.tool_calls and whole.finish_reason != "tool_calls"
+    assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+    assert [b.type for b in answer.content] == ["text"] and answer.stop_reason != "tool_use"
+    texts = [whole.message.content or "", streamed, answer.content[0].text, claude_streamed]
+    for text in texts:
+        assert text.strip() and "<tool" not in text and not text.lstrip().startswith("<"), text
+    assert streamed == texts[0] and claude_streamed == texts[2]

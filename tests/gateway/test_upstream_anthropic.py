@@ -45,6 +45,7 @@ class FakeAnthropic:
         self.bodies: list[dict[str, Any]] = []
         self.reply = reply or [{"type": "text", "text": "Shipped it."}]
         self.fail_mid_stream = False
+        self.stop: tuple[str, str | None] | None = None  # (stop_reason, stop_sequence) to send
 
     def usage(self, body: dict[str, Any]) -> dict[str, int]:
         """Reads: the longest cached prefix ending at most 20 blocks before a breakpoint."""
@@ -71,11 +72,15 @@ class FakeAnthropic:
         if not body.get("stream"):
             return httpx.Response(200, json={
                 "id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
-                "content": self.reply, "stop_reason": "tool_use" if any(
-                    b["type"] == "tool_use" for b in self.reply) else "end_turn",
-                "usage": usage})
+                "content": self.reply, **self.stop_fields(), "usage": usage})
         return httpx.Response(200, headers={"content-type": "text/event-stream"},
                               content=self.sse(body, usage))
+
+    def stop_fields(self) -> dict[str, Any]:
+        if self.stop is not None:
+            return {"stop_reason": self.stop[0], "stop_sequence": self.stop[1]}
+        tool = any(b["type"] == "tool_use" for b in self.reply)
+        return {"stop_reason": "tool_use" if tool else "end_turn", "stop_sequence": None}
 
     def sse(self, body: dict[str, Any], usage: dict[str, int]) -> bytes:
         start = {k: v for k, v in usage.items() if k != "output_tokens"} | {"output_tokens": 1}
@@ -96,7 +101,7 @@ class FakeAnthropic:
         else:
             events += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
                        ("message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": "end_turn"},
+                                          "delta": self.stop_fields(),
                                           "usage": {"output_tokens": 4}}),
                        ("message_stop", {"type": "message_stop"})]
         return "".join(f"event: {n}\ndata: {json.dumps(d)}\n\n" for n, d in events).encode()
@@ -206,6 +211,44 @@ async def test_agent_loop_reads_cache_reads_back(tmp_path: Path) -> None:
     assert rows[2].predicted_cached_tokens > 0
     sent = fake.bodies[1]
     assert _markers(sent) and all("x-api-key" not in json.dumps(b) for b in fake.bodies)
+    app.state.store.close()
+    await pool.aclose()
+
+
+@pytest.mark.parametrize(("stop", "finish"), [
+    (("stop_sequence", "##"), "stop"), (("refusal", None), "content_filter"),
+    (("pause_turn", None), "stop"), (("end_turn", None), "stop")])
+async def test_upstream_stop_reason_and_sequence_reach_the_client(
+    tmp_path: Path, stop: tuple[str, str | None], finish: str
+) -> None:
+    """An Anthropic upstream's stop_reason and stop_sequence reach an Anthropic client as they
+    are, whole and streamed (before: stop_sequence, refusal, pause_turn all became end_turn
+    with a null stop_sequence); an OpenAI client gets the nearest finish_reason."""
+    fake = FakeAnthropic()
+    fake.stop = stop
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    client = _sdk(app)
+    ask: dict[str, Any] = dict(model="claude-test", max_tokens=64, stop_sequences=["##"],
+                               messages=[{"role": "user", "content": "ship it"}])
+    whole = await client.messages.create(**ask)
+    async with client.messages.stream(**ask) as stream:
+        events = [e async for e in stream]
+        streamed = await stream.get_final_message()
+    for message in (whole, streamed):
+        assert (message.stop_reason, message.stop_sequence) == stop
+    deltas = [e.delta for e in events if e.type == "message_delta"]
+    assert [(d.stop_reason, d.stop_sequence) for d in deltas] == [stop]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        body = {"model": "claude-test", "max_tokens": 50,
+                "messages": [{"role": "user", "content": "ship it"}]}
+        r = await http.post("/v1/chat/completions", json=body)
+        s = await http.post("/v1/chat/completions", json={**body, "stream": True})
+    assert r.json()["choices"][0]["finish_reason"] == finish
+    chunks = [json.loads(line[6:]) for line in s.text.splitlines()
+              if line.startswith("data: {")]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == finish
     app.state.store.close()
     await pool.aclose()
 
