@@ -60,10 +60,9 @@ def _naive(rows: list[dict[str, Any]], key: str) -> dict[Any, tuple[int, int, in
     out: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0])
     for r in rows:
         acc = out[r[key]]
-        acc[0] += 1
-        if r["status"] < 400:
-            acc[1] += r["prompt_tokens"]
-            acc[2] += r["cached_tokens"]
+        acc[0] += 1  # every row's tokens: a failed or cut-short request keeps its work
+        acc[1] += r["prompt_tokens"]
+        acc[2] += r["cached_tokens"]
     return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 
