@@ -197,6 +197,7 @@ class _StreamState:
         self.text: list[str] = []
         self.tools: dict[int, dict[str, Any]] = {}
         self.finish: str | None = None
+        self.stop_string: str | None = None  # vLLM's / SGLang's matched stop string
         self.usage = OpenAIUsage(0, 0, None)
         self.usage_seen = False
         self.llamacpp = False  # the server sent llama.cpp's `timings` block
@@ -212,6 +213,12 @@ class _StreamState:
         slot["function"]["name"] += fn.get("name") or ""
         slot["function"]["arguments"] += fn.get("arguments") or ""
 
+    def take_stop(self, choice: dict[str, Any]) -> None:
+        """The stop string that ended the answer, where the server names it: vLLM's and
+        SGLang's `stop_reason` (or `matched_stop`) is the string, or a stop token's id."""
+        matched = choice.get("stop_reason", choice.get("matched_stop"))
+        self.stop_string = matched if isinstance(matched, str) and matched else None
+
     def take_chunk(self, chunk: dict[str, Any]) -> str:
         """Fold one chunk in; return its new text."""
         self.llamacpp = self.llamacpp or "timings" in chunk
@@ -226,6 +233,7 @@ class _StreamState:
         choice = choices[0]
         if choice.get("finish_reason"):
             self.finish = str(choice["finish_reason"])
+            self.take_stop(choice)
         delta = choice.get("delta")
         if delta is None:  # /completions stream
             return str(choice.get("text") or "")
@@ -334,7 +342,8 @@ class OpenAIUpstream(UpstreamBackend):
             cached_tokens=cached, reported_cached_tokens=state.usage.reported_cached_tokens,
             ttft=ttft, tpot=tpot, estimated=not state.usage_seen,
             prefill_saved_ms=cached * self._learn_prefill_rate(state.prefill_rate),
-        ), replica=self.replica)
+        ), replica=self.replica,
+            stop_sequence=state.stop_string if finish == "stop" and not tools else None)
 
     def _learn_prefill_rate(self, sample: float | None) -> float:
         """Fold `sample` into this replica's prefill ms per prompt token (a moving average of
@@ -357,6 +366,7 @@ class OpenAIUpstream(UpstreamBackend):
         state.llamacpp = "timings" in payload
         state.prefill_rate = prefill_rate(payload.get("timings"))
         state.finish = choice.get("finish_reason")
+        state.take_stop(choice)
         message = choice.get("message")
         if message is None:  # /completions
             state.text.append(str(choice.get("text") or ""))

@@ -467,3 +467,49 @@ async def test_an_upstream_gets_tool_schemas_the_engine_grammar_would_refuse(
     assert len(replica.state.replica.config.bodies) == 2  # the 400s reached no upstream
     app.state.store.close()
     await pool.aclose()
+
+
+@pytest.mark.parametrize(("matched", "reason", "sequence"), [
+    ("END", "stop_sequence", "END"),  # vLLM: the stop string that matched
+    (32000, "end_turn", None),  # a stop token's id
+    (None, "end_turn", None)])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_matched_stop_string_reaches_an_anthropic_client(
+        tmp_path: Path, matched: Any, reason: str, sequence: str | None, stream: bool) -> None:
+    """An OpenAI-compatible server's `stop_reason` (vLLM's matched stop string) becomes
+    Anthropic's stop_reason "stop_sequence" and stop_sequence, whole and streamed."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not json.loads(request.content)["stream"]:
+            return httpx.Response(200, json={
+                "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "one two"},
+                             "finish_reason": "stop", "stop_reason": matched}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+        chunks = [{"choices": [{"index": 0, "delta": {"content": "one two"},
+                                "finish_reason": None}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop",
+                                "stop_reason": matched}]}]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=body.encode(),
+                              headers={"content-type": "text/event-stream"})
+
+    pool = pool_over_handler(handler)
+    app = gateway_app(tmp_path, pool)
+    body = {"model": "m", "max_tokens": 8, "stop_sequences": ["END"], "stream": stream,
+            "messages": [{"role": "user", "content": "count"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json=body)
+        chat = await client.post("/v1/chat/completions", json={
+            "model": "m", "stop": ["END"], "messages": [{"role": "user", "content": "count"}]})
+    assert r.status_code == 200, r.text
+    if stream:
+        deltas = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: ") and '"message_delta"' in line]
+        got = (deltas[-1]["delta"]["stop_reason"], deltas[-1]["delta"]["stop_sequence"])
+    else:
+        got = (r.json()["stop_reason"], r.json()["stop_sequence"])
+    assert got == (reason, sequence)
+    assert chat.json()["choices"][0]["finish_reason"] == "stop"  # OpenAI's stays "stop"
+    app.state.store.close()
+    await pool.aclose()
