@@ -99,11 +99,16 @@ class MessageEvents:
         return event("message_start", {"type": "message_start", "message": message})
 
     def _open_text(self) -> bytes:
-        out = self._close_block() if self.tool_open or self.passed_open else b""
+        out = self._close_open()  # a text block never follows itself open
         self.text_open = True
         block = {"type": "text", "text": ""}
         return out + event("content_block_start",
                      {"type": "content_block_start", "index": self.index, "content_block": block})
+
+    def _close_open(self) -> bytes:
+        """The open block's stop event, if one is open."""
+        return self._close_block() if self.text_open or self.tool_open or self.passed_open \
+            else b""
 
     def _close_block(self) -> bytes:
         out = event("content_block_stop", {"type": "content_block_stop", "index": self.index})
@@ -134,8 +139,7 @@ class MessageEvents:
             return self._close_block() if self.passed_open else b""
         out = b""
         if kind == "content_block_start":
-            out = self._close_block() if self.text_open or self.tool_open or self.passed_open \
-                else b""
+            out = self._close_open()
             self.passed_open = True
         elif not self.passed_open:
             return b""
@@ -144,8 +148,7 @@ class MessageEvents:
     def _tool_piece(self, piece: ToolCallDelta) -> bytes:
         out = b""
         if piece.id is not None:
-            out += self._close_block() if self.text_open or self.tool_open or self.passed_open \
-                else b""
+            out += self._close_open()
             self.tool_open, self.streamed_calls = True, piece.index + 1
             block: dict[str, Any] = {"type": "tool_use", "id": piece.id, "name": piece.name,
                                      "input": {}}
@@ -158,9 +161,7 @@ class MessageEvents:
         return out
 
     def final(self, final: Final) -> bytes:
-        out = b""
-        if self.text_open or self.tool_open or self.passed_open:
-            out += self._close_block()
+        out = self._close_open()
         for call in final.tool_calls[self.streamed_calls :]:
             out += self._tool_use(call)
         delta = stop_fields(final)

@@ -187,12 +187,9 @@ class AnthropicUpstream(UpstreamBackend):
         endpoint, passed the fields that endpoint takes)."""
         body = {k: req.body[k] for k in COUNT_FIELDS if k in req.body}
         body["model"] = req.model
-        if req.anthropic_beta is None:
-            payload = await self._post_json(self._count_url, body)
-        else:
-            request = self._post(self._with_beta(self._count_url, req.anthropic_beta),
-                                 dumps_body(body))
-            payload = await fetch_json(self._transport, request, self.replica)
+        request = self._post(self._with_beta(self._count_url, req.anthropic_beta),
+                             dumps_body(body))
+        payload = await fetch_json(self._transport, request, self.replica)
         tokens = payload.get("input_tokens") if isinstance(payload, dict) else None
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise BackendError(502, f"upstream {self.replica} sent no input_tokens",
@@ -205,9 +202,11 @@ class AnthropicUpstream(UpstreamBackend):
             headers["x-api-key"] = self.options.api_key
         return headers
 
-    def _with_beta(self, url: httpx.URL, beta: str) -> PostTemplate:
-        """The template of POSTs to `url` carrying the client's `anthropic-beta` header (the
-        last few values' templates are kept: a client sends one value, or a few)."""
+    def _with_beta(self, url: httpx.URL, beta: str | None) -> PostTemplate:
+        """The template of POSTs to `url` carrying the client's `anthropic-beta` header, if
+        any (the last few values' templates are kept: a client sends one value, or a few)."""
+        if beta is None:
+            return self._template(url)
         key = (str(url), beta)
         found = self._beta_templates.get(key)
         if found is None:

@@ -253,13 +253,19 @@ async def test_upstream_stop_reason_and_sequence_reach_the_client(
     await pool.aclose()
 
 
-async def test_openai_client_with_tools_on_anthropic_upstream(tmp_path: Path) -> None:
+def _read_file_gateway(tmp_path: Path) -> tuple[FakeAnthropic, Any, Any, list[dict[str, Any]]]:
+    """A gateway over a fake Anthropic upstream that answers with a read_file call, and that
+    tool in OpenAI's form."""
     fake = FakeAnthropic(reply=[{"type": "tool_use", "id": "toolu_1", "name": "read_file",
                                  "input": {"path": "setup.py"}}])
     pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
-    app = gateway_app(tmp_path, pool)
     tools = [{"type": "function", "function": {"name": "read_file", "description": "read",
                                                "parameters": TOOL["input_schema"]}}]
+    return fake, pool, gateway_app(tmp_path, pool), tools
+
+
+async def test_openai_client_with_tools_on_anthropic_upstream(tmp_path: Path) -> None:
+    fake, pool, app, tools = _read_file_gateway(tmp_path)
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "open a file"},
             {"role": "assistant", "content": None, "tool_calls": [{
                 "id": "c1", "type": "function",
@@ -381,12 +387,7 @@ async def test_an_openai_tool_choice_reaches_an_anthropic_upstream(
     """OpenAI's tool_choice and parallel_tool_calls become the Messages tool_choice (they were
     dropped, so a forced call was left to the model); response_format json_schema becomes
     output_config.format."""
-    fake = FakeAnthropic(reply=[{"type": "tool_use", "id": "toolu_1", "name": "read_file",
-                                 "input": {"path": "setup.py"}}])
-    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
-    app = gateway_app(tmp_path, pool)
-    tools = [{"type": "function", "function": {"name": "read_file", "description": "read",
-                                               "parameters": TOOL["input_schema"]}}]
+    fake, pool, app, tools = _read_file_gateway(tmp_path)
     schema = {"type": "object", "properties": {"path": {"type": "string"}}}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://gw") as client:
