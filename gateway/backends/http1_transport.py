@@ -12,8 +12,11 @@ small machine is the Python its requests run through, cache-cold.
   for one), idle ones kept `keepalive_expiry` seconds, the most recently used first;
 - timeouts from the request's `timeout` extension: `connect`, `read` (each wait for the head or
   a body chunk), `pool`; no write timeout (a write is handed to the event loop at once);
-- a connection that was kept idle and is found closed, or closes before any byte of its answer,
-  raises `httpx.RemoteProtocolError` (`upstream_http.send` retries such a request once);
+- a connection that was kept idle and closes before any byte of its answer raises
+  `httpx.RemoteProtocolError` (`upstream_http.send` retries such a request once: the server
+  dropped it while idle and took nothing); any other failed answer (a new connection closed
+  unanswered, an answer cut or malformed after its first byte) raises `AnswerFailed`, never
+  retried: the server may have taken the request, and a POST sent twice is run twice;
 - TLS with certifi's store (`tls_context`), HTTP/1.1 only; bodies pass through undecoded
   (httpx decodes `content-encoding`); answers framed by length, by chunks or by the close;
 - an origin the environment routes through a proxy (`HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`,
@@ -47,6 +50,11 @@ from gateway.types import REQUEST_SENT
 HIGH_WATER = 256 << 10  # unread answer bytes past which a connection stops reading
 
 
+class AnswerFailed(httpx.RemoteProtocolError):
+    """An answer that failed where the server may have taken its request (see the module
+    docstring): never sent again."""
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection and the answer being read from it."""
 
@@ -56,6 +64,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
         self.idle_since = 0.0
+        self.requests = 0  # sent on this connection (past one: a kept connection)
         self._reset()
 
     def _reset(self) -> None:
@@ -120,6 +129,7 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
         self._reset()
+        self.requests += 1
         self.transport.writelines((head, body))
 
     async def head(self, timeout: float | None, request: httpx.Request) -> int:
@@ -157,7 +167,9 @@ class _Connection(asyncio.Protocol):
 
     def _raise_error(self, request: httpx.Request) -> None:
         if self.error is not None:
-            raise httpx.RemoteProtocolError(self.error, request=request)
+            stale = self.requests > 1 and not self.heard  # dropped while idle: nothing taken
+            kind = httpx.RemoteProtocolError if stale else AnswerFailed
+            raise kind(self.error, request=request)
 
     async def _wait(self, timeout: float | None, request: httpx.Request) -> None:
         loop = asyncio.get_running_loop()

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import httpx
 import orjson
 
-from gateway.backends.http1_transport import AnswerBody, Http1Transport
+from gateway.backends.http1_transport import AnswerBody, AnswerFailed, Http1Transport
 from gateway.types import BackendError, Final, TextDelta
 
 REPLICA_FAULT_KINDS = frozenset(
@@ -117,10 +117,14 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request) -> h
     """Send `request` straight to the client's transport (the request is built complete:
     headers, timeouts; no cookies, auth or redirects to apply), its body streamed; retry once
     when a pooled keep-alive connection turns out closed before any response byte arrived (the
-    server dropped it while idle: nothing was processed)."""
+    server dropped it while idle: nothing was processed). Never when the transport says the
+    server may have taken the request (`AnswerFailed`: a new connection, or an answer that
+    had begun): the upstream would run it twice."""
     try:
         response = await transport.handle_async_request(request)
-    except STALE_CONNECTION_ERRORS:
+    except STALE_CONNECTION_ERRORS as exc:
+        if isinstance(exc, AnswerFailed):
+            raise
         response = await transport.handle_async_request(request)
     response.request = request
     return response

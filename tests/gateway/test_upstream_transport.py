@@ -266,6 +266,25 @@ async def test_a_silent_close_on_a_kept_connection_is_retried_once() -> None:
     assert server.connections == 2 and server.requests == 3
 
 
+@pytest.mark.parametrize("answer", [
+    None,  # a new connection closed unanswered (the server may have crashed on the request)
+    b"HTTP/1.1 20",  # half a status line, then the close
+    b"HTTP/1.1 200 OK\r\nnot a header\r\n\r\n",  # an answer the parser refuses
+])
+async def test_a_failed_answer_that_is_not_a_stale_kept_connection_is_sent_once(
+        answer: bytes | None) -> None:
+    """Only a kept connection closed before any byte of its answer is retried: a POST that
+    a new connection, or an answer already begun, may have delivered is never sent again
+    (the upstream would run, and bill, it twice); the failure is the request's error."""
+    server = _RawServer(lambda n: answer, close_after=True)
+    async with server as url:
+        transport = Http1Transport()
+        with pytest.raises(httpx.RemoteProtocolError):
+            await _post(transport, url)
+        await transport.aclose()
+    assert server.requests == 1
+
+
 async def test_answers_framed_by_chunks_and_by_the_close_are_read_whole() -> None:
     payload = b"x" * (600 << 10)  # past the high-water mark: reading pauses and resumes
     chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"".join(
