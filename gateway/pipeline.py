@@ -107,7 +107,7 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
         return Response(status_code=CLIENT_CLOSED)
     req, stream, first = started
     if req.stream:
-        return streaming_response(gw, ticket, req, first, stream)
+        return await _stream_response(gw, ticket, req, first, stream)
     return await _json_response(gw, request, ticket, req, first, stream)
 
 
@@ -285,6 +285,19 @@ async def _first(stream: AsyncIterator[TextDelta | Final]) -> TextDelta | Final:
         return await anext(stream)
     except StopAsyncIteration:
         raise BackendError(502, "backend returned no output") from None
+
+
+async def _stream_response(
+    gw: Gateway, ticket: Ticket, req: ChatRequest,
+    first: TextDelta | Final, stream: AsyncIterator[TextDelta | Final],
+) -> Response:
+    """The streamed answer; a failure to render its head is a 500 like any other (the
+    backend stream closed, the slot given back with the one record)."""
+    try:
+        return streaming_response(gw, ticket, req, first, stream)
+    except Exception as exc:  # noqa: BLE001 - a renderer bug must not leak the request
+        await close_stream(stream)
+        return _error_response(gw, ticket, internal_error(exc))
 
 
 def _error_response(gw: Gateway, ticket: Ticket, err: ApiError) -> Response:

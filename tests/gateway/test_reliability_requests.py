@@ -278,6 +278,29 @@ async def test_client_gone_while_queued_leaves_the_queue(make_fake_app) -> None:
     assert admission.running == 0
 
 
+@pytest.mark.parametrize(("route", "good", "provider"), ROUTES)
+async def test_a_stream_whose_head_fails_to_render_ends_cleanly(make_fake_app, fake_backend,
+                                                                route, good, provider) -> None:
+    """A renderer that fails on a stream's head (after the backend's first item) is the
+    gateway's 500 in the caller's format, with one record, its slot given back and the
+    backend stream closed (an engine request is aborted), not a bare 500 that leaks them."""
+    import dataclasses
+
+    app = make_fake_app()
+
+    def failing_head(req: ChatRequest, early: Usage | None) -> tuple[Any, bytes]:
+        raise RuntimeError("renderer bug")
+
+    app.api[route] = dataclasses.replace(app.api[route], stream_start=failing_head)
+    async with asgi_client(app) as http:
+        response = await http.post(route, json={**good, "stream": True})
+    assert "internal gateway error" in assert_error_format(response, provider, 500)
+    assert [r.status for r in records(app)] == [500]
+    assert app.state.gateway.admission.running == 0
+    assert len(fake_backend.seen) == 1 and fake_backend.aborted == [
+        fake_backend.seen[0].request_id]
+
+
 # ------------------------------------------------------------------ 5: the loop stays free
 
 
