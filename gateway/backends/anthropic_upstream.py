@@ -28,6 +28,7 @@ from gateway.backends.upstream_http import (
     iter_sse,
     loads_event,
     stream_error_event,
+    token_count,
 )
 from gateway.evolve import evolve
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, ToolCallDelta, Usage
@@ -55,10 +56,12 @@ def read_usage(usage: Any, completion: int | None = None) -> AnthropicUsage:
     if not isinstance(usage, dict):
         return AnthropicUsage(0, completion or 0, None)
     read = usage.get("cache_read_input_tokens")
-    prompt = sum(int(usage.get(k) or 0) for k in
+    prompt = sum(token_count(usage.get(k), f"usage.{k}") for k in
                  ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
-    out = completion if completion is not None else int(usage.get("output_tokens") or 0)
-    return AnthropicUsage(prompt, out, int(read) if isinstance(read, int | float) else None)
+    out = completion if completion is not None else token_count(
+        usage.get("output_tokens"), "usage.output_tokens")
+    cached = None if read is None else token_count(read, "usage.cache_read_input_tokens")
+    return AnthropicUsage(prompt, out, cached)
 
 
 def build_body(req: ChatRequest) -> dict[str, Any]:
@@ -119,7 +122,7 @@ class _StreamState:
             self.start_usage = dict((event.get("message") or {}).get("usage") or {})
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
-            index = int(event.get("index", 0))
+            index = token_count(event.get("index"), "index")
             if block.get("type") == "tool_use":
                 self.tools[index] = (block, [])
                 self.ordinals[index] = len(self.ordinals)
@@ -132,7 +135,7 @@ class _StreamState:
                 self.events.append(event)
         elif kind == "content_block_delta":
             delta = event.get("delta") or {}
-            index = int(event.get("index", 0))
+            index = token_count(event.get("index"), "index")
             if delta.get("type") == "text_delta":
                 return str(delta.get("text") or "")
             if index in self.passed:
@@ -145,7 +148,7 @@ class _StreamState:
                     if self.passthrough and piece:
                         self.calls.append(ToolCallDelta(self.ordinals[index], piece))
         elif kind == "content_block_stop":
-            if int(event.get("index", 0)) in self.passed:
+            if token_count(event.get("index"), "index") in self.passed:
                 self.events.append(event)
         elif kind == "message_delta":
             delta = event.get("delta") or {}
@@ -153,7 +156,7 @@ class _StreamState:
             self.stop_sequence = delta.get("stop_sequence") or self.stop_sequence
             usage = event.get("usage") or {}
             if "output_tokens" in usage:
-                self.output_tokens = int(usage["output_tokens"])
+                self.output_tokens = token_count(usage["output_tokens"], "usage.output_tokens")
             self.start_usage.update({k: v for k, v in usage.items() if k != "output_tokens"})
         elif kind == "message_stop":
             self.stopped = True

@@ -27,6 +27,7 @@ from gateway.backends.upstream_http import (
     iter_sse,
     loads_event,
     stream_error_event,
+    token_count,
 )
 from gateway.salt import SaltMode, salt_upstream_body
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
@@ -57,9 +58,9 @@ def read_usage(usage: Any, timings: Any = None) -> OpenAIUsage:
     if cached is None and isinstance(timings, dict):
         cached = timings.get("cache_n")  # llama.cpp server
     return OpenAIUsage(
-        int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-        int(cached) if isinstance(cached, int | float) else None,
+        token_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+        token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
+        None if cached is None else token_count(cached, "usage's cached tokens"),
     )
 
 
@@ -206,7 +207,7 @@ class _StreamState:
         self.done = False
 
     def add_tool_delta(self, delta: dict[str, Any]) -> None:
-        slot = self.tools.setdefault(int(delta.get("index", 0)), {
+        slot = self.tools.setdefault(token_count(delta.get("index"), "tool_calls.index"), {
             "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
         slot["id"] = delta.get("id") or slot["id"]
         fn = delta.get("function") or {}

@@ -237,6 +237,34 @@ def is_replica_fault(err: BackendError) -> bool:
     return err.kind in REPLICA_FAULT_KINDS
 
 
+class MalformedAnswer(ValueError):
+    """A 2xx answer whose fields are not what the provider's API says they are."""
+
+
+def token_count(value: Any, field: str) -> int:
+    """A count the upstream reported (absent: 0): a whole number >= 0, else `MalformedAnswer`
+    naming the field (a count of "many" or -4 is no count at all)."""
+    if value is None:
+        return 0
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 <= value < 1 << 63 or value != int(value)):
+        raise MalformedAnswer(f"{field} is {str(value)[:40]!r}, not a count")
+    return int(value)
+
+
+def malformed_answer(exc: Exception, replica: str, *, started: bool) -> BackendError:
+    """A 2xx answer the gateway cannot read: JSON that does not parse, or fields of the wrong
+    kind (the replica's fault, not the request's)."""
+    if isinstance(exc, orjson.JSONDecodeError):
+        what = "malformed JSON"
+    elif isinstance(exc, MalformedAnswer):
+        what = f"a malformed answer: {exc}"
+    else:
+        what = f"a malformed answer ({type(exc).__name__})"
+    kind = "upstream_stream_cut" if started else "upstream_error"
+    return BackendError(502, f"upstream {replica} sent {what}", kind=kind)
+
+
 def loads_event(data: str, replica: str) -> dict[str, Any]:
     """Decode one SSE data payload, as a stream-cut error when it is not a JSON object."""
     try:
@@ -312,6 +340,5 @@ async def exchange(
             await response.aclose()
     except httpx.HTTPError as exc:
         raise transport_error(exc, replica, started=started) from None
-    except ValueError as exc:  # a 2xx with a body that is not JSON
-        raise BackendError(502, f"upstream {replica} sent malformed JSON",
-                           kind="upstream_error") from exc
+    except (ValueError, TypeError, AttributeError) as exc:  # a 2xx the API would not send
+        raise malformed_answer(exc, replica, started=started) from exc

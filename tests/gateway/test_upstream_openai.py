@@ -281,6 +281,74 @@ async def test_upstream_faults_become_client_errors(
     await pool.aclose()
 
 
+def _bad_usage_handler(kind: str, bad: Any) -> Any:
+    """An upstream whose answers are right but for a token count that is no count."""
+    def openai(body: dict[str, Any]) -> httpx.Response:
+        usage = {"prompt_tokens": bad, "completion_tokens": 1}
+        if not body.get("stream"):
+            return httpx.Response(200, json={"choices": [{
+                "index": 0, "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop"}], "usage": usage})
+        chunks = [{"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                  {"choices": [], "usage": usage}]
+        return _sse([f"data: {json.dumps(c)}" for c in chunks] + ["data: [DONE]"])
+
+    def anthropic(body: dict[str, Any]) -> httpx.Response:
+        usage = {"input_tokens": bad, "output_tokens": 1}
+        if not body.get("stream"):
+            return httpx.Response(200, json={
+                "id": "m", "type": "message", "role": "assistant", "model": "m",
+                "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+                "usage": usage})
+        events = [("message_start", {"message": {"usage": {"output_tokens": 0}}}),
+                  ("content_block_start", {"index": 0, "content_block": {"type": "text"}}),
+                  ("content_block_delta", {"index": 0, "delta": {
+                      "type": "text_delta", "text": "ok"}}),
+                  ("content_block_stop", {"index": 0}),
+                  ("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": usage}),
+                  ("message_stop", {})]
+        return _sse([f"event: {e}\ndata: {json.dumps({'type': e, **d})}" for e, d in events])
+
+    answer = openai if kind == "openai" else anthropic
+    return lambda request: answer(json.loads(request.content))
+
+
+def _sse(events: list[str]) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                          content="".join(f"{e}\n\n" for e in events).encode())
+
+
+@pytest.mark.parametrize("bad", ["many", [3], -4, 2.5])
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_token_count_that_is_no_count_is_the_upstreams_fault(
+        tmp_path: Path, kind: str, bad: Any, stream: bool) -> None:
+    """A provider's usage whose count is not a whole number >= 0 is a 502 naming the field
+    (whole) or the stream's error event (streamed), recorded against the replica; never the
+    gateway's own 500, never a count made up from it."""
+    url = "https://anthropic.test" if kind == "anthropic" else "http://up.test/v1"
+    pool = pool_over_handler(_bad_usage_handler(kind, bad), kind=kind, url=url)
+    app = gateway_app(tmp_path, pool)
+    field = "usage.prompt_tokens" if kind == "openai" else "usage.input_tokens"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/chat/completions", json={
+            "model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+        if stream:
+            assert r.status_code == 200  # the head went out with the first text
+            error = json.loads(r.text.split("data: ")[-2].split("\n")[0])["error"]
+        else:
+            assert r.status_code == 502
+            error = r.json()["error"]
+        assert field in error["message"] and "upstream up" in error["message"]
+        assert error["code"] == ("upstream_stream_cut" if stream else "upstream_error")
+    [row] = records(app)
+    assert row.status == 502 and row.replica == "up" and field in (row.error or "")
+    app.state.store.close()
+    await pool.aclose()
+
+
 @pytest.mark.parametrize(("upstream", "status"), [(429, 429), (503, 502)])
 async def test_the_providers_retry_after_reaches_the_client(
         tmp_path: Path, upstream: int, status: int) -> None:
