@@ -102,6 +102,9 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:  # noqa: BLE001 - a bug must not take the gateway down
         return _error_response(gw, ticket, internal_error(exc))
+    except asyncio.CancelledError:  # by the server (a forced shutdown): still one record
+        record(gw, ticket, CLIENT_CLOSED, None, error="cancelled")
+        raise
     if started is None:
         record(gw, ticket, CLIENT_CLOSED, None, error="client disconnected before the answer")
         return Response(status_code=CLIENT_CLOSED)

@@ -215,8 +215,10 @@ async def test_overloaded_is_an_error_with_retry_after() -> None:
 # ------------------------------------------------------------------ 7: disconnects
 
 
-async def _abandon(app: Any, body: dict[str, Any], until: Any) -> list[dict[str, Any]]:
-    """Send `body` over raw ASGI and disconnect once `until()` is true; the messages sent."""
+async def _abandon(app: Any, body: dict[str, Any], until: Any,
+                   cancel: bool = False) -> list[dict[str, Any]]:
+    """Send `body` over raw ASGI and disconnect once `until()` is true (`cancel`: cancel the
+    app's task instead, as a server shutting down does); the messages sent."""
     raw = json.dumps(body).encode()
     gone = asyncio.Event()
     sent: list[dict[str, Any]] = []
@@ -241,6 +243,11 @@ async def _abandon(app: Any, body: dict[str, Any], until: Any) -> list[dict[str,
     task = asyncio.ensure_future(app(scope, receive, send))
     while not until():
         await asyncio.sleep(0.01)
+    if cancel:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return sent
     gone.set()
     await asyncio.wait_for(task, 10)
     return sent
@@ -259,6 +266,38 @@ async def test_client_gone_before_the_first_token_aborts_and_records_499(make_fa
     assert [(r.status, r.error) for r in records(app)] == [
         (499, "client disconnected before the answer")]
     assert app.state.gateway.admission.running == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("queued", [False, True])
+async def test_a_request_cancelled_by_the_server_keeps_its_record(make_fake_app, stream,
+                                                                  queued) -> None:
+    """A handler cancelled from outside (a server's forced shutdown) before its answer, while
+    waiting for the backend or queued for a slot, still writes its one record and gives its
+    slot back; the backend's work is aborted."""
+    backend = GatedBackend()
+    app = make_fake_app(max_concurrency=1)
+    app.state.gateway.backend = backend
+    admission = app.state.gateway.admission
+    body = {**CHAT, "stream": stream}
+    async with asgi_client(app) as http:
+        if not queued:
+            await _abandon(app, body, lambda: backend.started, cancel=True)
+            assert len(backend.aborted) == 1
+        else:
+            running = asyncio.ensure_future(http.post("/v1/chat/completions", json=CHAT))
+            while not backend.started:
+                await asyncio.sleep(0.01)
+            await _abandon(app, body, lambda: admission.queued == 1, cancel=True)
+            assert admission.queued == 0
+            backend.gate.set()
+            assert (await running).status_code == 200
+        metrics = (await http.get("/metrics")).text
+    rows = records(app)
+    assert sorted((r.status, r.error) for r in rows) == sorted(
+        [(499, "cancelled")] + ([(200, None)] if queued else []))
+    assert admission.running == 0 and admission.queued == 0
+    assert "\nprefixgate_requests_in_flight 0.0\n" in metrics
 
 
 async def test_client_gone_while_queued_leaves_the_queue(make_fake_app) -> None:
