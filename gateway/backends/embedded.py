@@ -33,7 +33,8 @@ from gateway.tool_stream import ToolCallStream
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, TokenCount, Usage
 
 log = logging.getLogger("prefixgate.embedded")
-FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+ABORTED = "the engine aborted the request before its answer was complete (it is shutting down)"
 REQUEST_PARAMS = {"prompt": "messages", "messages": "messages", "request_id": "request_id"}
 """The client-facing field of each engine `InvalidRequest.field`."""
 
@@ -132,6 +133,8 @@ class EmbeddedBackend:
         try:
             async for delta in self.engine.stream(ids, params, namespace=req.namespace,
                                                   request_id=req.request_id):
+                if delta.output is not None and delta.output.finish_reason == "abort":
+                    raise EngineUnavailable(ABORTED)  # a cut answer is not a finished one
                 tokens += len(delta.token_ids)
                 text, calls = filt.feed(delta.text) if filt else (delta.text, [])
                 saved_ms = delta.prefill_saved_ms if saved_ms is None else saved_ms

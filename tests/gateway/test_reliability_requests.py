@@ -523,3 +523,42 @@ async def test_abandoned_requests_free_the_real_engine(make_real_app, real_backe
                                 "model": "smollm2-135m-instruct", "max_tokens": 4})
         assert fresh.status_code == 200
     assert sorted(r.status for r in records(app)) == [200, 499, 499, 499, 499]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_engine_abort_is_not_a_finished_answer(make_real_app, real_backend,
+                                                        stream) -> None:
+    """A request the engine aborts on its own (as its shutdown aborts every request) is a 503
+    in the caller's format (whole) or the stream's error event, recorded as such; never a 200
+    whose cut text says it finished ("stop")."""
+    app = make_real_app(max_tokens_cap=2000)
+    engine = real_backend.engine
+    body = {"model": "smollm2-135m-instruct", "max_tokens": 2000, "temperature": 0,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Tell a very long story. " * 4}]}
+
+    async def abort_when_running() -> None:
+        while not engine.stats().running:
+            await asyncio.sleep(0.02)
+        [rid] = [r for r in await _running_ids(engine)]
+        assert await engine.abort(rid)
+
+    async with asgi_client(app, timeout=120) as http:
+        aborter = asyncio.ensure_future(abort_when_running())
+        response = await http.post("/v1/chat/completions", json=body)
+        await aborter
+    if stream:
+        assert response.status_code == 200
+        last = [line for line in response.text.splitlines() if line.startswith("data: {")][-1]
+        error = json.loads(last[6:])["error"]
+        assert error["type"] and "aborted" in error["message"]
+    else:
+        assert "aborted" in assert_error_format(response, "openai", 503)
+    [row] = records(app)
+    assert row.status == 503 and "aborted" in (row.error or "")
+
+
+async def _running_ids(engine: Any) -> list[str]:
+    """The ids of the requests the engine runs now (read on its loop thread)."""
+    return [seq.request_id for seq in engine.engine.scheduler.running]
+
