@@ -7,7 +7,8 @@ top_k (vLLM's extension: -1 or 0 for every token), max_tokens / max_completion_t
 seed, n=1, presence/frequency penalties, logit_bias (token id text -> [-100, 100]), user,
 metadata (string values), cache_salt; /v1/completions: prompt, best_of=1, an empty suffix (an
 upstream gets other values). Refused with a 400 naming the field: n > 1, logprobs /
-top_logprobs, echo. Unknown extra fields are ignored, as the SDKs add new ones.
+top_logprobs, echo, and for the embedded engine the legacy `functions` / `function_call`.
+Unknown extra fields are ignored, as the SDKs add new ones.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     constraint = _constraint(body, tools, ctx.grammar)
     _metadata(body)
+    if ctx.embedded:
+        no_legacy_functions(body)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -98,6 +101,20 @@ def _completion_fields(body: dict[str, Any], ctx: ParseContext) -> None:
     if suffix:
         raise invalid("'suffix' is not supported: a completion only continues the prompt",
                       "suffix")
+
+
+LEGACY_FUNCTION_FIELDS = (("functions", "tools"), ("function_call", "tool_choice"))
+
+
+def no_legacy_functions(body: dict[str, Any]) -> None:
+    """`functions` / `function_call`, the deprecated form of `tools` / `tool_choice`: the
+    answer carries calls only as `tool_calls`, so either one is a 400 naming it and its
+    replacement, never silently ignored (the model answered as if it had no functions). An
+    OpenAI-compatible upstream gets them in the body and answers for them."""
+    for name, replacement in LEGACY_FUNCTION_FIELDS:
+        if body.get(name) not in (None, []):
+            raise invalid(f"'{name}' is not supported: send '{replacement}' instead (the "
+                          "answer's calls come back as 'tool_calls')", name)
 
 
 def _metadata(body: dict[str, Any]) -> None:

@@ -238,6 +238,25 @@ async def test_completions_refuse_best_of_and_suffix(make_fake_app, extra, param
         assert out.choices[0].text == "echo: alpha"
 
 
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"functions": [{"name": "get_weather", "parameters": {"type": "object"}}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"function_call": {"name": "get_weather"}}, "function_call")])
+async def test_legacy_function_fields_are_refused(make_fake_app, extra, param):
+    """The deprecated `functions` / `function_call` were ignored, so the model answered as if
+    it had no functions: a 400 naming the field; `tools` serves the same request."""
+    client = async_sdk(make_fake_app())
+    messages = [{"role": "user", "content": "weather?"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=FAKE_MODEL, messages=messages,
+                                             extra_body=extra)
+    assert refused.value.body["param"] == param
+    assert "tool" in refused.value.body["message"]
+    out = await client.chat.completions.create(model=FAKE_MODEL, messages=messages,
+                                               tools=TOOLS, extra_body={"functions": []})
+    assert out.choices[0].finish_reason in ("stop", "tool_calls")
+
+
 async def test_vllm_top_k_extension_is_honoured(make_fake_app, fake_backend: FakeBackend):
     """OpenAI has no top_k; vLLM-style servers take it (-1 or 0: every token), and so does the
     engine: it reaches the backend, and a bad one is a 400 naming it."""
