@@ -38,6 +38,7 @@ from gateway.validate import (
     opt_str,
     req_list,
     stop_strings,
+    tool_round_trip_break,
 )
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -52,6 +53,7 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     _metadata(body)
     if ctx.embedded:
         no_legacy_functions(body)
+        _check_round_trips(messages)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -263,6 +265,25 @@ def _checked_message(msg: Any, i: int) -> dict[str, Any]:
     if msg.get("name") is not None and not isinstance(msg["name"], str):
         raise invalid(f"'{path}.name' must be a string", f"{path}.name")
     return msg
+
+
+def _check_round_trips(messages: tuple[dict[str, Any], ...]) -> None:
+    """Every tool message answers a call of the assistant message its run follows, and every
+    call is answered before the conversation moves on, as OpenAI requires: the engine renders
+    results in order, without their ids, so a stray or missing one would reach the model as
+    the answer to another call."""
+    broken = tool_round_trip_break(messages)
+    if broken is None:
+        return
+    i, call_id = broken
+    if messages[i]["role"] == "tool":
+        path = f"messages[{i}].tool_call_id"
+        raise invalid(f"'{path}' is {call_id!r}, which answers no tool call of the assistant "
+                      "message its tool messages follow", path)
+    path = f"messages[{i}].tool_calls"
+    raise invalid(f"'{path}' has a call {call_id!r} that no tool message answers: an assistant "
+                  "message with tool_calls must be followed by a tool message for each call",
+                  path)
 
 
 def _check_content(content: Any, path: str) -> None:

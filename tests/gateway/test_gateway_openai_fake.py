@@ -96,6 +96,40 @@ async def test_tool_call_round_trip(make_fake_app, fake_backend: FakeBackend):
     assert fake_backend.seen[-1].messages[1]["tool_calls"][0]["id"] == call.id
 
 
+def _calls(*ids: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}} for i in ids]}
+
+
+def _result(call_id: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": "sunny"}
+
+
+ASK = {"role": "user", "content": "weather in Oslo and Rome?"}
+
+
+@pytest.mark.parametrize(("history", "param"), [
+    ([ASK, _calls("c1"), _result("zz")], "messages[2].tool_call_id"),
+    ([ASK, _result("c1")], "messages[1].tool_call_id"),
+    ([ASK, _calls("c1", "c2"), _result("c1"), ASK], "messages[1].tool_calls"),
+    ([ASK, _calls("c1"), ASK], "messages[1].tool_calls"),
+    ([ASK, _calls("c1"), _result("c1"), ASK, _result("c1")], "messages[4].tool_call_id")])
+async def test_broken_tool_round_trips_are_refused(make_fake_app, history, param):
+    """OpenAI's rule: a tool message answers a call of the assistant message its run of tool
+    messages follows, and each call is answered before the conversation goes on. Both breaks
+    were served (results are rendered by position, so the model read one as another call's
+    answer): a 400 naming the message; closed round trips, in any order, are served."""
+    client = async_sdk(make_fake_app())
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=FAKE_MODEL, messages=history, tools=TOOLS)
+    assert refused.value.body["param"] == param
+    for fine in ([ASK, _calls("c1", "c2"), _result("c2"), _result("c1"), ASK],
+                 [ASK, _calls("c1"), _result("c1")], [ASK, _calls("c1")]):
+        out = await client.chat.completions.create(model=FAKE_MODEL, messages=fine, tools=TOOLS)
+        assert out.choices[0].finish_reason == "stop"
+
+
 async def test_streamed_tool_call(make_fake_app):
     client = async_sdk(make_fake_app())
     stream = await client.chat.completions.create(
