@@ -6,14 +6,15 @@ or text parts, tools (function tools, `strict`), tool_choice, parallel_tool_call
 top_k (vLLM's extension: -1 or 0 for every token), max_tokens / max_completion_tokens, stop,
 seed, n=1, presence/frequency penalties, logit_bias (token id text -> [-100, 100]), user,
 metadata (string values), cache_salt; /v1/completions: prompt, best_of=1, an empty suffix (an
-upstream gets other values). Refused with a 400 naming the field: n > 1, logprobs /
-top_logprobs, echo, and for the embedded engine the legacy `functions` / `function_call`.
-Unknown extra fields are ignored, as the SDKs add new ones.
+upstream gets other values), max_tokens 16 when absent (OpenAI's default there). Refused with
+a 400 naming the field: n > 1, logprobs / top_logprobs, echo, and for the embedded engine the
+legacy `functions` / `function_call`. Unknown extra fields are ignored, as the SDKs add new ones.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from gateway.errors import invalid
@@ -40,6 +41,10 @@ from gateway.validate import (
     stop_strings,
     tool_round_trip_break,
 )
+
+# a legacy completion without max_tokens stops after 16 tokens: OpenAI's documented default
+# for /v1/completions (vLLM's too), not the gateway's chat default
+COMPLETION_MAX_TOKENS = 16
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -73,13 +78,16 @@ def parse_completion(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     """A validated legacy completion request (raw prompt, no chat template)."""
     model = check_model(body, ctx)
     _completion_fields(body, ctx)
+    options = sampling_options(body, ctx)
+    if options.max_tokens is None:
+        options = replace(options, max_tokens=COMPLETION_MAX_TOKENS)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
         model=model,
         messages=(),
         tools=(),
-        options=sampling_options(body, ctx),
+        options=options,
         stream=_stream(body),
         tenant=ctx.tenant,
         namespace=namespace_for(ctx.tenant, opt_str(body, "cache_salt")),

@@ -291,6 +291,20 @@ async def test_legacy_function_fields_are_refused(make_fake_app, extra, param):
     assert out.choices[0].finish_reason in ("stop", "tool_calls")
 
 
+async def test_completions_default_to_sixteen_tokens(make_fake_app):
+    """OpenAI documents max_tokens 16 as /v1/completions' default (vLLM follows it); the
+    gateway's chat default (256) was used instead. An explicit max_tokens still rules."""
+    client = async_sdk(make_fake_app())
+    prompt = " ".join(f"w{i}" for i in range(40))
+    out = await client.completions.create(model=FAKE_MODEL, prompt=prompt)
+    assert out.usage.completion_tokens == 16 and out.choices[0].finish_reason == "length"
+    longer = await client.completions.create(model=FAKE_MODEL, prompt=prompt, max_tokens=20)
+    assert longer.usage.completion_tokens == 20
+    chat = await client.chat.completions.create(
+        model=FAKE_MODEL, messages=[{"role": "user", "content": prompt}])
+    assert chat.usage.completion_tokens > 16
+
+
 async def test_vllm_top_k_extension_is_honoured(make_fake_app, fake_backend: FakeBackend):
     """OpenAI has no top_k; vLLM-style servers take it (-1 or 0: every token), and so does the
     engine: it reaches the backend, and a bad one is a 400 naming it."""
