@@ -111,7 +111,9 @@ def _system(system: Any) -> list[dict[str, Any]]:
 
 def _text_block(block: Any, path: str) -> str:
     if not isinstance(block, dict) or block.get("type") != "text":
-        raise invalid(f"'{path}' must be a text block", path)
+        kind = block.get("type") if isinstance(block, dict) else None
+        got = f" (got a {kind!r} block)" if isinstance(kind, str) else ""
+        raise invalid(f"'{path}' must be a text block: only text is supported{got}", path)
     text = block.get("text")
     if not isinstance(text, str):
         raise invalid(f"'{path}.text' must be a string", f"{path}.text")

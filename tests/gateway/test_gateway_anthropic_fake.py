@@ -185,6 +185,27 @@ async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, fiel
         assert data["error"]["type"] in {"invalid_request_error", "not_found_error"}
 
 
+@pytest.mark.parametrize("block", [
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}},
+    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "a"}}])
+async def test_blocks_the_model_cannot_read_are_named(make_fake_app, block):
+    """An image or a document (in a message or a tool_result) is a 400 that says only text is
+    supported and names the block's type (it said only 'must be a text block')."""
+    tool_turns = [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [block]}]}]
+    async with asgi_client(make_fake_app()) as http:
+        for messages, path in [([{"role": "user", "content": [block]}], "messages[0].content[0]"),
+                               ([{"role": "user", "content": "x"}, *tool_turns],
+                                "messages[2].content[0].content[0]")]:
+            response = await http.post("/v1/messages", json={
+                "model": FAKE_MODEL, "max_tokens": 5, "tools": TOOLS, "messages": messages})
+            assert response.status_code == 400
+            message = response.json()["error"]["message"]
+            assert path in message and "only text" in message and repr(block["type"]) in message
+
+
 async def test_top_k_reaches_the_backend(make_fake_app, fake_backend: FakeBackend):
     client = async_sdk(make_fake_app())
     for top_k, expected in ((1, 1), (40, 40), (None, None)):
