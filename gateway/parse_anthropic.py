@@ -17,7 +17,9 @@ hint. `thinking` enabled / between_tools is a 400 for the embedded engine (the m
 think); disabled and adaptive are accepted, and an upstream gets any valid type.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
 Checked as Anthropic checks them: content is never empty except a final assistant message's,
-every tool has an `input_schema` object, `stop_sequences` is an array of strings.
+every tool has an `input_schema` object, `stop_sequences` is an array of strings, and (for the
+embedded engine) each tool_result answers a tool_use of the previous message, each tool_use is
+answered in the next one.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from gateway.validate import (
     opt_str,
     req_list,
     stop_strings,
+    tool_round_trip_break,
 )
 
 
@@ -58,13 +61,18 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     if max_tokens is None:
         raise invalid("'max_tokens' is required (an integer >= 1)", "max_tokens")
     messages = _system(body.get("system"))
+    origins = [-1] * len(messages)  # the index in `messages` of the body each one comes from
     given = req_list(body, "messages")
     for i, msg in enumerate(given):
-        messages.extend(_message(msg, i, final=i == len(given) - 1))
+        converted = _message(msg, i, final=i == len(given) - 1)
+        messages.extend(converted)
+        origins.extend([i] * len(converted))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     document = _output_format(body, ctx.grammar)
     constraint = _constraint(body.get("tool_choice"), tools, document, ctx.grammar)
     _thinking(body, ctx.embedded)
+    if ctx.embedded:
+        _check_round_trips(messages, origins)
     metadata = opt_dict(body, "metadata") or {}
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
         raise invalid("'metadata.user_id' must be a string", "metadata.user_id")
@@ -103,7 +111,9 @@ def _system(system: Any) -> list[dict[str, Any]]:
 
 def _text_block(block: Any, path: str) -> str:
     if not isinstance(block, dict) or block.get("type") != "text":
-        raise invalid(f"'{path}' must be a text block", path)
+        kind = block.get("type") if isinstance(block, dict) else None
+        got = f" (got a {kind!r} block)" if isinstance(kind, str) else ""
+        raise invalid(f"'{path}' must be a text block: only text is supported{got}", path)
     text = block.get("text")
     if not isinstance(text, str):
         raise invalid(f"'{path}.text' must be a string", f"{path}.text")
@@ -187,6 +197,23 @@ def _tool_result(block: dict[str, Any], path: str) -> dict[str, Any]:
     if block.get("is_error"):
         content = f"[error] {content}"
     return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def _check_round_trips(messages: list[dict[str, Any]], origins: list[int]) -> None:
+    """Every tool_result answers a tool_use block of the message before it, and every
+    tool_use block is answered in the next message, as Anthropic requires: the engine renders
+    results in order, without their ids, so a stray or missing one would reach the model as
+    the answer to another call."""
+    broken = tool_round_trip_break(messages)
+    if broken is None:
+        return
+    i, call_id = broken
+    path = f"messages[{origins[i]}].content"
+    if messages[i]["role"] == "tool":
+        raise invalid(f"'{path}' has a tool_result for {call_id!r}, which answers no tool_use "
+                      "block of the previous message", path)
+    raise invalid(f"'{path}' has a tool_use block {call_id!r} with no tool_result in the next "
+                  "message: each tool_use must be answered there", path)
 
 
 def _tool(tool: Any, i: int) -> dict[str, Any]:

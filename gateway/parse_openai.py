@@ -6,13 +6,15 @@ or text parts, tools (function tools, `strict`), tool_choice, parallel_tool_call
 top_k (vLLM's extension: -1 or 0 for every token), max_tokens / max_completion_tokens, stop,
 seed, n=1, presence/frequency penalties, logit_bias (token id text -> [-100, 100]), user,
 metadata (string values), cache_salt; /v1/completions: prompt, best_of=1, an empty suffix (an
-upstream gets other values). Refused with a 400 naming the field: n > 1, logprobs /
-top_logprobs, echo. Unknown extra fields are ignored, as the SDKs add new ones.
+upstream gets other values), max_tokens 16 when absent (OpenAI's default there). Refused with
+a 400 naming the field: n > 1, logprobs / top_logprobs, echo, and for the embedded engine the
+legacy `functions` / `function_call`. Unknown extra fields are ignored, as the SDKs add new ones.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from gateway.errors import invalid
@@ -37,7 +39,12 @@ from gateway.validate import (
     opt_str,
     req_list,
     stop_strings,
+    tool_round_trip_break,
 )
+
+# a legacy completion without max_tokens stops after 16 tokens: OpenAI's documented default
+# for /v1/completions (vLLM's too), not the gateway's chat default
+COMPLETION_MAX_TOKENS = 16
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -49,6 +56,9 @@ def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     constraint = _constraint(body, tools, ctx.grammar)
     _metadata(body)
+    if ctx.embedded:
+        no_legacy_functions(body)
+        _check_round_trips(messages)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
@@ -68,13 +78,16 @@ def parse_completion(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     """A validated legacy completion request (raw prompt, no chat template)."""
     model = check_model(body, ctx)
     _completion_fields(body, ctx)
+    options = sampling_options(body, ctx)
+    if options.max_tokens is None:
+        options = replace(options, max_tokens=COMPLETION_MAX_TOKENS)
     return ChatRequest(
         request_id=ctx.request_id,
         provider="openai",
         model=model,
         messages=(),
         tools=(),
-        options=sampling_options(body, ctx),
+        options=options,
         stream=_stream(body),
         tenant=ctx.tenant,
         namespace=namespace_for(ctx.tenant, opt_str(body, "cache_salt")),
@@ -98,6 +111,20 @@ def _completion_fields(body: dict[str, Any], ctx: ParseContext) -> None:
     if suffix:
         raise invalid("'suffix' is not supported: a completion only continues the prompt",
                       "suffix")
+
+
+LEGACY_FUNCTION_FIELDS = (("functions", "tools"), ("function_call", "tool_choice"))
+
+
+def no_legacy_functions(body: dict[str, Any]) -> None:
+    """`functions` / `function_call`, the deprecated form of `tools` / `tool_choice`: the
+    answer carries calls only as `tool_calls`, so either one is a 400 naming it and its
+    replacement, never silently ignored (the model answered as if it had no functions). An
+    OpenAI-compatible upstream gets them in the body and answers for them."""
+    for name, replacement in LEGACY_FUNCTION_FIELDS:
+        if body.get(name) not in (None, []):
+            raise invalid(f"'{name}' is not supported: send '{replacement}' instead (the "
+                          "answer's calls come back as 'tool_calls')", name)
 
 
 def _metadata(body: dict[str, Any]) -> None:
@@ -246,6 +273,25 @@ def _checked_message(msg: Any, i: int) -> dict[str, Any]:
     if msg.get("name") is not None and not isinstance(msg["name"], str):
         raise invalid(f"'{path}.name' must be a string", f"{path}.name")
     return msg
+
+
+def _check_round_trips(messages: tuple[dict[str, Any], ...]) -> None:
+    """Every tool message answers a call of the assistant message its run follows, and every
+    call is answered before the conversation moves on, as OpenAI requires: the engine renders
+    results in order, without their ids, so a stray or missing one would reach the model as
+    the answer to another call."""
+    broken = tool_round_trip_break(messages)
+    if broken is None:
+        return
+    i, call_id = broken
+    if messages[i]["role"] == "tool":
+        path = f"messages[{i}].tool_call_id"
+        raise invalid(f"'{path}' is {call_id!r}, which answers no tool call of the assistant "
+                      "message its tool messages follow", path)
+    path = f"messages[{i}].tool_calls"
+    raise invalid(f"'{path}' has a call {call_id!r} that no tool message answers: an assistant "
+                  "message with tool_calls must be followed by a tool message for each call",
+                  path)
 
 
 def _check_content(content: Any, path: str) -> None:

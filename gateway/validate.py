@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -147,3 +148,32 @@ def check_tool_schema(fn: dict[str, Any], path: str, schema_key: str) -> None:
     schema = fn.get(schema_key)
     if schema is not None and not isinstance(schema, dict):
         raise invalid(f"'{path}.{schema_key}' must be an object", f"{path}.{schema_key}")
+
+
+def tool_round_trip_break(messages: Sequence[Mapping[str, Any]]) -> tuple[int, str] | None:
+    """The first break in a conversation's tool round trips (OpenAI-shaped messages), which
+    OpenAI and Anthropic refuse: (index of a `tool` message, its tool_call_id) when the id
+    names no call of the assistant message that its run of tool messages follows, or (index
+    of an assistant message, a call id) when the message after its run of tool messages comes
+    before that call was answered. None when every round trip closes; the calls of a last
+    assistant message need no answers yet."""
+    calls: tuple[str, ...] = ()  # the ids of the assistant message the tool messages answer
+    owner, answered = -1, set[str]()
+    for i, msg in enumerate(messages):
+        if msg.get("role") == "tool":
+            call_id = str(msg.get("tool_call_id"))
+            if call_id not in calls:
+                return i, call_id
+            answered.add(call_id)
+            continue
+        missing = [call_id for call_id in calls if call_id not in answered]
+        if missing:
+            return owner, missing[0]
+        calls = _call_ids(msg) if msg.get("role") == "assistant" else ()
+        owner, answered = i, set()
+    return None
+
+
+def _call_ids(msg: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(call.get("id")) for call in msg.get("tool_calls") or ()
+                 if isinstance(call, Mapping))

@@ -3,7 +3,8 @@
 `to_anthropic_body` re-expresses a neutral (OpenAI-shaped) `ChatRequest` as a Messages body;
 tool_choice and parallel_tool_calls become its tool_choice, response_format json_schema its
 output_config format; an OpenAI field the Messages API has no place for (`best_of` > 1, a
-`suffix`, a non-empty `logit_bias`, repetition penalties, json_object) is a 400 naming it, never
+`suffix`, a non-empty `logit_bias`, repetition penalties, json_object, the legacy `functions` /
+`function_call`) is a 400 naming it, never
 a silent drop (`seed`, a best-effort hint in OpenAI's own API, is dropped).
 `place_cache_breakpoints` adds `cache_control` markers at the stable boundary: the end of the
 history before the last user turn (prompt_lint's rewriter moves dynamic spans into that turn),
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.parse_openai import LEGACY_FUNCTION_FIELDS
 from gateway.types import BackendError, ChatRequest
 
 MAX_BREAKPOINTS = 4
@@ -116,6 +118,9 @@ def check_carried(body: dict[str, Any]) -> None:
     if (body.get("response_format") or {}).get("type") == "json_object":
         raise _unsupported("response_format", "it takes a JSON schema (type json_schema), "
                                               "not json_object")
+    for name, replacement in LEGACY_FUNCTION_FIELDS:
+        if body.get(name) not in (None, []):
+            raise _unsupported(name, f"send '{replacement}' instead")
 
 
 def _tool_choice(body: dict[str, Any]) -> dict[str, Any] | None:

@@ -85,6 +85,44 @@ async def test_tool_use_round_trip(make_fake_app, fake_backend: FakeBackend):
                                 "content": "a fast store"}
 
 
+def _uses(*ids: str) -> dict:
+    return {"role": "assistant", "content": [
+        {"type": "tool_use", "id": i, "name": "lookup", "input": {"word": "x"}} for i in ids]}
+
+
+def _results(*ids: str, text: str | None = None) -> dict:
+    blocks = [{"type": "tool_result", "tool_use_id": i, "content": "found"} for i in ids]
+    return {"role": "user", "content": blocks + ([{"type": "text", "text": text}] if text else [])}
+
+
+ASK = {"role": "user", "content": "look up x and y"}
+
+
+@pytest.mark.parametrize(("history", "field"), [
+    ([ASK, _uses("t1"), _results("zz")], "messages[2].content"),
+    ([ASK, _uses("t1", "t2"), _results("t1", text="and?")], "messages[1].content"),
+    ([ASK, _uses("t1"), ASK], "messages[1].content"),
+    ([ASK, _uses("t1"), _results("t1"), _uses("t2"), _results("t1")], "messages[4].content"),
+    ([_results("t1")], "messages[0].content")])
+async def test_broken_tool_round_trips_are_refused(make_fake_app, history, field):
+    """Anthropic's rule: each tool_result answers a tool_use block of the previous message and
+    each tool_use is answered in the next one. Both breaks were served (results are rendered
+    by position, so the model read one as another call's answer): an Anthropic 400 naming the
+    message; closed round trips, in any block order, are served."""
+    async with asgi_client(make_fake_app()) as http:
+        for history_, ok in [(history, False),
+                             ([ASK, _uses("t1", "t2"), _results("t2", "t1", text="go")], True),
+                             ([ASK, _uses("t1"), _results("t1")], True)]:
+            body = {"model": FAKE_MODEL, "max_tokens": 8, "tools": TOOLS, "messages": history_}
+            response = await http.post("/v1/messages", json=body)
+            if ok:
+                assert response.status_code == 200, response.text
+                continue
+            assert response.status_code == 400
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and field in error["message"]
+
+
 async def test_streamed_tool_use(make_fake_app):
     client = async_sdk(make_fake_app())
     async with client.messages.stream(
@@ -145,6 +183,27 @@ async def test_bad_input_is_an_anthropic_error(make_fake_app, body, status, fiel
         assert data["type"] == "error"
         assert field in data["error"]["message"]
         assert data["error"]["type"] in {"invalid_request_error", "not_found_error"}
+
+
+@pytest.mark.parametrize("block", [
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}},
+    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "a"}}])
+async def test_blocks_the_model_cannot_read_are_named(make_fake_app, block):
+    """An image or a document (in a message or a tool_result) is a 400 that says only text is
+    supported and names the block's type (it said only 'must be a text block')."""
+    tool_turns = [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [block]}]}]
+    async with asgi_client(make_fake_app()) as http:
+        for messages, path in [([{"role": "user", "content": [block]}], "messages[0].content[0]"),
+                               ([{"role": "user", "content": "x"}, *tool_turns],
+                                "messages[2].content[0].content[0]")]:
+            response = await http.post("/v1/messages", json={
+                "model": FAKE_MODEL, "max_tokens": 5, "tools": TOOLS, "messages": messages})
+            assert response.status_code == 400
+            message = response.json()["error"]["message"]
+            assert path in message and "only text" in message and repr(block["type"]) in message
 
 
 async def test_top_k_reaches_the_backend(make_fake_app, fake_backend: FakeBackend):

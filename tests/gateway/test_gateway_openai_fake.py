@@ -96,6 +96,40 @@ async def test_tool_call_round_trip(make_fake_app, fake_backend: FakeBackend):
     assert fake_backend.seen[-1].messages[1]["tool_calls"][0]["id"] == call.id
 
 
+def _calls(*ids: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}} for i in ids]}
+
+
+def _result(call_id: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": "sunny"}
+
+
+ASK = {"role": "user", "content": "weather in Oslo and Rome?"}
+
+
+@pytest.mark.parametrize(("history", "param"), [
+    ([ASK, _calls("c1"), _result("zz")], "messages[2].tool_call_id"),
+    ([ASK, _result("c1")], "messages[1].tool_call_id"),
+    ([ASK, _calls("c1", "c2"), _result("c1"), ASK], "messages[1].tool_calls"),
+    ([ASK, _calls("c1"), ASK], "messages[1].tool_calls"),
+    ([ASK, _calls("c1"), _result("c1"), ASK, _result("c1")], "messages[4].tool_call_id")])
+async def test_broken_tool_round_trips_are_refused(make_fake_app, history, param):
+    """OpenAI's rule: a tool message answers a call of the assistant message its run of tool
+    messages follows, and each call is answered before the conversation goes on. Both breaks
+    were served (results are rendered by position, so the model read one as another call's
+    answer): a 400 naming the message; closed round trips, in any order, are served."""
+    client = async_sdk(make_fake_app())
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=FAKE_MODEL, messages=history, tools=TOOLS)
+    assert refused.value.body["param"] == param
+    for fine in ([ASK, _calls("c1", "c2"), _result("c2"), _result("c1"), ASK],
+                 [ASK, _calls("c1"), _result("c1")], [ASK, _calls("c1")]):
+        out = await client.chat.completions.create(model=FAKE_MODEL, messages=fine, tools=TOOLS)
+        assert out.choices[0].finish_reason == "stop"
+
+
 async def test_streamed_tool_call(make_fake_app):
     client = async_sdk(make_fake_app())
     stream = await client.chat.completions.create(
@@ -236,6 +270,39 @@ async def test_completions_refuse_best_of_and_suffix(make_fake_app, extra, param
         out = await client.completions.create(model=FAKE_MODEL, prompt="alpha", max_tokens=4,
                                               extra_body=fine)
         assert out.choices[0].text == "echo: alpha"
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"functions": [{"name": "get_weather", "parameters": {"type": "object"}}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"function_call": {"name": "get_weather"}}, "function_call")])
+async def test_legacy_function_fields_are_refused(make_fake_app, extra, param):
+    """The deprecated `functions` / `function_call` were ignored, so the model answered as if
+    it had no functions: a 400 naming the field; `tools` serves the same request."""
+    client = async_sdk(make_fake_app())
+    messages = [{"role": "user", "content": "weather?"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model=FAKE_MODEL, messages=messages,
+                                             extra_body=extra)
+    assert refused.value.body["param"] == param
+    assert "tool" in refused.value.body["message"]
+    out = await client.chat.completions.create(model=FAKE_MODEL, messages=messages,
+                                               tools=TOOLS, extra_body={"functions": []})
+    assert out.choices[0].finish_reason in ("stop", "tool_calls")
+
+
+async def test_completions_default_to_sixteen_tokens(make_fake_app):
+    """OpenAI documents max_tokens 16 as /v1/completions' default (vLLM follows it); the
+    gateway's chat default (256) was used instead. An explicit max_tokens still rules."""
+    client = async_sdk(make_fake_app())
+    prompt = " ".join(f"w{i}" for i in range(40))
+    out = await client.completions.create(model=FAKE_MODEL, prompt=prompt)
+    assert out.usage.completion_tokens == 16 and out.choices[0].finish_reason == "length"
+    longer = await client.completions.create(model=FAKE_MODEL, prompt=prompt, max_tokens=20)
+    assert longer.usage.completion_tokens == 20
+    chat = await client.chat.completions.create(
+        model=FAKE_MODEL, messages=[{"role": "user", "content": prompt}])
+    assert chat.usage.completion_tokens > 16
 
 
 async def test_vllm_top_k_extension_is_honoured(make_fake_app, fake_backend: FakeBackend):

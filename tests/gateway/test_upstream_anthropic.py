@@ -329,7 +329,9 @@ async def test_openai_fields_a_messages_body_cannot_carry_are_a_400(tmp_path: Pa
                 ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
                 ("/v1/chat/completions", {"frequency_penalty": -1}, "frequency_penalty"),
                 ("/v1/chat/completions", {"response_format": {"type": "json_object"}},
-                 "response_format")]:
+                 "response_format"),
+                ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+                ("/v1/chat/completions", {"function_call": "auto"}, "function_call")]:
             body = {"model": "c", "max_tokens": 9, **extra}
             body |= {"prompt": "go"} if path == "/v1/completions" else {
                 "messages": [{"role": "user", "content": "go"}]}
