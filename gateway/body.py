@@ -131,14 +131,32 @@ def cap_max_tokens(body: dict[str, Any], cap: int) -> dict[str, Any]:
 
 
 def text_chars(messages: Sequence[Mapping[str, Any]], prompt: str | None = None) -> int:
-    """Characters of the message contents (strings and text blocks) and of `prompt`: a cheap
-    lower bound of a body's JSON size, to decide whether to serialise it off the loop."""
+    """Characters of the message contents (strings, text blocks, and the inline data or URL of
+    images, audio and files) and of `prompt`: a cheap lower bound of a body's JSON size, to
+    decide whether to serialise it off the loop."""
     total = len(prompt or "")
     for message in messages:
         content = message.get("content")
         if isinstance(content, str):
             total += len(content)
         elif isinstance(content, list):
-            total += sum(len(b.get("text") or "") for b in content
-                         if isinstance(b, dict) and isinstance(b.get("text"), str))
+            total += sum(_part_chars(b) for b in content if isinstance(b, dict))
     return total
+
+
+#: where a non-text part keeps its data: OpenAI's image_url, input_audio and file parts, an
+#: Anthropic image's or document's source
+_PART_DATA = (("image_url", "url"), ("input_audio", "data"), ("file", "file_data"),
+              ("source", "data"))
+
+
+def _part_chars(part: Mapping[str, Any]) -> int:
+    """Characters of a part's text, or of its inline data (a base64 image is most of a body)."""
+    text = part.get("text")
+    if isinstance(text, str):
+        return len(text)
+    for key, field in _PART_DATA:
+        inner = part.get(key)
+        if isinstance(inner, dict) and isinstance(inner.get(field), str):
+            return len(inner[field])
+    return 0

@@ -10,6 +10,7 @@ from typing import Any
 from gateway.request_state import Gateway, Ticket
 from gateway.types import ChatRequest, Final, Usage
 from gateway.validate import is_served
+from prompt_lint.media import without_payloads
 
 
 def record(
@@ -88,4 +89,6 @@ def _prompt_text(gw: Gateway, req: ChatRequest | None) -> str | None:
         return None
     if req.prompt is not None:
         return req.prompt
-    return json.dumps({"messages": req.messages, "tools": req.tools}, ensure_ascii=False)
+    # an image's or a file's inline data is stored as its digest (prompt_lint.media)
+    messages = without_payloads(list(req.messages))
+    return json.dumps({"messages": messages, "tools": req.tools}, ensure_ascii=False)

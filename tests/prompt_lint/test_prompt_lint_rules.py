@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from prompt_lint import (
     request_tokens,
     rewrite_request,
 )
+from prompt_lint.media import MEDIA_TOKENS
 from prompt_lint.providers import segments
 from prompt_lint.tokens import get_encoding
 
@@ -231,3 +233,61 @@ def test_rewrite_without_user_turn_appends_one() -> None:
     result = rewrite_request(body)
     assert result.body["messages"][-1]["role"] == "user"
     assert "2026-11-29T14:03:07Z" in result.body["messages"][-1]["content"]
+
+
+SCREEN = "iVBORw0KGgo" + "QUJD" * 5000  # a 20 KB base64 image
+OA_IMAGE = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{SCREEN}",
+                                               "detail": "low"}}
+AN_IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": SCREEN}}
+AN_DOCUMENT = {"type": "document", "source": {"type": "base64",
+                                              "media_type": "application/pdf", "data": SCREEN}}
+
+
+def _image_bodies() -> list[tuple[dict[str, Any], list[Any]]]:
+    """(body, its media parts) for both providers: a timestamped system prompt (a value the
+    rewriter moves) and images in the user turn, the Anthropic ones in a tool_result too."""
+    system = BACKGROUND + "\nCurrent time: 2026-11-29T14:03:07Z\nBe brief."
+    oa = openai(system, history=[{"role": "user", "content": [
+        {"type": "text", "text": "What is on this screen?"}, OA_IMAGE]}])
+    an = anthropic(system)
+    an["messages"] = [
+        {"role": "user", "content": [{"type": "text", "text": "Look:"}, AN_IMAGE, AN_DOCUMENT]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [AN_IMAGE]}, {"type": "text", "text": "And?"}]}]
+    return [(oa, [OA_IMAGE]), (an, [AN_IMAGE, AN_DOCUMENT, AN_IMAGE])]
+
+
+def _media(body: dict[str, Any]) -> list[Any]:
+    found = []
+    for message in body["messages"]:
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            inner = block.get("content") if block.get("type") == "tool_result" else [block]
+            found += [b for b in inner if b.get("type") in ("image_url", "image", "document")]
+    return found
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["openai", "anthropic"])
+def test_lint_and_rewrite_leave_images_as_they_are(index: int) -> None:
+    """Lint (report) and rewrite of a body with images do not fail, move the system prompt's
+    timestamp, and leave every image part byte-identical; an image counts the documented
+    allowance (MEDIA_TOKENS) in the layout, not the tokens of its base64 text."""
+    body, media = _image_bodies()[index]
+    learner = TemplateLearner()
+    report = lint_request(body, learner=learner)
+    assert "PL001" in [f.rule for f in report.findings]
+    text_only = copy.deepcopy(body)
+    for message in text_only["messages"]:
+        if isinstance(message["content"], list):
+            message["content"] = [b for b in message["content"] if b not in media]
+            for block in message["content"]:
+                if block.get("type") == "tool_result":
+                    block["content"] = []
+    added = report.prompt_tokens - lint_request(text_only).prompt_tokens
+    assert len(media) * MEDIA_TOKENS <= added <= len(media) * (MEDIA_TOKENS + 64)
+    result = rewrite_request(body, report=report, learner=learner)
+    assert result.changed and "2026-11-29" not in json.dumps(result.body["system" if index
+                                                                          else "messages"][0])
+    assert [json.dumps(m) for m in _media(result.body)] == [json.dumps(m) for m in media]
