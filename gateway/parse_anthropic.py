@@ -9,6 +9,11 @@ Conversion to the neutral (OpenAI) shape:
 - assistant `thinking` / `redacted_thinking` blocks are accepted and left out of the neutral
   messages (the engine's and an OpenAI-compatible upstream's model did not write them); an
   Anthropic upstream is sent the client's body, so it gets them unchanged;
+- for an upstream, user `image` and `document` blocks (in a message or a tool_result; their
+  sources checked as Anthropic checks them) -> an image from base64 or a URL as OpenAI's
+  image_url part (a data URL for base64), any other as it came, with the message's content a
+  list of parts (an Anthropic upstream gets the client's body itself; an OpenAI-compatible one
+  refuses what it cannot carry); the embedded model reads only text: a 400 naming the block;
 - tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
 Sampling: temperature, top_p, top_k and stop_sequences go into `SamplingOptions`.
 `output_config.format` ({"type": "json_schema", "schema"}) constrains the answer to one JSON
@@ -64,7 +69,7 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     origins = [-1] * len(messages)  # the index in `messages` of the body each one comes from
     given = req_list(body, "messages")
     for i, msg in enumerate(given):
-        converted = _message(msg, i, final=i == len(given) - 1)
+        converted = _message(msg, i, final=i == len(given) - 1, media=not ctx.embedded)
         messages.extend(converted)
         origins.extend([i] * len(converted))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
@@ -120,7 +125,7 @@ def _text_block(block: Any, path: str) -> str:
     return text
 
 
-def _message(msg: Any, i: int, *, final: bool) -> list[dict[str, Any]]:
+def _message(msg: Any, i: int, *, final: bool, media: bool = False) -> list[dict[str, Any]]:
     path = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise invalid(f"'{path}' must be an object", path)
@@ -137,7 +142,7 @@ def _message(msg: Any, i: int, *, final: bool) -> list[dict[str, Any]]:
         raise invalid(f"'{path}.content' must be a string or an array of blocks", f"{path}.content")
     if role == "assistant":
         return [_assistant(content, f"{path}.content")]
-    return _user(content, f"{path}.content")
+    return _user(content, f"{path}.content", media)
 
 
 def _assistant(blocks: list[Any], path: str) -> dict[str, Any]:
@@ -171,31 +176,84 @@ def _tool_use(block: dict[str, Any], path: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _user(blocks: list[Any], path: str) -> list[dict[str, Any]]:
+def _user(blocks: list[Any], path: str, media: bool = False) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_result":
-            out.append(_tool_result(block, f"{path}[{j}]"))
+            out.append(_tool_result(block, f"{path}[{j}]", media))
         else:
-            texts.append(_text_block(block, f"{path}[{j}]"))
-    if texts or not out:
-        out.append({"role": "user", "content": "".join(texts)})
+            parts.append(_part(block, f"{path}[{j}]", media))
+    if parts or not out:
+        out.append({"role": "user", "content": _joined(parts)})
     return out
 
 
-def _tool_result(block: dict[str, Any], path: str) -> dict[str, Any]:
+def _part(block: Any, path: str, media: bool) -> dict[str, Any]:
+    """A user block as a neutral (OpenAI) part: text, and for an upstream (`media`) an image
+    or a document (`_media_block`)."""
+    if media and isinstance(block, dict) and block.get("type") in MEDIA_SOURCES:
+        return _media_block(block, path)
+    return {"type": "text", "text": _text_block(block, path)}
+
+
+def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Neutral content: text parts joined into one string (as a text-only message always
+    was), or, when there is an image or a document, the parts themselves."""
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
+
+
+#: the source types Anthropic takes for an image and for a document
+MEDIA_SOURCES = {"image": ("base64", "url", "file"),
+                 "document": ("base64", "url", "text", "content", "file")}
+_SOURCE_FIELDS = {"base64": ("media_type", "data"), "url": ("url",), "text": ("data",),
+                  "file": ("file_id",), "content": ()}
+
+
+def _media_block(block: dict[str, Any], path: str) -> dict[str, Any]:
+    """An image or document block, checked as Anthropic checks its source, as a neutral part:
+    an image from base64 or a URL becomes OpenAI's image_url part (a data URL for base64); any
+    other (a document, an image by file id) stays as it came, for an Anthropic upstream (an
+    OpenAI-compatible one refuses it: gateway.backends.openai_upstream)."""
+    kind, source = block["type"], block.get("source")
+    if not isinstance(source, dict) or source.get("type") not in MEDIA_SOURCES[kind]:
+        field = f"{path}.source"
+        raise invalid(f"'{field}' must be an object whose type is one of "
+                      f"{', '.join(MEDIA_SOURCES[kind])}", field)
+    for name in _SOURCE_FIELDS[source["type"]]:
+        if not isinstance(source.get(name), str) or not source[name]:
+            field = f"{path}.source.{name}"
+            raise invalid(f"'{field}' must be a non-empty string", field)
+    if source["type"] == "content" and not isinstance(source.get("content"), str | list):
+        field = f"{path}.source.content"
+        raise invalid(f"'{field}' must be a string or an array of blocks", field)
+    if kind == "image" and source["type"] == "base64":
+        url = f"data:{source['media_type']};base64,{source['data']}"
+        return {"type": "image_url", "image_url": {"url": url}}
+    if kind == "image" and source["type"] == "url":
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
+    return block
+
+
+def _tool_result(block: dict[str, Any], path: str, media: bool = False) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"'{path}.tool_use_id' must be a non-empty string", f"{path}.tool_use_id")
-    content = block.get("content", "")
-    if isinstance(content, list):
-        content = "".join(_text_block(b, f"{path}.content[{k}]") for k, b in enumerate(content))
-    elif not isinstance(content, str):
+    content: str | list[dict[str, Any]] = ""
+    given = block.get("content", "")
+    if isinstance(given, list):
+        content = _joined([_part(b, f"{path}.content[{k}]", media)
+                           for k, b in enumerate(given)])
+    elif isinstance(given, str):
+        content = given
+    else:
         raise invalid(f"'{path}.content' must be a string or text blocks", f"{path}.content")
     if block.get("is_error"):
-        content = f"[error] {content}"
+        content = f"[error] {content}" if isinstance(content, str) else \
+            [{"type": "text", "text": "[error] "}, *content]
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 

@@ -1,7 +1,9 @@
 """OpenAI request bodies (/v1/chat/completions, /v1/completions) -> ChatRequest, validated.
 
 Accepted: messages (system, developer, user, assistant with tool_calls, tool), content as a string
-or text parts, tools (function tools, `strict`), tool_choice, parallel_tool_calls, response_format
+or text parts (for an upstream, a user message's image_url, input_audio and file parts too, their
+shapes checked as OpenAI checks them; the embedded model reads only text), tools (function
+tools, `strict`), tool_choice, parallel_tool_calls, response_format
 (text, json_object, json_schema), stream, stream_options.include_usage, temperature, top_p,
 top_k (vLLM's extension: -1 or 0 for every token), max_tokens / max_completion_tokens, stop,
 seed, n=1, presence/frequency penalties, logit_bias (token id text -> [-100, 100]), user,
@@ -52,7 +54,8 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 def parse_chat(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     """A validated chat request; raises GatewayError naming the bad field."""
     model = check_model(body, ctx)
-    messages = tuple(_message(m, i) for i, m in enumerate(req_list(body, "messages")))
+    media = not ctx.embedded
+    messages = tuple(_message(m, i, media) for i, m in enumerate(req_list(body, "messages")))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     constraint = _constraint(body, tools, ctx.grammar)
     _metadata(body)
@@ -223,7 +226,7 @@ def _prompt(value: Any) -> str:
     return value
 
 
-def _message(msg: Any, i: int) -> dict[str, Any]:
+def _message(msg: Any, i: int, media: bool = False) -> dict[str, Any]:
     if isinstance(msg, dict) and msg.get("name") is None:  # the common, valid cases: no
         role = msg.get("role")                              # error paths built
         content = msg.get("content")
@@ -238,7 +241,7 @@ def _message(msg: Any, i: int) -> dict[str, Any]:
         elif calls and role == "assistant" and (content is None or type(content) is str) \
                 and type(calls) is list and all(map(_plain_call, calls)):
             return msg
-    return _checked_message(msg, i)
+    return _checked_message(msg, i, media)
 
 
 def _plain_call(call: Any) -> bool:
@@ -251,7 +254,7 @@ def _plain_call(call: Any) -> bool:
 _PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
-def _checked_message(msg: Any, i: int) -> dict[str, Any]:
+def _checked_message(msg: Any, i: int, media: bool = False) -> dict[str, Any]:
     path = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise invalid(f"'{path}' must be an object", path)
@@ -262,9 +265,9 @@ def _checked_message(msg: Any, i: int) -> dict[str, Any]:
     if role == "assistant" and msg.get("tool_calls"):
         _check_tool_calls(msg["tool_calls"], f"{path}.tool_calls")
         if content is not None:
-            _check_content(content, f"{path}.content")
+            _check_content(content, f"{path}.content", role if media else None)
     else:
-        _check_content(content, f"{path}.content")
+        _check_content(content, f"{path}.content", role if media else None)
     if role == "tool":
         tool_call_id = msg.get("tool_call_id")
         if not isinstance(tool_call_id, str) or not tool_call_id:
@@ -294,17 +297,75 @@ def _check_round_trips(messages: tuple[dict[str, Any], ...]) -> None:
                   path)
 
 
-def _check_content(content: Any, path: str) -> None:
+def _check_content(content: Any, path: str, role: str | None = None) -> None:
+    """A string or an array of parts: text parts, and in a user message for an upstream (`role`
+    is the message's for an upstream, None for the embedded engine) the image_url, input_audio
+    and file parts OpenAI takes there."""
     if isinstance(content, str):
         return
     if not isinstance(content, list):
         raise invalid(f"'{path}' must be a string or an array of content parts", path)
     for j, part in enumerate(content):
         part_path = f"{path}[{j}]"
-        if not isinstance(part, dict) or part.get("type") != "text":
-            raise invalid(f"'{part_path}' must be a text part (only text is supported)", part_path)
-        if not isinstance(part.get("text"), str):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            _media_part(part, kind, part_path, role)
+        elif not isinstance(part.get("text"), str):
             raise invalid(f"'{part_path}.text' must be a string", f"{part_path}.text")
+
+
+def _media_part(part: Any, kind: Any, path: str, role: str | None) -> None:
+    """Check a part that is not text: an upstream's user message may carry image_url,
+    input_audio and file parts (their shapes checked as OpenAI checks them); the embedded
+    model reads only text, and OpenAI's other roles take only text parts."""
+    if role is None:
+        raise invalid(f"'{path}' must be a text part (only text is supported)", path)
+    if role != "user":
+        raise invalid(f"'{path}' must be a text part: only a user message may carry "
+                      f"{', '.join(_MEDIA_CHECKS)} parts", path)
+    check = _MEDIA_CHECKS.get(kind) if isinstance(kind, str) else None
+    if check is None:
+        kinds = ", ".join(["text", *_MEDIA_CHECKS])
+        raise invalid(f"'{path}.type' must be one of {kinds}", f"{path}.type")
+    inner = part.get(kind)
+    if not isinstance(inner, dict):
+        raise invalid(f"'{path}.{kind}' must be an object", f"{path}.{kind}")
+    check(inner, f"{path}.{kind}")
+
+
+def _image_url(image: dict[str, Any], path: str) -> None:
+    """`image_url`: {url: an http(s) URL or a base64 data URL, detail?: a string}."""
+    url = image.get("url")
+    if not isinstance(url, str) or not (url.startswith(("http://", "https://"))
+                                        or _base64_data_url(url)):
+        raise invalid(f"'{path}.url' must be an http(s) URL or a base64 data URL "
+                      "(data:<media type>;base64,<data>)", f"{path}.url")
+    if image.get("detail") is not None and not isinstance(image["detail"], str):
+        raise invalid(f"'{path}.detail' must be a string (auto, low or high)", f"{path}.detail")
+
+
+def _base64_data_url(url: str) -> bool:
+    head, comma, data = url.partition(",")
+    return bool(comma and data) and head.startswith("data:") and head.endswith(";base64")
+
+
+def _input_audio(audio: dict[str, Any], path: str) -> None:
+    """`input_audio`: {data: base64 audio, format: e.g. wav or mp3}."""
+    for name in ("data", "format"):
+        if not isinstance(audio.get(name), str) or not audio[name]:
+            raise invalid(f"'{path}.{name}' must be a non-empty string", f"{path}.{name}")
+
+
+def _file(file: dict[str, Any], path: str) -> None:
+    """`file`: {file_data: a base64 data URL, or file_id: an uploaded file's id; filename?}."""
+    for name in ("file_data", "file_id", "filename"):
+        if file.get(name) is not None and not isinstance(file[name], str):
+            raise invalid(f"'{path}.{name}' must be a string", f"{path}.{name}")
+    if not file.get("file_data") and not file.get("file_id"):
+        raise invalid(f"'{path}' must have 'file_data' or 'file_id'", path)
+
+
+_MEDIA_CHECKS = {"image_url": _image_url, "input_audio": _input_audio, "file": _file}
 
 
 def _check_tool_calls(calls: Any, path: str) -> None:

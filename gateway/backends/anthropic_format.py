@@ -5,7 +5,9 @@ tool_choice and parallel_tool_calls become its tool_choice, response_format json
 output_config format; an OpenAI field the Messages API has no place for (`best_of` > 1, a
 `suffix`, a non-empty `logit_bias`, repetition penalties, json_object, the legacy `functions` /
 `function_call`) is a 400 naming it, never
-a silent drop (`seed`, a best-effort hint in OpenAI's own API, is dropped).
+a silent drop (`seed`, a best-effort hint in OpenAI's own API, is dropped). A user message's
+image_url parts become image blocks and an inline PDF file part a document block; audio and
+other files are a 400 naming the part.
 `place_cache_breakpoints` adds `cache_control` markers at the stable boundary: the end of the
 history before the last user turn (prompt_lint's rewriter moves dynamic spans into that turn),
 then the end of the system prompt, then the last tool. The client's own markers are kept and
@@ -34,25 +36,50 @@ def _text_of(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _image_block(part: dict[str, Any]) -> dict[str, Any] | None:
-    url = str((part.get("image_url") or {}).get("url", ""))
-    if url.startswith("data:") and ";base64," in url:
+def _image_block(part: dict[str, Any]) -> dict[str, Any]:
+    """An image_url part (checked by the parser: an http(s) URL or a base64 data URL) as an
+    image block; its `detail`, a hint with no Messages field, is dropped."""
+    url = str(part["image_url"]["url"])
+    if url.startswith("data:"):
         media, data = url[5:].split(";base64,", 1)
         return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
-    if url:
-        return {"type": "image", "source": {"type": "url", "url": url}}
-    return None
+    return {"type": "image", "source": {"type": "url", "url": url}}
 
 
-def _user_content(content: Any) -> str | list[dict[str, Any]]:
+PDF_DATA_URL = "data:application/pdf;base64,"
+
+
+def _file_block(part: dict[str, Any], path: str) -> dict[str, Any]:
+    """A file part as a document block: a PDF sent inline (file_data, a base64 data URL), what
+    the Messages API reads as a base64 document; a file id or another kind of file is a 400."""
+    data = part["file"].get("file_data")
+    if not isinstance(data, str) or not data.startswith(PDF_DATA_URL):
+        raise BackendError(400, f"'{path}' is not supported by an Anthropic upstream: it takes "
+                           "a file only as an inline PDF (file_data "
+                           f"'{PDF_DATA_URL}...'), not by file id or of another type",
+                           kind="invalid_request_error", param=path)
+    return {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                           "data": data[len(PDF_DATA_URL):]}}
+
+
+def _user_content(content: Any, path: str) -> str | list[dict[str, Any]]:
+    """A user message's content as Messages content: text, images and inline PDFs; audio is a
+    400 naming the part (the Messages API takes none)."""
     if not isinstance(content, list):
         return _text_of(content)
     blocks: list[dict[str, Any]] = []
-    for part in content:
-        if part.get("type") == "text":
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind == "text":
             blocks.append({"type": "text", "text": str(part.get("text", ""))})
-        elif part.get("type") == "image_url" and (image := _image_block(part)):
-            blocks.append(image)
+        elif kind == "image_url":
+            blocks.append(_image_block(part))
+        elif kind == "file":
+            blocks.append(_file_block(part, f"{path}[{j}]"))
+        else:
+            raise BackendError(400, f"'{path}[{j}]' is not supported by an Anthropic upstream: "
+                               f"the Messages API takes no {kind} parts",
+                               kind="invalid_request_error", param=f"{path}[{j}]")
     return blocks
 
 
@@ -77,7 +104,7 @@ def _convert_messages(
 ) -> tuple[list[str], list[dict[str, Any]]]:
     system: list[str] = []
     out: list[dict[str, Any]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         role = m.get("role")
         if role in ("system", "developer"):
             system.append(_text_of(m.get("content")))
@@ -93,7 +120,8 @@ def _convert_messages(
         elif role == "assistant":
             out.append({"role": "assistant", "content": _assistant_content(m)})
         else:
-            out.append({"role": "user", "content": _user_content(m.get("content"))})
+            out.append({"role": "user",
+                        "content": _user_content(m.get("content"), f"messages[{i}].content")})
     return system, out
 
 

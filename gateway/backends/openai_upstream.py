@@ -146,6 +146,37 @@ def _anthropic_fields(body: dict[str, Any]) -> dict[str, Any]:
 _OPENAI_CHOICE = {"auto": "auto", "any": "required", "none": "none"}  # Messages -> OpenAI
 
 
+def uncarried_media(body: dict[str, Any]) -> None:
+    """400 naming the first block of an Anthropic client's messages that chat completions
+    cannot carry: a document (OpenAI's chat has no faithful equivalent of its sources, title
+    and citations), an image by file id, an image or document inside a tool_result (a tool
+    message carries only text). Images from base64 or a URL are sent as image_url parts."""
+    for i, message in enumerate(body.get("messages") or ()):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, block in enumerate(content):
+            why = _uncarried(block)
+            if why is not None:
+                path = f"messages[{i}].content[{j}]"
+                raise BackendError(400, f"'{path}' is not supported by an OpenAI-compatible "
+                                   f"upstream: {why}", kind="invalid_request_error", param=path)
+
+
+def _uncarried(block: Any) -> str | None:
+    """Why a Messages block cannot be sent as chat completions content, or None."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "document":
+        return "it takes no document blocks"
+    if kind == "image" and (block.get("source") or {}).get("type") not in ("base64", "url"):
+        return "it takes images as base64 data or a URL, not a file id"
+    if kind == "tool_result" and isinstance(block.get("content"), list) and any(
+            isinstance(b, dict) and b.get("type") in ("image", "document")
+            for b in block["content"]):
+        return "a tool message carries only text (send the image in a user message)"
+    return None
+
+
 def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) for the upstream: `/chat/completions` or `/completions`."""
     path = "/completions" if req.prompt is not None else "/chat/completions"
@@ -155,6 +186,7 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
     elif req.prompt is not None:
         body = {"model": req.model, "prompt": req.prompt, **_sampling_fields(req, options)}
     else:
+        uncarried_media(req.body)
         body = {"model": req.model, "messages": list(req.messages),
                 **_sampling_fields(req, options), **_anthropic_fields(req.body)}
         if req.tools:

@@ -147,6 +147,23 @@ async def test_streamed_tool_call(make_fake_app):
     assert json.loads(calls[0].function.arguments) == {"city": "Oslo"}
 
 
+@pytest.mark.parametrize("part", [
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+    {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+    {"type": "file", "file": {"file_id": "file-1"}}])
+async def test_the_embedded_model_refuses_media_parts(make_fake_app, part):
+    """The embedded model reads only text: an image, audio or file part stays the 400 it was
+    (upstreams take them), in OpenAI's format, naming the part."""
+    async with asgi_client(make_fake_app()) as http:
+        response = await http.post("/v1/chat/completions", json={
+            "model": FAKE_MODEL, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"}, part]}]})
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "'messages[0].content[1]' must be a text part (only text is supported)",
+        "type": "invalid_request_error", "param": "messages[0].content[1]", "code": None}
+
+
 async def test_completions_and_models(make_fake_app):
     client = async_sdk(make_fake_app())
     out = await client.completions.create(model=FAKE_MODEL, prompt="alpha beta", max_tokens=8)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import anthropic
 import httpx
 import httpx2
+import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -567,5 +569,85 @@ async def test_anthropic_beta_reaches_the_upstream_and_client_credentials_do_not
     assert [h.get("anthropic-beta") for h in sent] == [beta, "other-2025-01-01", None, None]
     assert all(h["x-api-key"] == "ak" and "authorization" not in h for h in sent)
     assert all(h["anthropic-version"] == "2023-06-01" for h in sent)
+    app.state.store.close()
+    await pool.aclose()
+
+
+IMAGE_DATA = base64.b64encode(bytes(range(256)) * 8).decode()
+
+
+async def test_an_anthropic_image_message_reaches_an_anthropic_upstream_as_sent(
+        tmp_path: Path) -> None:
+    """An Anthropic SDK message with an image, a document and a screenshot inside a
+    tool_result reaches an Anthropic upstream as the client sent it (it was a 400: 'only text
+    is supported'); only the gateway's cache_control markers are added."""
+    fake = FakeAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": IMAGE_DATA}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [
+            {"type": "text", "text": "Check the release against the spec and this screen."},
+            {"type": "document", "title": "spec", "source": {
+                "type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQ="}},
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                            "data": "Ship on Fridays."}},
+            {"type": "image", "source": {"type": "url", "url": "https://example.test/a.png"}},
+            image]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
+                                           "name": "read_file", "input": {"path": "x"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "shown:"}, image]},
+                                     {"type": "text", "text": "Go on."}]}]
+    answer = await _sdk(app).messages.create(model="claude-test", max_tokens=16, tools=[TOOL],
+                                             system=SYSTEM, messages=messages)
+    assert answer.content[0].text == "Shipped it."
+    [sent] = fake.bodies
+    assert _strip(sent) == _strip({"system": SYSTEM, "tools": [TOOL], "messages": messages})
+    assert [r.status for r in records(app)] == [200]
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_an_openai_vision_call_reaches_an_anthropic_upstream_as_image_blocks(
+        tmp_path: Path) -> None:
+    """An OpenAI SDK vision call through an Anthropic upstream: image_url parts become image
+    blocks (base64 or url source, as the Messages API documents them), an inline PDF a
+    document block; audio and a file by id, which a Messages body cannot carry, are a 400
+    naming the part, and nothing reaches the upstream."""
+    fake = FakeAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+    client = openai.AsyncOpenAI(api_key="unused", base_url="http://gw/v1", http_client=http,
+                                max_retries=0)
+    done = await client.chat.completions.create(model="claude-test", max_tokens=16, messages=[
+        {"role": "user", "content": [
+            {"type": "text", "text": "What changed?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{IMAGE_DATA}",
+                                                "detail": "high"}},
+            {"type": "image_url", "image_url": {"url": "https://example.test/a.png"}},
+            {"type": "file", "file": {"filename": "spec.pdf",
+                                      "file_data": "data:application/pdf;base64,JVBERi0="}}]}])
+    assert done.choices[0].message.content == "Shipped it."
+    [sent] = fake.bodies
+    assert sent["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "What changed?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": IMAGE_DATA}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.test/a.png"}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                        "data": "JVBERi0="}}]}]
+    for part in ({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+                 {"type": "file", "file": {"file_id": "file-1"}},
+                 {"type": "file", "file": {"file_data": "data:text/csv;base64,YSxi"}}):
+        r = await http.post("/v1/chat/completions", json={"model": "claude-test", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, part]}]})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "messages[0].content[1]"
+        assert "Anthropic upstream" in r.json()["error"]["message"]
+    assert len(fake.bodies) == 1
+    await http.aclose()
     app.state.store.close()
     await pool.aclose()

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import httpx2
 import openai
 import pytest
 
+from gateway.app import create_app
 from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key, read_usage
 from gateway.backends.upstream_http import UpstreamOptions
+from gateway.config import GatewayConfig
 from gateway.fake_upstream import render_prompt
+from gateway.shadow import ShadowCache, ShadowConfig, request_prompt
 from gateway.types import Final
+from prompt_lint.media import MEDIA_TOKENS
 from prompt_lint.tokens import get_encoding
 
 from .upstream_helpers import (
@@ -33,6 +40,13 @@ def sdk(app: Any) -> openai.AsyncOpenAI:
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
     return openai.AsyncOpenAI(api_key="unused", base_url="http://gw/v1", http_client=http,
                               max_retries=0)
+
+
+def anthropic_sdk(app: Any) -> anthropic.AsyncAnthropic:
+    # The anthropic SDK runs on httpx2, so its in-process transport comes from there.
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gw")
+    return anthropic.AsyncAnthropic(api_key="unused", base_url="http://gw", http_client=http,
+                                    max_retries=0)
 
 
 def fake_reference(bodies: list[dict[str, Any]], page: int = 16) -> list[int]:
@@ -579,5 +593,226 @@ async def test_a_matched_stop_string_reaches_an_anthropic_client(
         got = (r.json()["stop_reason"], r.json()["stop_sequence"])
     assert got == (reason, sequence)
     assert chat.json()["choices"][0]["finish_reason"] == "stop"  # OpenAI's stays "stop"
+    app.state.store.close()
+    await pool.aclose()
+
+
+def _image(seed: int, size: int = 3000) -> str:
+    """Base64 of `size` distinct bytes (an inline image's data as a client sends it)."""
+    return base64.b64encode(bytes((seed * 131 + i * 7) % 256 for i in range(size))).decode()
+
+
+def _vision_parts(data: str) -> list[dict[str, Any]]:
+    """A user message's parts as OpenAI documents them: text, an inline and a linked image,
+    audio, a file."""
+    return [{"type": "text", "text": "What changed between these screens?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}",
+                                                "detail": "low"}},
+            {"type": "image_url", "image_url": {"url": "https://example.test/before.png"}},
+            {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+            {"type": "file", "file": {"filename": "spec.pdf",
+                                      "file_data": "data:application/pdf;base64,JVBERi0="}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_openai_vision_call_reaches_an_openai_upstream_as_sent(
+        tmp_path: Path, stream: bool) -> None:
+    """An OpenAI SDK call with image, audio and file parts reaches an OpenAI-compatible
+    upstream with its parts as sent (it was a 400: 'must be a text part'); the stored prompt
+    keeps a digest of the image, not its data."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool, store_prompts=True)
+    data = _image(1)
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": _vision_parts(data)}]
+    client = sdk(app)
+    if stream:
+        chunks = [c async for c in await client.chat.completions.create(
+            model="gpt-test", messages=messages, stream=True)]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        done = await client.chat.completions.create(model="gpt-test",
+                                                    messages=messages)
+        text = done.choices[0].message.content or ""
+    assert text == "Done. The next step is ready. "
+    [sent] = replica.state.replica.config.bodies
+    assert sent["messages"] == messages  # the provider's documented shape, byte for byte
+    [row] = records(app)
+    assert row.status == 200 and data not in (row.prompt_text or "")
+    assert "sha256:" in (row.prompt_text or "")
+    app.state.store.close()
+    await pool.aclose()
+
+
+@pytest.mark.parametrize(("part", "param"), [
+    ({"type": "image_url", "image_url": {}}, "messages[0].content[1].image_url.url"),
+    ({"type": "image_url", "image_url": {"url": "ftp://x/a.png"}},
+     "messages[0].content[1].image_url.url"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png,abc"}},
+     "messages[0].content[1].image_url.url"),
+    ({"type": "image_url", "image_url": "https://x/a.png"}, "messages[0].content[1].image_url"),
+    ({"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": 1}},
+     "messages[0].content[1].image_url.detail"),
+    ({"type": "input_audio", "input_audio": {"data": "UklGRg=="}},
+     "messages[0].content[1].input_audio.format"),
+    ({"type": "file", "file": {"filename": "a.pdf"}}, "messages[0].content[1].file"),
+    ({"type": "video_url", "video_url": {"url": "https://x/a.mp4"}},
+     "messages[0].content[1].type"),
+])
+async def test_a_malformed_media_part_is_an_openai_400(tmp_path: Path, part: dict[str, Any],
+                                                        param: str) -> None:
+    """A media part of the wrong shape is a 400 in OpenAI's format naming the field, before
+    anything reaches the upstream; so is an image in a message other than a user's."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    image = {"type": "image_url", "image_url": {"url": "https://x/a.png"}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        for messages, where in [
+                ([{"role": "user", "content": [{"type": "text", "text": "look"}, part]}], param),
+                ([{"role": "system", "content": [{"type": "text", "text": "x"}, image]},
+                  {"role": "user", "content": "hi"}], "messages[0].content[1]")]:
+            r = await client.post("/v1/chat/completions", json={"model": "m",
+                                                                 "messages": messages})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == where and error["type"] == "invalid_request_error"
+            assert where in error["message"]
+    assert replica.state.replica.config.bodies == []
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_an_anthropic_image_reaches_an_openai_upstream_as_image_url(
+        tmp_path: Path) -> None:
+    """An Anthropic SDK message with images (base64 and URL) reaches an OpenAI-compatible
+    upstream as image_url parts (a data URL for base64); a document, an image by file id, and
+    an image inside a tool_result have no chat completions form: a 400 naming the block."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    app = gateway_app(tmp_path, pool)
+    data = _image(2)
+    client = anthropic_sdk(app)
+    answer = await client.messages.create(model="m", max_tokens=16, messages=[{
+        "role": "user", "content": [
+            {"type": "text", "text": "Compare "},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": data}},
+            {"type": "image", "source": {"type": "url", "url": "https://example.test/b.png"}},
+            {"type": "text", "text": "with the spec."}]}])
+    assert answer.content[0].text == "Done. The next step is ready. "
+    [sent] = replica.state.replica.config.bodies
+    assert sent["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "Compare "},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
+        {"type": "image_url", "image_url": {"url": "https://example.test/b.png"}},
+        {"type": "text", "text": "with the spec."}]}]
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": data}}
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
+                                             "name": "screenshot", "input": {}}]}
+    refused = [
+        ([{"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                          "data": "JVBERi0="}}], "messages[0].content[0]"),
+        ([{"type": "image", "source": {"type": "file", "file_id": "file_1"}}],
+         "messages[0].content[0]")]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        for content, path in refused:
+            r = await http.post("/v1/messages", json={
+                "model": "m", "max_tokens": 8, "messages": [{"role": "user",
+                                                             "content": content}]})
+            assert r.status_code == 400 and r.json()["type"] == "error", r.text
+            assert path in r.json()["error"]["message"]
+        r = await http.post("/v1/messages", json={"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "take a screenshot"}, use,
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [image]}]}]})
+        assert r.status_code == 400, r.text
+        assert "messages[2].content[0]" in r.json()["error"]["message"]
+    assert len(replica.state.replica.config.bodies) == 1  # nothing refused reached it
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_different_images_never_share_a_predicted_hit_past_the_image() -> None:
+    """The shadow cache's prompt of two requests that differ only in their image's data (or
+    URL) parts within the image: the text after it is no predicted hit; the same image is."""
+    system = {"role": "system", "content": SYSTEM}
+    after = {"type": "text", "text": "Describe every difference in detail. " * 40}
+
+    def request(url: str, tail: bool = True) -> Any:
+        parts = [{"type": "text", "text": "Look:"},
+                 {"type": "image_url", "image_url": {"url": url}}, *([after] if tail else [])]
+        return chat_request([system, {"role": "user", "content": parts}])
+
+    for one, other in [(f"data:image/png;base64,{_image(3)}",
+                        f"data:image/png;base64,{_image(4)}"),
+                       ("https://example.test/a.png", "https://example.test/b.png")]:
+        shadow = ShadowCache(ShadowConfig(page_size=16))
+        shadow.record(request_prompt(request(one)), "t")
+        through_image = len(request_prompt(request(one, tail=False)))
+        assert shadow.match_length(request_prompt(request(other)), "t") < through_image
+        again = request_prompt(request(one))
+        assert shadow.match_length(again, "t") == len(again) // 16 * 16
+
+
+async def test_an_image_counts_a_fixed_allowance_not_its_base64(tmp_path: Path) -> None:
+    """prefixgate's own count of a prompt with an image (an upstream whose tokenizer does not
+    answer) is the text's count plus the documented per-image allowance (MEDIA_TOKENS), not
+    the tokens of its base64 text (a 30 KB screenshot counted as ~20k tokens)."""
+    pool = pool_over_handler(lambda request: httpx.Response(404), url="http://up.test/v1")
+    app = gateway_app(tmp_path, pool)
+    data = _image(5, 30000)
+    text = [{"type": "text", "text": "What is on this screen?"}]
+    image = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                          "data": data}}]
+    counts = []
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        for content in (text, text + image):
+            r = await http.post("/v1/messages/count_tokens", json={
+                "model": "m", "messages": [{"role": "user", "content": content}]})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-prefixgate-usage"] == "estimated"
+            counts.append(r.json()["input_tokens"])
+    assert MEDIA_TOKENS <= counts[1] - counts[0] <= MEDIA_TOKENS + 64
+    app.state.store.close()
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("mode", ["report", "rewrite"])
+async def test_lint_leaves_image_parts_as_they_came(tmp_path: Path, mode: str) -> None:
+    """Lint of a request with images, in report and rewrite mode, names its findings in
+    x-prefixgate-lint (the system prompt's timestamp), and the upstream gets every image part
+    byte-identical, from an OpenAI and an Anthropic client."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    config = GatewayConfig(db_url=f"sqlite:///{tmp_path / 'gw.db'}", lint_mode=mode)
+    app = create_app(config, backend=pool)
+    system = SYSTEM + "Current time: 2026-11-29T14:03:07Z."
+    data = _image(6)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": data}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        openai_body = {"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": _vision_parts(data)}]}
+        anthropic_body = {"model": "m", "max_tokens": 8, "system": system, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]}
+        for path, body in (("/v1/chat/completions", openai_body),
+                           ("/v1/messages", anthropic_body)):
+            r = await http.post(path, json=body)
+            assert r.status_code == 200, r.text
+            assert "PL001" in r.headers["x-prefixgate-lint"]
+    sent = replica.state.replica.config.bodies
+    parts = [p for p in sent[0]["messages"][-1]["content"] if p["type"] != "text"]
+    assert [json.dumps(p) for p in parts] == [json.dumps(p) for p in _vision_parts(data)[1:]]
+    converted = [p for p in sent[1]["messages"][-1]["content"] if p["type"] != "text"]
+    assert converted == [{"type": "image_url",
+                          "image_url": {"url": f"data:image/png;base64,{data}"}}]
     app.state.store.close()
     await pool.aclose()
