@@ -160,3 +160,23 @@ def _part_chars(part: Mapping[str, Any]) -> int:
         if isinstance(inner, dict) and isinstance(inner.get(field), str):
             return len(inner[field])
     return 0
+
+
+def media_chars(messages: Sequence[Any]) -> int:
+    """Characters of the inline data (or URL) of the non-text parts of a client's `messages`,
+    those inside an Anthropic tool_result included."""
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            total += sum(_media_chars(b) for b in content if isinstance(b, dict))
+    return total
+
+
+def _media_chars(part: Mapping[str, Any]) -> int:
+    if isinstance(part.get("text"), str):
+        return 0
+    inner = part.get("content")
+    if isinstance(inner, list):  # a tool_result's blocks
+        return sum(_media_chars(b) for b in inner if isinstance(b, dict))
+    return _part_chars(part)

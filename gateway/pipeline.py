@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.admission import Overloaded
 from gateway.auth import tenant_for
-from gateway.body import INLINE_BYTES, cap_max_tokens, parse_body
+from gateway.body import INLINE_BYTES, cap_max_tokens, media_chars, parse_body
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, error_body
 from gateway.evolve import evolve
@@ -274,9 +274,13 @@ def _parse(config: GatewayConfig, ticket: Ticket, raw: bytes, ctx: ParseContext
 
 
 def _lint_fits(config: GatewayConfig, body: dict[str, Any], size: int) -> bool:
-    """Lint work is bounded per request: larger bodies are served unlinted."""
+    """Lint work is bounded per request: larger bodies are served unlinted. An image's or a
+    file's inline data is not lint's work (it lays each out as a digest: prompt_lint.media),
+    so it does not count: a conversation's screenshots do not stop its rewriting."""
     messages = body.get("messages")
     count = len(messages) if isinstance(messages, list) else 0
+    if isinstance(messages, list):
+        size -= media_chars(messages)
     if size <= config.lint_max_bytes and count <= config.lint_max_messages:
         return True
     log.info("body of %d bytes / %d messages is over the lint budget; not linted", size, count)

@@ -816,3 +816,31 @@ async def test_lint_leaves_image_parts_as_they_came(tmp_path: Path, mode: str) -
                           "image_url": {"url": f"data:image/png;base64,{data}"}}]
     app.state.store.close()
     await pool.aclose()
+
+
+async def test_a_screenshot_does_not_stop_lint_rewriting(tmp_path: Path) -> None:
+    """The lint budget (PREFIXGATE_LINT_MAX_BYTES) counts a body without its images' inline
+    data: a conversation whose screenshots pass the budget is still rewritten (it was served
+    unlinted, so its system prompt's timestamp came back and the upstream's cache missed);
+    text past the budget is still served unlinted."""
+    [replica] = fake_replicas(1)
+    pool = pool_over([replica])
+    config = GatewayConfig(db_url=f"sqlite:///{tmp_path / 'gw.db'}", lint_mode="rewrite",
+                           lint_max_bytes=64 << 10)
+    app = create_app(config, backend=pool)
+    system = SYSTEM + "Current time: 2026-11-29T14:03:07Z."
+    screenshot = f"data:image/png;base64,{_image(7, 96 << 10)}"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        for user, linted in (
+                ([{"type": "text", "text": "What is this?"},
+                  {"type": "image_url", "image_url": {"url": screenshot}}], True),
+                ("What is this? " * 10000, False)):
+            r = await http.post("/v1/chat/completions", json={"model": "m", "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": user}]})
+            assert r.status_code == 200, r.text
+            assert ("PL001" in r.headers["x-prefixgate-lint"]) is linted
+            sent = replica.state.replica.config.bodies[-1]
+            assert ("2026-11-29" in sent["messages"][0]["content"]) is not linted
+    app.state.store.close()
+    await pool.aclose()
