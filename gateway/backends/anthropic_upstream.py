@@ -4,8 +4,9 @@ An Anthropic-format client's body is forwarded with `cache_control` breakpoints 
 stable boundary; an OpenAI-format client is converted first. Streams are passed on delta by
 delta. An Anthropic client gets the upstream's thinking and redacted_thinking blocks as they
 came (whole: the upstream's content verbatim; streamed: their events, with the tool_use blocks
-streamed in place), and its `anthropic-beta` header is passed on; an OpenAI client gets no
-thinking (chat completions has no field for it). The upstream's cache report is
+streamed in place), text blocks with `citations` the same way, and its `anthropic-beta` header
+is passed on; an OpenAI client gets no thinking and no citations (chat completions has no field
+for them). The upstream's cache report is
 `usage.cache_read_input_tokens`; Anthropic's `input_tokens` excludes cached and cache-written
 tokens, so the prompt size is their sum.
 """
@@ -39,7 +40,18 @@ COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
            "tool_use": "tool_calls", "refusal": "refusal", "pause_turn": "pause_turn"}
 #: content blocks the neutral types have no field for, passed to an Anthropic client as they came
+#: (a text block with `citations` too: `passed_block`)
 PASSED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def passed_block(block: Any) -> bool:
+    """True for an answer's block an Anthropic client gets as the upstream sent it: thinking,
+    redacted_thinking, and text with `citations` (the answer's sources in a document the
+    request carried), which the neutral text cannot hold."""
+    if not isinstance(block, dict):
+        return False
+    kind = block.get("type")
+    return kind in PASSED_BLOCKS or (kind == "text" and block.get("citations") is not None)
 _BETA_TEMPLATES = 32  # distinct anthropic-beta values whose request templates are kept
 
 
@@ -130,16 +142,18 @@ class _StreamState:
                     self.calls.append(ToolCallDelta(self.ordinals[index], "",
                                                     id=str(block.get("id") or ""),
                                                     name=str(block.get("name") or "")))
-            elif self.passthrough and block.get("type") in PASSED_BLOCKS:
+            elif self.passthrough and passed_block(block):
                 self.passed.add(index)
                 self.events.append(event)
         elif kind == "content_block_delta":
             delta = event.get("delta") or {}
             index = token_count(event.get("index"), "index")
-            if delta.get("type") == "text_delta":
-                return str(delta.get("text") or "")
-            if index in self.passed:
+            if index in self.passed:  # a passed text block's text is the answer's too
                 self.events.append(event)
+                if delta.get("type") == "text_delta":
+                    self.text.append(str(delta.get("text") or ""))
+            elif delta.get("type") == "text_delta":
+                return str(delta.get("text") or "")
             elif delta.get("type") == "input_json_delta":
                 slot = self.tools.get(index)
                 if slot is not None:
@@ -277,7 +291,6 @@ class AnthropicUpstream(UpstreamBackend):
         usage = read_usage(payload.get("usage"))
         final = self._final(text, tools, payload.get("stop_reason"), usage, clock, 0,
                             payload.get("stop_sequence"))
-        if passes_blocks(req) and any(isinstance(b, dict) and b.get("type") in PASSED_BLOCKS
-                                      for b in blocks):
+        if passes_blocks(req) and any(passed_block(b) for b in blocks):
             return evolve(final, provider_content=tuple(blocks))
         return final

@@ -436,7 +436,8 @@ class ThinkingAnthropic(FakeAnthropic):
         for i, block in enumerate(self.reply):
             kind = block["type"]
             start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
-                     "text": {"type": "text", "text": ""},
+                     "text": {"type": "text", "text": "",
+                              **({"citations": []} if "citations" in block else {})},
                      "tool_use": {**block, "input": {}}}.get(kind, block)
             events.append({"type": "content_block_start", "index": i, "content_block": start})
             deltas: list[dict[str, Any]] = []
@@ -445,8 +446,9 @@ class ThinkingAnthropic(FakeAnthropic):
                 deltas = [{"type": "thinking_delta", "thinking": block["thinking"][:half]},
                           {"type": "thinking_delta", "thinking": block["thinking"][half:]},
                           {"type": "signature_delta", "signature": block["signature"]}]
-            elif kind == "text":
-                deltas = [{"type": "text_delta", "text": block["text"]}]
+            elif kind == "text":  # a cited text block: its citations one delta each
+                deltas = [{"type": "text_delta", "text": block["text"]}] + [
+                    {"type": "citations_delta", "citation": c} for c in block.get("citations", [])]
             elif kind == "tool_use":
                 text = json.dumps(block["input"])
                 deltas = [{"type": "input_json_delta", "partial_json": text[:5]},
@@ -649,5 +651,41 @@ async def test_an_openai_vision_call_reaches_an_anthropic_upstream_as_image_bloc
         assert "Anthropic upstream" in r.json()["error"]["message"]
     assert len(fake.bodies) == 1
     await http.aclose()
+    app.state.store.close()
+    await pool.aclose()
+
+
+CITATION = {"type": "char_location", "cited_text": "Ship on Fridays.", "document_index": 0,
+            "document_title": "policy", "start_char_index": 0, "end_char_index": 16}
+CITED_REPLY = [{"type": "text", "text": "According to the policy, "},
+               {"type": "text", "text": "releases ship on Fridays", "citations": [CITATION]},
+               {"type": "text", "text": "."}]
+
+
+async def test_citations_reach_an_anthropic_client_whole_and_streamed(tmp_path: Path) -> None:
+    """A document sent with citations enabled: the answer's cited text blocks reach an
+    Anthropic client as the upstream sent them, whole and streamed (citations_delta events);
+    they were dropped, the text merged into one block. An OpenAI client gets the text."""
+    fake = ThinkingAnthropic(CITED_REPLY)
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    client = _sdk(app)
+    request: dict[str, Any] = {"model": "claude-test", "max_tokens": 64, "messages": [{
+        "role": "user", "content": [
+            {"type": "document", "title": "policy", "citations": {"enabled": True},
+             "source": {"type": "text", "media_type": "text/plain",
+                        "data": "Ship on Fridays."}},
+            {"type": "text", "text": "When do releases ship?"}]}]}
+    whole = await client.messages.create(**request)
+    assert [b.model_dump(exclude_none=True) for b in whole.content] == CITED_REPLY
+    async with client.messages.stream(**request) as stream:
+        streamed = await stream.get_final_message()
+    assert [b.model_dump(exclude_none=True) for b in streamed.content] == CITED_REPLY
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        r = await http.post("/v1/chat/completions", json={
+            "model": "claude-test", "messages": [{"role": "user", "content": "When?"}]})
+    text = "".join(b["text"] for b in CITED_REPLY)
+    assert r.json()["choices"][0]["message"]["content"] == text
     app.state.store.close()
     await pool.aclose()
