@@ -36,6 +36,10 @@ def fingerprint(*parts: str) -> str:
     return h.hexdigest()
 
 
+#: levels `remember` weighs a message to (a request body is at most 64 levels deep by default)
+MESSAGE_DEPTH = 64
+
+
 @dataclass(slots=True)
 class SessionState:
     """What the last request of a session looked like: non-system message fingerprints."""
@@ -87,5 +91,8 @@ class SessionTracker:
         return self._rewrites.get(key)
 
     def remember(self, key: str, message: dict[str, Any]) -> None:
-        """Keep the rewritten `message` so its history copies stay byte-identical."""
-        self._rewrites.put(key, message, text_bytes(key) + approx_bytes(message))
+        """Keep the rewritten `message` so its history copies stay byte-identical; weighed to
+        its deepest string (a screenshot inside a tool_result is 6 levels down: the default
+        depth of 4 weighed a megabyte image as a kilobyte, and the store held thousands)."""
+        weight = text_bytes(key) + approx_bytes(message, depth=MESSAGE_DEPTH)
+        self._rewrites.put(key, message, weight)

@@ -150,6 +150,28 @@ def test_session_tracker_is_bounded_by_bytes() -> None:
     assert len(tracker) < 400
 
 
+@pytest.mark.parametrize("nest", ["message", "tool_result", "document"])
+def test_session_tracker_weighs_images_however_deep(nest: str) -> None:
+    """A remembered message holding a screenshot (in the message, inside a tool_result, in a
+    document's content) is weighed with it: the store's real size (deep_size, the reference)
+    stays within its budget (a tool_result's image was weighed as ~1 kB, so the store held
+    megabytes past it)."""
+    tracker = SessionTracker(max_bytes=BUDGET)
+    for i in range(50):
+        image: dict[str, Any] = {"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": f"{i:04d}" + "A" * 64 * KB}}
+        block = {"message": image,
+                 "tool_result": {"type": "tool_result", "tool_use_id": "t", "content": [image]},
+                 "document": {"type": "document", "source": {
+                     "type": "content", "content": [image]}}}[nest]
+        tracker.remember(f"msg-{i}", {"role": "user", "content": [block]})
+    rewrites = tracker.memos()["session_rewrites"]
+    held = rewrites.items()
+    assert held and rewrites.weight <= rewrites.max_weight
+    seen: set[int] = set()
+    assert sum(deep_size(k, seen) + deep_size(v, seen) for k, v in held) <= rewrites.max_weight
+
+
 def test_budgets_are_validated_and_add_up() -> None:
     assert MemoBudgets().total == 124 << 20
     with pytest.raises(ValueError, match="token_chunks"):
