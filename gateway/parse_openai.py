@@ -323,6 +323,8 @@ def _media_part(part: Any, kind: Any, path: str, role: str | None) -> None:
     if role != "user":
         raise invalid(f"'{path}' must be a text part: only a user message may carry "
                       f"{', '.join(_MEDIA_CHECKS)} parts", path)
+    if not isinstance(part, dict):
+        raise invalid(f"'{path}' must be a content part object", path)
     check = _MEDIA_CHECKS.get(kind) if isinstance(kind, str) else None
     if check is None:
         kinds = ", ".join(["text", *_MEDIA_CHECKS])

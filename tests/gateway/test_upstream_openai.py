@@ -659,8 +659,9 @@ async def test_an_openai_vision_call_reaches_an_openai_upstream_as_sent(
     ({"type": "file", "file": {"filename": "a.pdf"}}, "messages[0].content[1].file"),
     ({"type": "video_url", "video_url": {"url": "https://x/a.mp4"}},
      "messages[0].content[1].type"),
+    ("https://x/a.png", "messages[0].content[1]"),
 ])
-async def test_a_malformed_media_part_is_an_openai_400(tmp_path: Path, part: dict[str, Any],
+async def test_a_malformed_media_part_is_an_openai_400(tmp_path: Path, part: Any,
                                                         param: str) -> None:
     """A media part of the wrong shape is a 400 in OpenAI's format naming the field, before
     anything reaches the upstream; so is an image in a message other than a user's."""
