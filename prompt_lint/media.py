@@ -27,7 +27,7 @@ from typing import Any
 
 MEDIA_TYPES = frozenset({"image", "document", "image_url", "input_audio", "file"})
 MEDIA_TOKENS = 1000  # filler tokens one media block counts in the layout (see above)
-_FILLER = " image" * MEDIA_TOKENS  # one cl100k_base token a word
+_FILLER = " img" * MEDIA_TOKENS  # one cl100k_base token a word, 4 characters (layout.estimate)
 DIGEST_HEX = 32  # 128 bits of sha256: no two payloads of one body share a digest
 #: object keys whose value holds a payload in its `data` field (OpenAI's input_audio), or
 #: in the named field (OpenAI's file part's `file_data`, an image_url's `url` when a data URL)
