@@ -86,7 +86,7 @@ def _content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         parts = [p.get("text", "") for p in content if isinstance(p, Mapping)]
-        return "".join(str(p) for p in parts)
+        return "\n".join(str(p) for p in parts)  # one part a line, as vLLM joins them
     raise TypeError(f"message content must be str, list of parts or None, got {type(content)}")
 
 

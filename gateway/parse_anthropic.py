@@ -156,7 +156,7 @@ def _assistant(blocks: list[Any], path: str) -> dict[str, Any]:
             continue
         else:
             texts.append(_text_block(block, f"{path}[{j}]"))
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         msg["tool_calls"] = calls
     elif msg["content"] is None:
@@ -199,10 +199,11 @@ def _part(block: Any, path: str, media: bool) -> dict[str, Any]:
 
 
 def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """Neutral content: text parts joined into one string (as a text-only message always
-    was), or, when there is an image or a document, the parts themselves."""
+    """Neutral content: text parts joined into one string, one a line (so a client's
+    `<system-reminder>` block and its question stay apart, as vLLM joins parts), or, when
+    there is an image or a document, the parts themselves."""
     if all(part["type"] == "text" for part in parts):
-        return "".join(part["text"] for part in parts)
+        return "\n".join(part["text"] for part in parts)
     return parts
 
 

@@ -96,7 +96,7 @@ def test_messages_are_normalised() -> None:
         add_generation_prompt=False,
     )
     call = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
-    assert out == f"[user:ab][assistant:{call}]"
+    assert out == f"[user:a\nb][assistant:{call}]"  # text parts one a line
 
 
 def test_raise_exception_and_tojson_helpers() -> None:

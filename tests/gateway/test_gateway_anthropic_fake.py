@@ -85,6 +85,23 @@ async def test_tool_use_round_trip(make_fake_app, fake_backend: FakeBackend):
                                 "content": "a fast store"}
 
 
+async def test_text_blocks_reach_the_model_one_a_line(make_fake_app,
+                                                      fake_backend: FakeBackend) -> None:
+    """Several text blocks of a message are joined one a line (a client's reminder block and
+    its question do not run together as 'wrote.The cat'), in user, tool_result and
+    assistant content alike."""
+    blocks = [{"type": "text", "text": "Repeat exactly what I wrote."},
+              {"type": "text", "text": "The cat sat."}]
+    client = async_sdk(make_fake_app())
+    await client.messages.create(model=FAKE_MODEL, max_tokens=8, messages=[
+        {"role": "user", "content": blocks},
+        {"role": "assistant", "content": blocks},
+        {"role": "user", "content": [{"type": "text", "text": "Again."}]}])
+    seen = fake_backend.seen[-1].messages
+    expected = "\n".join(b["text"] for b in blocks)
+    assert [m["content"] for m in seen] == [expected, expected, "Again."]
+
+
 def _uses(*ids: str) -> dict:
     return {"role": "assistant", "content": [
         {"type": "tool_use", "id": i, "name": "lookup", "input": {"word": "x"}} for i in ids]}
