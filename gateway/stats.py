@@ -6,8 +6,9 @@ only enqueues: a writer thread commits batches off the request path. `flush()` w
 everything added so far is committed or spilled; `close()` drains the queue before returning.
 
 Durability: a batch the database refuses while it still answers is retried row by row, so one
-bad row never takes others with it. While the database is down (or when the bounded in-memory
-queue is full) rows go to an append-only local spill file (gateway.spill) and are replayed in
+bad row never takes others with it. While the database is down or refuses every write (a
+read-only file, a full disk: `database_up` probes with a write), or when the bounded in-memory
+queue is full, rows go to an append-only local spill file (gateway.spill) and are replayed in
 order when the database answers again. `lost` counts rows dropped after all that (a row the
 database refuses on its own); `pending()` counts rows queued or spilled; `degraded` is True
 while the last database operation failed.
@@ -112,6 +113,12 @@ def _row(record: RequestRecord | Mapping[str, Any]) -> dict[str, Any]:
     if row["ts"] is None:
         row["ts"] = _utcnow()
     return normalise_row(row, _RULES)
+
+
+def _probe_row() -> dict[str, Any]:
+    """A row every database that takes writes accepts (inserted and rolled back)."""
+    return _row({"request_id": "write-probe", "tenant": "", "model": "", "backend": "",
+                 "provider": "", "route": "", "status": 0})
 
 
 def default_spill_path(url: str) -> Path:
@@ -293,12 +300,22 @@ class RecordStore:
             session.execute(_INSERT, rows)
 
     def database_up(self) -> bool:
-        """True when the database answers a trivial query now."""
+        """True when the database takes a write now: a known-good row inserted and rolled
+        back. A database that answers reads but refuses every write (a read-only file or
+        mount, a full disk, a lock held past the busy timeout) is down for the writer: its
+        rows are spilled and replayed, not dropped as if each were refused on its own."""
         try:
             with self.engine.connect() as conn:
-                conn.execute(select(1))
+                transaction = conn.begin()
+                try:
+                    conn.execute(_INSERT, [_probe_row()])
+                finally:
+                    transaction.rollback()
             return True
-        except Exception:  # noqa: BLE001 - any failure means "not reachable now"
+        except Exception:  # noqa: BLE001 - any failure means "not writable now"
+            # reconnect next time: an SQLite connection opened on a read-only file stays
+            # read-only after the file is made writable again
+            self.engine.dispose()
             return False
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
@@ -333,7 +350,8 @@ class RecordStore:
 
     def _enter_outage(self, rows: list[dict[str, Any]]) -> None:
         if not self.degraded:
-            log.error("stats database unreachable; spilling records to %s", self.spill.path)
+            log.error("stats database unreachable or refusing writes; spilling records to %s",
+                      self.spill.path)
         self.degraded = True
         self._spill(rows)
 

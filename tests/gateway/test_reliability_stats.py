@@ -213,6 +213,43 @@ async def test_sqlite_outage_spills_reports_degraded_and_replays(tmp_path: Path)
         store.close()
 
 
+class ReadOnly:
+    """SQLite connections opened while `readonly` refuse every write as on a read-only file
+    (`PRAGMA query_only`) and keep refusing after it is cleared, as a connection opened on
+    a read-only file does; reads still answer."""
+
+    def __init__(self, engine: Any) -> None:
+        self.readonly = False
+        event.listen(engine, "connect", self._connected)
+
+    def _connected(self, dbapi_conn: Any, _record: Any) -> None:
+        if self.readonly:
+            dbapi_conn.execute("PRAGMA query_only = ON")
+
+
+async def test_a_database_that_refuses_every_write_loses_no_record(tmp_path: Path) -> None:
+    app = create_app(fake_config(tmp_path, admin_key=ADMIN), backend=FakeBackend())
+    store: RecordStore = app.state.store
+    readonly = ReadOnly(store.engine)
+    try:
+        async with asgi_client(app) as http:
+            readonly.readonly = True
+            store.engine.dispose()  # every connection from now on is read-only
+            for _ in range(10):
+                assert (await http.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            assert store.flush()
+            with store.engine.connect() as conn:  # reads still answer
+                assert conn.execute(select(RequestRecord.id)).all() == []
+            health = (await http.get("/healthz")).json()
+            assert health["database"] == "degraded" and health["stats_lost"] == 0
+            assert store.pending() == 10
+            readonly.readonly = False
+            _wait(lambda: store.pending() == 0)
+        assert store.flush() and (store.count(), store.lost) == (10, 0)
+    finally:
+        store.close()
+
+
 def test_spilled_rows_survive_a_restart(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     store = RecordStore(url, flush_interval_s=0.02)
