@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from sqlalchemy import select
 
-from gateway import access_log
+from gateway import access_log, dashboard
 from gateway.admission import Admission, AdmissionConfig, Overloaded
 from gateway.auth import SESSION_COOKIE
 from gateway.stats import RequestRecord
@@ -362,6 +362,26 @@ async def test_dashboard_login_sets_an_httponly_session_cookie(make_fake_app) ->
         assert (await http.get("/api/stats")).status_code == 200
         http.cookies.set(SESSION_COOKIE, "9999999999.forged")
         assert (await http.get("/api/stats")).status_code == 401
+
+
+async def test_a_hostile_sign_in_form_is_a_wrong_key_not_a_500(make_fake_app,
+                                                                 monkeypatch) -> None:
+    monkeypatch.setattr(dashboard, "LOGIN_READ_S", 0.2, raising=False)
+    app = make_fake_app(api_keys=KEYS, admin_key=ADMIN)
+
+    async def slow_form() -> AsyncIterator[bytes]:
+        yield b"key="
+        await asyncio.sleep(1.0)  # past the form's deadline, then the right key
+        yield ADMIN.encode()
+
+    many = {"key": ADMIN, **{f"field{i}": "x" for i in range(9)}}
+    async with asgi_client(app) as http:
+        for form in ({"data": many}, {"content": slow_form()}):
+            answer = await http.post("/dashboard/login", **form)  # type: ignore[arg-type]
+            assert answer.status_code == 401 and "Wrong admin key." in answer.text
+            assert SESSION_COOKIE not in answer.headers.get("set-cookie", "")
+        ok = await http.post("/dashboard/login", data={"key": ADMIN})
+        assert ok.status_code == 303
 
 
 async def test_metrics_need_a_key_whenever_any_key_exists(make_fake_app) -> None:
