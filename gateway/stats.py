@@ -42,6 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
@@ -130,6 +131,24 @@ def default_spill_path(url: str) -> Path:
     return Path("prefixgate-stats.spill.jsonl")
 
 
+class StatsDatabaseError(RuntimeError):
+    """The stats database cannot be opened at start-up (the message names it, no password)."""
+
+
+def open_database(url: str) -> Engine:
+    """`make_engine(url)` with the `requests` table created (or its missing columns added);
+    a StatsDatabaseError saying which database and why when that fails."""
+    try:
+        engine = make_engine(url)
+        Base.metadata.create_all(engine)
+        add_missing_columns(engine)
+    except (OSError, SQLAlchemyError) as exc:
+        shown = make_url(url).render_as_string(hide_password=True) if "://" in url else url
+        reason = exc.orig if isinstance(exc, DBAPIError) else exc
+        raise StatsDatabaseError(f"stats database {shown}: {reason}") from exc
+    return engine
+
+
 def make_engine(url: str) -> Engine:
     """An SQLAlchemy engine; SQLite files get their folder created and WAL journaling."""
     parsed = make_url(url)
@@ -188,9 +207,7 @@ class RecordStore:
         if batch_size <= 0 or flush_interval_s <= 0 or max_queue <= 0:
             raise ValueError("batch_size, flush_interval_s and max_queue must be positive")
         self.url = url
-        self.engine = make_engine(url)
-        Base.metadata.create_all(self.engine)
-        add_missing_columns(self.engine)
+        self.engine = open_database(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._batch_size = batch_size
         self._interval = flush_interval_s

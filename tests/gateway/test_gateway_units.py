@@ -209,6 +209,33 @@ def test_serve_refuses_bad_config_with_status_2(capsys, monkeypatch):
     assert "PREFIXGATE_PORT" in capsys.readouterr().err
 
 
+def test_serve_names_a_stats_database_it_cannot_open_with_status_2(capsys, monkeypatch,
+                                                                    tmp_path: Path) -> None:
+    import uvicorn
+
+    from gateway.serve import main
+    from tests.support import free_port
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("served without a stats database")
+
+    monkeypatch.setattr(uvicorn, "run", never)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    not_a_db = tmp_path / "not.db"
+    not_a_db.write_text("not a database " * 100)
+    closed = f"postgresql+pg8000://user:hunter2pw@127.0.0.1:{free_port()}/stats"
+    for url, names in ((f"sqlite:///{a_file}/stats.db", str(a_file)),
+                       (f"sqlite:///{not_a_db}", str(not_a_db)),
+                       (closed, "127.0.0.1")):
+        argv = ["--db", url, "--upstream", "vllm=http://127.0.0.1:9/v1",
+                "--stats-spill-path", str(tmp_path / "spill.jsonl")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("prefixgate serve: stats database ") and names in err
+        assert "Traceback" not in err and "hunter2pw" not in err
+
+
 def test_serve_freezes_startup_objects_out_of_the_collectors_view() -> None:
     import gc
 
