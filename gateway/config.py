@@ -206,11 +206,16 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_api_key(text: str) -> tuple[str, str]:
-    """`KEY` (tenant "default") or `KEY=TENANT`."""
-    key, sep, tenant = text.strip().partition("=")
+    """`KEY` (tenant "default") or `KEY=TENANT`. The tenant follows the last "=", so a key may
+    hold "=" itself: base64 keys end in "=" padding (`openssl rand -base64 32`), and a key
+    that ends in "=" has no tenant."""
+    text = text.strip()
+    key, sep, tenant = text.rpartition("=")
+    if not sep or not tenant.strip():
+        key, tenant = text, DEFAULT_TENANT
     if not key:
         raise ValueError("empty api key")
-    return key, (tenant.strip() if sep else DEFAULT_TENANT)
+    return key, tenant.strip()
 
 
 def parse_api_keys(text: str) -> dict[str, str]:
@@ -231,11 +236,25 @@ def load_keys_file(path: str | Path) -> dict[str, str]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        parts = line.replace("=", " ").split()
-        if len(parts) != 2:
+        pair = _key_line(line)
+        if pair is None:
             raise ValueError(f"{path}:{number}: expected 'KEY TENANT', got {line!r}")
-        keys[parts[0]] = parts[1]
+        keys[pair[0]] = pair[1]
     return keys
+
+
+def _key_line(line: str) -> tuple[str, str] | None:
+    """`KEY TENANT`, `KEY = TENANT` or `KEY=TENANT` (the key keeps any "=" of its own, as in
+    `parse_api_key`); None for anything else."""
+    parts = line.split()
+    if len(parts) == 3 and parts[1] == "=":
+        parts = [parts[0], parts[2]]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    if len(parts) == 1:
+        key, sep, tenant = line.rpartition("=")
+        return (key, tenant) if sep and key and tenant else None
+    return None
 
 
 def parse_lint_mode(text: str) -> str:

@@ -61,6 +61,27 @@ def test_keys_file_json_and_errors(tmp_path: Path):
         load_keys_file(bad)
 
 
+def test_a_key_keeps_its_own_equals_signs(tmp_path: Path) -> None:
+    import base64
+    import secrets
+
+    padded = [base64.b64encode(secrets.token_bytes(n)).decode() for n in (31, 32)]
+    assert [k.count("=") for k in padded] == [2, 1]  # base64 of 31 and 32 bytes is padded
+    one, two = padded
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"{one} alice\n{two}=bob\n{one}x = carol\n")
+    assert load_keys_file(keys) == {one: "alice", two: "bob", one + "x": "carol"}
+    args = build_parser().parse_args(["--api-key", two, "--api-key", f"{one}=dave"])
+    assert dict(config_from_args(args, {}).api_keys) == {two: "default", one: "dave"}
+    env = config_from_args(build_parser().parse_args([]),
+                           {"PREFIXGATE_API_KEYS": f"{two}=erin,{one}"})
+    assert dict(env.api_keys) == {two: "erin", one: "default"}
+    for line in (f"{two}\n", "=alice\n"):
+        keys.write_text(line)  # a line with no tenant
+        with pytest.raises(ValueError, match="keys.txt:1"):
+            load_keys_file(keys)
+
+
 def test_serve_flags_override_env(tmp_path: Path):
     args = build_parser().parse_args([
         "--port", "8123", "--db", f"sqlite:///{tmp_path}/x.db", "--api-key", "k=alice",
