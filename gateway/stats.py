@@ -7,11 +7,11 @@ everything added so far is committed or spilled; `close()` drains the queue befo
 
 Durability: a batch the database refuses while it still answers is retried row by row, so one
 bad row never takes others with it. While the database is down or refuses every write (a
-read-only file, a full disk: `database_up` probes with a write), or when the bounded in-memory
-queue is full, rows go to an append-only local spill file (gateway.spill) and are replayed in
-order when the database answers again. `lost` counts rows dropped after all that (a row the
-database refuses on its own); `pending()` counts rows queued or spilled; `degraded` is True
-while the last database operation failed.
+read-only file, a full disk: an OperationalError, or a failed probe write), or when the
+bounded in-memory queue is full, rows go to an append-only local spill file (gateway.spill)
+and are replayed in order when the database answers again. `lost` counts rows dropped after
+all that (a row the database refuses on its own); `pending()` counts rows queued or spilled;
+`degraded` is True while the last database operation failed.
 """
 
 from __future__ import annotations
@@ -335,6 +335,17 @@ class RecordStore:
             self.engine.dispose()
             return False
 
+    def _database_refused(self, exc: BaseException) -> bool:
+        """True when the database, not a row, failed the insert: an OperationalError (the
+        DB-API's class for I/O errors, locks, a read-only or full database; SQLite may raise
+        it only at commit, where a rolled-back probe cannot see it), or a database that
+        refuses the probe write. A row refused otherwise is that row's own fault."""
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        if type(orig).__name__ == "OperationalError":
+            self.engine.dispose()  # reconnect: a connection can stay read-only
+            return True
+        return not self.database_up()
+
     def _write(self, rows: list[dict[str, Any]]) -> None:
         """Commit `rows`; a refused batch is retried row by row while the database answers,
         and spilled to disk while it does not (rows behind a spill are spilled too, in order)."""
@@ -343,8 +354,8 @@ class RecordStore:
             return
         try:
             self._insert(rows)
-        except Exception:  # noqa: BLE001 - a database failure must not kill the writer
-            if not self.database_up():
+        except Exception as exc:  # noqa: BLE001 - a database failure must not kill the writer
+            if self._database_refused(exc):
                 self._enter_outage(rows)
                 return
             self._write_one_by_one(rows)
@@ -358,7 +369,7 @@ class RecordStore:
                 self._insert([row])
                 self.written += 1
             except Exception as exc:  # noqa: BLE001
-                if not self.database_up():
+                if self._database_refused(exc):
                     self._enter_outage(rows[i:])
                     return
                 self.lost += 1
@@ -387,8 +398,8 @@ class RecordStore:
             try:
                 if rows:
                     self._insert(rows)
-            except Exception:  # noqa: BLE001
-                if not self.database_up():
+            except Exception as exc:  # noqa: BLE001
+                if self._database_refused(exc):
                     self.degraded = True
                     self._next_replay = time.monotonic() + REPLAY_PAUSE_S
                     return

@@ -250,6 +250,28 @@ async def test_a_database_that_refuses_every_write_loses_no_record(tmp_path: Pat
         store.close()
 
 
+def test_a_database_that_fails_at_commit_loses_no_record(tmp_path: Path) -> None:
+    store = RecordStore(f"sqlite:///{tmp_path / 'c.db'}", flush_interval_s=0.02)
+    failing = {"on": True}
+
+    def commit(_conn: Any) -> None:  # an unwritable WAL file: statements run, commits fail
+        if failing["on"]:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    event.listen(store.engine, "commit", commit)
+    try:
+        now = datetime.now(UTC)
+        for i in range(12):
+            store.add(_record(i, now))
+        assert store.flush()
+        assert (store.lost, store.pending(), store.degraded) == (0, 12, True)
+        failing["on"] = False
+        _wait(lambda: store.pending() == 0)
+        assert store.flush() and (store.count(), store.lost) == (12, 0)
+    finally:
+        store.close()
+
+
 def test_spilled_rows_survive_a_restart(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     store = RecordStore(url, flush_interval_s=0.02)
