@@ -265,6 +265,7 @@ class RecordStore:
         self._queue.put(_STOP)
         self._wake.set()
         self._thread.join()
+        self.spill.close()
         self.engine.dispose()
 
     @contextmanager
@@ -393,18 +394,19 @@ class RecordStore:
     def _replay(self) -> None:
         """Move spilled rows into the database, oldest first, while it answers."""
         while self.spill.count:
-            batch = self.spill.read(REPLAY_BATCH)
-            rows = [normalise_row(r, _RULES) for r in batch.rows]
-            try:
-                if rows:
-                    self._insert(rows)
-            except Exception as exc:  # noqa: BLE001
-                if self._database_refused(exc):
-                    self.degraded = True
-                    self._next_replay = time.monotonic() + REPLAY_PAUSE_S
-                    return
-                self._write_one_by_one(rows)
-            else:
-                self.written += len(rows)
-            self.spill.drop_first(batch.lines)
+            with self.spill.exclusive():  # one replayer of a batch, whichever process
+                batch = self.spill.read(REPLAY_BATCH)
+                rows = [normalise_row(r, _RULES) for r in batch.rows]
+                try:
+                    if rows:
+                        self._insert(rows)
+                except Exception as exc:  # noqa: BLE001
+                    if self._database_refused(exc):
+                        self.degraded = True
+                        self._next_replay = time.monotonic() + REPLAY_PAUSE_S
+                        return
+                    self._write_one_by_one(rows)
+                else:
+                    self.written += len(rows)
+                self.spill.drop_first(batch.lines)
             self.degraded = False
