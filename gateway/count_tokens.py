@@ -53,7 +53,8 @@ async def count_tokens(request: Request) -> Response:
     assert gw.admission is not None
     try:
         tenant = tenant_for(request, gw.config)
-        raw = await read_body(request, gw.config.max_body_bytes)
+        with gw.admission.reading_body(tenant):
+            raw = await read_body(request, gw.config.max_body_bytes)
         slot = await gw.admission.acquire(tenant)
         try:
             count = await _count(gw, request, tenant, raw)

@@ -180,6 +180,35 @@ async def test_tenant_concurrency_429_and_full_queue_503(make_fake_app) -> None:
     assert app.state.gateway.admission.running == 0
 
 
+async def test_bodies_still_arriving_count_toward_the_tenants_limit(make_fake_app) -> None:
+    app = make_fake_app(api_keys=KEYS, tenant_max_concurrency=2)
+    body = json.dumps(CHAT).encode()
+    arrived = asyncio.Event()
+    begun: list[int] = []
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        begun.append(1)  # the gateway is reading this body
+        yield body[:10]
+        await arrived.wait()  # the rest comes only when the test lets it
+        yield body[10:]
+
+    alice = {"authorization": "Bearer key-alice"}
+    async with asgi_client(app) as http:
+        slow = [asyncio.ensure_future(http.post("/v1/chat/completions", content=slow_body(),
+                                                headers=alice)) for _ in range(2)]
+        while len(begun) < 2:
+            await asyncio.sleep(0.01)
+        over = await http.post("/v1/chat/completions", json=CHAT, headers=alice)
+        assert_error_format(over, "openai", 429)
+        assert int(over.headers["retry-after"]) >= 1
+        bob = await http.post("/v1/chat/completions", json=CHAT,
+                              headers={"authorization": "Bearer key-bob"})
+        assert bob.status_code == 200
+        arrived.set()
+        assert [r.status_code for r in await asyncio.gather(*slow)] == [200, 200]
+    assert sorted(r.status for r in records(app)) == [200, 200, 200, 429]
+
+
 async def test_freed_slots_go_round_robin_across_tenants() -> None:
     admission = Admission(AdmissionConfig(max_concurrency=1, max_queue=100))
     order: list[str] = []
