@@ -130,6 +130,10 @@ class GatewayConfig:
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
         if not self.db_url or "://" not in self.db_url:
             raise ValueError(f"db_url must be an SQLAlchemy URL, got {self.db_url!r}")
+        if self.admin_key is not None and not self.admin_key.strip():
+            # an empty key would be the key of an empty sign-in form and sign sessions anyone
+            # can forge: refuse it rather than open the stats to everyone
+            raise ValueError("admin_key must not be empty (leave it unset for no admin key)")
         for key, tenant in self.api_keys.items():
             if not key or not tenant or "/" in tenant:
                 raise ValueError(f"bad api key mapping {key[:4]}...->{tenant!r} (no '/' in tenant)")

@@ -257,6 +257,19 @@ def test_serve_names_a_stats_database_it_cannot_open_with_status_2(capsys, monke
         assert "Traceback" not in err and "hunter2pw" not in err
 
 
+def test_serve_refuses_an_empty_admin_key(capsys) -> None:
+    """An empty admin key would admit an empty sign-in form and sessions signed with no
+    secret: refused at start-up, whichever way it is given."""
+    from gateway.serve import main
+
+    for argv, environ in ((["--admin-key", ""], {}), (["--admin-key", "  "], {}),
+                          ([], {"PREFIXGATE_ADMIN_KEY": " "})):
+        with pytest.raises(ValueError, match="admin_key"):
+            config_from_args(build_parser().parse_args(argv), environ)
+    assert main(["--admin-key", ""]) == 2
+    assert "admin_key must not be empty" in capsys.readouterr().err
+
+
 def test_serve_freezes_startup_objects_out_of_the_collectors_view() -> None:
     import gc
 
