@@ -228,7 +228,16 @@ def parse_api_keys(text: str) -> dict[str, str]:
 
 
 def load_keys_file(path: str | Path) -> dict[str, str]:
-    """A keys file: JSON {key: tenant}, or lines `KEY TENANT` / `KEY=TENANT` (# comments)."""
+    """A keys file: JSON {key: tenant}, or lines `KEY TENANT` / `KEY=TENANT` (# comments).
+    A file with no key is an error: it would leave the gateway open to anyone."""
+    keys = _read_keys_file(path)
+    if not keys:
+        raise ValueError(f"{path}: the keys file holds no key (the gateway would be open to "
+                         "anyone)")
+    return keys
+
+
+def _read_keys_file(path: str | Path) -> dict[str, str]:
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("{"):
         data = json.loads(text)

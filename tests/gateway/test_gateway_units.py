@@ -61,6 +61,22 @@ def test_keys_file_json_and_errors(tmp_path: Path):
         load_keys_file(bad)
 
 
+def test_a_keys_file_without_keys_is_refused(tmp_path: Path, capsys) -> None:
+    """A keys file that holds no key (empty, comments only, `{}`: a secret not mounted yet)
+    would leave the gateway open to anyone; the server refuses to start instead."""
+    from gateway.serve import main
+
+    keys = tmp_path / "keys.txt"
+    for text in ("", "# keys go here\n\n", "{}"):
+        keys.write_text(text)
+        with pytest.raises(ValueError, match="no key"):
+            load_keys_file(keys)
+        with pytest.raises(ValueError, match="no key"):
+            GatewayConfig.from_env({"PREFIXGATE_KEYS_FILE": str(keys)})
+        assert main(["--keys-file", str(keys)]) == 2
+        assert "holds no key" in capsys.readouterr().err
+
+
 def test_a_key_keeps_its_own_equals_signs(tmp_path: Path) -> None:
     import base64
     import secrets
