@@ -223,8 +223,12 @@ def parse_api_key(text: str) -> tuple[str, str]:
 
 
 def parse_api_keys(text: str) -> dict[str, str]:
-    """Comma-separated `KEY` or `KEY=TENANT` items."""
-    return dict(parse_api_key(item) for item in text.split(",") if item.strip())
+    """Comma-separated `KEY` or `KEY=TENANT` items; at least one (a value of commas and
+    blanks would leave the gateway open to anyone)."""
+    keys = dict(parse_api_key(item) for item in text.split(",") if item.strip())
+    if not keys:
+        raise ValueError("no API key in the list (the gateway would be open to anyone)")
+    return keys
 
 
 def load_keys_file(path: str | Path) -> dict[str, str]:

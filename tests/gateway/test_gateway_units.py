@@ -75,6 +75,9 @@ def test_a_keys_file_without_keys_is_refused(tmp_path: Path, capsys) -> None:
             GatewayConfig.from_env({"PREFIXGATE_KEYS_FILE": str(keys)})
         assert main(["--keys-file", str(keys)]) == 2
         assert "holds no key" in capsys.readouterr().err
+    for value in (" ", ",", " , "):  # set, but naming no key
+        with pytest.raises(ValueError, match="PREFIXGATE_API_KEYS"):
+            GatewayConfig.from_env({"PREFIXGATE_API_KEYS": value})
 
 
 def test_a_key_keeps_its_own_equals_signs(tmp_path: Path) -> None:
