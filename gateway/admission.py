@@ -9,6 +9,9 @@
   tenant's own requests first-in first-out), so one tenant's burst cannot starve another's.
 The returned `Slot` must be released exactly once (`release()` is idempotent). A waiter that is
 cancelled (its client went away) leaves the queue without taking a slot.
+`Admission.reading_body(tenant)` counts a request while its body arrives, before `acquire`:
+with the tenant's requests in flight it may not pass `tenant_max_concurrency` (429), so one
+tenant's slow bodies cannot pile up connections past its limit.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import asyncio
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from gateway.errors import GatewayError
@@ -85,6 +90,7 @@ class Admission:
         self.config = config
         self.running = 0
         self.in_flight: dict[str, int] = {}
+        self.reading: dict[str, int] = {}  # tenant -> requests whose body is arriving
         self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
         self._queued = 0
         self._buckets: dict[str, _Bucket] = {}
@@ -94,12 +100,25 @@ class Admission:
         """Requests waiting for a slot now."""
         return self._queued
 
+    @contextmanager
+    def reading_body(self, tenant: str) -> Iterator[None]:
+        """Count one request of `tenant` while its body arrives, or raise `Overloaded` when
+        its requests reading or in flight already reach `tenant_max_concurrency`."""
+        self._check_concurrency(tenant, self.reading.get(tenant, 0))
+        self.reading[tenant] = self.reading.get(tenant, 0) + 1
+        try:
+            yield
+        finally:
+            left = self.reading[tenant] - 1
+            if left:
+                self.reading[tenant] = left
+            else:
+                del self.reading[tenant]
+
     async def acquire(self, tenant: str) -> Slot:
         """Admit one request of `tenant` (waiting for a slot), or raise `Overloaded`."""
         self._check_rate(tenant)
-        limit = self.config.tenant_max_concurrency
-        if limit is not None and self.in_flight.get(tenant, 0) >= limit:
-            raise Overloaded(429, f"tenant has {limit} requests in flight (the limit)", 1)
+        self._check_concurrency(tenant, 0)
         if self.running < self.config.max_concurrency and not self._queued:
             self._take(tenant)
             return Slot(self, tenant)
@@ -107,6 +126,11 @@ class Admission:
             raise Overloaded(503, "the gateway's queue is full; retry later", 1)
         await self._wait(tenant)
         return Slot(self, tenant)
+
+    def _check_concurrency(self, tenant: str, reading: int) -> None:
+        limit = self.config.tenant_max_concurrency
+        if limit is not None and self.in_flight.get(tenant, 0) + reading >= limit:
+            raise Overloaded(429, f"tenant has {limit} requests in flight (the limit)", 1)
 
     def _check_rate(self, tenant: str) -> None:
         rate = self.config.tenant_rate_per_s

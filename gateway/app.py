@@ -211,15 +211,20 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
     in belongs to the caller, who closes it."""
     registry = Registry()
     owns_backend = backend is None
+    # the database first: one that cannot be opened fails before an engine is loaded
+    store = RecordStore(config.db_url, batch_size=config.stats_batch_size,
+                        flush_interval_s=config.stats_flush_interval_s,
+                        max_queue=config.stats_max_queue, spill_path=config.stats_spill_path)
     if backend is None:
-        backend = _default_backend(config, registry)
+        try:
+            backend = _default_backend(config, registry)
+        except BaseException:
+            store.close()
+            raise
     elif callable(bind := getattr(backend, "bind_metrics", None)):
         bind(registry)  # a pool built outside the app reports on the app's /metrics
     # no credential in a logged URL, whichever server runs the app
     access_log.install([*config.api_keys, config.admin_key or ""])
-    store = RecordStore(config.db_url, batch_size=config.stats_batch_size,
-                        flush_interval_s=config.stats_flush_interval_s,
-                        max_queue=config.stats_max_queue, spill_path=config.stats_spill_path)
     # freed large bodies go back to the OS (not beside the embedded engine: see malloc_threshold)
     memory.tune_malloc(config.malloc_threshold(embedded=backend.name == "embedded"))
     gw = Gateway(config=config, backend=backend, store=store, metrics=GatewayMetrics(registry),

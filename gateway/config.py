@@ -130,6 +130,10 @@ class GatewayConfig:
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
         if not self.db_url or "://" not in self.db_url:
             raise ValueError(f"db_url must be an SQLAlchemy URL, got {self.db_url!r}")
+        if self.admin_key is not None and not self.admin_key.strip():
+            # an empty key would be the key of an empty sign-in form and sign sessions anyone
+            # can forge: refuse it rather than open the stats to everyone
+            raise ValueError("admin_key must not be empty (leave it unset for no admin key)")
         for key, tenant in self.api_keys.items():
             if not key or not tenant or "/" in tenant:
                 raise ValueError(f"bad api key mapping {key[:4]}...->{tenant!r} (no '/' in tenant)")
@@ -206,20 +210,38 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_api_key(text: str) -> tuple[str, str]:
-    """`KEY` (tenant "default") or `KEY=TENANT`."""
-    key, sep, tenant = text.strip().partition("=")
+    """`KEY` (tenant "default") or `KEY=TENANT`. The tenant follows the last "=", so a key may
+    hold "=" itself: base64 keys end in "=" padding (`openssl rand -base64 32`), and a key
+    that ends in "=" has no tenant."""
+    text = text.strip()
+    key, sep, tenant = text.rpartition("=")
+    if not sep or not tenant.strip():
+        key, tenant = text, DEFAULT_TENANT
     if not key:
         raise ValueError("empty api key")
-    return key, (tenant.strip() if sep else DEFAULT_TENANT)
+    return key, tenant.strip()
 
 
 def parse_api_keys(text: str) -> dict[str, str]:
-    """Comma-separated `KEY` or `KEY=TENANT` items."""
-    return dict(parse_api_key(item) for item in text.split(",") if item.strip())
+    """Comma-separated `KEY` or `KEY=TENANT` items; at least one (a value of commas and
+    blanks would leave the gateway open to anyone)."""
+    keys = dict(parse_api_key(item) for item in text.split(",") if item.strip())
+    if not keys:
+        raise ValueError("no API key in the list (the gateway would be open to anyone)")
+    return keys
 
 
 def load_keys_file(path: str | Path) -> dict[str, str]:
-    """A keys file: JSON {key: tenant}, or lines `KEY TENANT` / `KEY=TENANT` (# comments)."""
+    """A keys file: JSON {key: tenant}, or lines `KEY TENANT` / `KEY=TENANT` (# comments).
+    A file with no key is an error: it would leave the gateway open to anyone."""
+    keys = _read_keys_file(path)
+    if not keys:
+        raise ValueError(f"{path}: the keys file holds no key (the gateway would be open to "
+                         "anyone)")
+    return keys
+
+
+def _read_keys_file(path: str | Path) -> dict[str, str]:
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("{"):
         data = json.loads(text)
@@ -231,11 +253,25 @@ def load_keys_file(path: str | Path) -> dict[str, str]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        parts = line.replace("=", " ").split()
-        if len(parts) != 2:
+        pair = _key_line(line)
+        if pair is None:
             raise ValueError(f"{path}:{number}: expected 'KEY TENANT', got {line!r}")
-        keys[parts[0]] = parts[1]
+        keys[pair[0]] = pair[1]
     return keys
+
+
+def _key_line(line: str) -> tuple[str, str] | None:
+    """`KEY TENANT`, `KEY = TENANT` or `KEY=TENANT` (the key keeps any "=" of its own, as in
+    `parse_api_key`); None for anything else."""
+    parts = line.split()
+    if len(parts) == 3 and parts[1] == "=":
+        parts = [parts[0], parts[2]]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    if len(parts) == 1:
+        key, sep, tenant = line.rpartition("=")
+        return (key, tenant) if sep and key and tenant else None
+    return None
 
 
 def parse_lint_mode(text: str) -> str:

@@ -8,7 +8,9 @@ validated as a Messages request (without `max_tokens`); the answer is `{"input_t
 - an Anthropic upstream: the upstream's own count (the request passed on);
 - any other upstream: prefixgate's own count (prompt_lint's token layout, tiktoken's
   cl100k_base), marked `x-prefixgate-usage: estimated`.
-Errors are Anthropic-shaped. No stats record is written: nothing is generated.
+Errors are Anthropic-shaped. No stats record is written: nothing is generated. A count is a
+request like any other for admission: the tenant's rate and concurrency limits and the
+gateway's slots apply (a 429 / 503 with `retry-after`), so counting is no way around them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.admission import Overloaded
 from gateway.auth import tenant_for
 from gateway.body import parse_body, text_chars
 from gateway.errors import error_body
@@ -24,7 +27,17 @@ from gateway.parse_anthropic import parse_messages
 from gateway.pipeline import read_body, with_beta
 from gateway.request_state import CLIENT_CLOSED, Gateway, new_request_id
 from gateway.shadow import prompt_tokens
-from gateway.types import ApiError, ChatRequest, CountingBackend, TokenCount
+from gateway.types import ApiError, BackendError, ChatRequest, CountingBackend, TokenCount
+
+
+async def _count(gw: Gateway, request: Request, tenant: str, raw: bytes) -> TokenCount:
+    """The body validated as a Messages request and counted by the backend (or estimated)."""
+    body = parse_body(raw, gw.config.max_json_depth)
+    ctx = gw.parse_context(new_request_id(), tenant)
+    req = with_beta(request, parse_messages({**body, "max_tokens": 1, "stream": False}, ctx))
+    if isinstance(gw.backend, CountingBackend):
+        return await gw.backend.count_tokens(req)
+    return await estimate(req, gw.config.inline_prepare_bytes)
 
 
 async def estimate(req: ChatRequest, inline_bytes: int) -> TokenCount:
@@ -35,22 +48,23 @@ async def estimate(req: ChatRequest, inline_bytes: int) -> TokenCount:
 
 
 async def count_tokens(request: Request) -> Response:
-    """The route: validate, count through the backend, answer in Anthropic's shape."""
+    """The route: validate, admit, count through the backend, answer in Anthropic's shape."""
     gw: Gateway = request.app.state.gateway
+    assert gw.admission is not None
     try:
         tenant = tenant_for(request, gw.config)
-        raw = await read_body(request, gw.config.max_body_bytes)
-        body = parse_body(raw, gw.config.max_json_depth)
-        ctx = gw.parse_context(new_request_id(), tenant)
-        req = with_beta(request, parse_messages({**body, "max_tokens": 1, "stream": False},
-                                                ctx))
-        backend = gw.backend
-        if isinstance(backend, CountingBackend):
-            count = await backend.count_tokens(req)
-        else:
-            count = await estimate(req, gw.config.inline_prepare_bytes)
+        with gw.admission.reading_body(tenant):
+            raw = await read_body(request, gw.config.max_body_bytes)
+        slot = await gw.admission.acquire(tenant)
+        try:
+            count = await _count(gw, request, tenant, raw)
+        finally:
+            slot.release()
     except ApiError as err:
-        return JSONResponse(error_body(err, "anthropic"), status_code=err.status)
+        retry_after = err.retry_after if isinstance(err, BackendError | Overloaded) else None
+        headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+        return JSONResponse(error_body(err, "anthropic"), status_code=err.status,
+                            headers=headers)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     usage = "estimated" if count.estimated else "reported"

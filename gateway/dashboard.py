@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -26,6 +27,7 @@ from gateway.auth import SESSION_COOKIE, SESSION_TTL_S, is_admin, is_admin_key, 
 
 StateGetter = Callable[[], Any]  # () -> app.state, as create_app passes it
 MAX_LOGIN_BODY = 4096
+LOGIN_READ_S = 10.0  # the sign-in form's body must arrive within this
 _SECURITY_HEADERS = {
     "cache-control": "no-store",
     "content-security-policy": (
@@ -80,13 +82,20 @@ def login_page(error: str = "", status: int = 401) -> HTMLResponse:
 
 
 async def _form_key(request: Request) -> str:
+    """The form's `key` field; "" (a wrong key) for a form too large, too slow to arrive (an
+    unauthenticated client must not hold the route open) or of too many fields."""
     body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_LOGIN_BODY:
+    with anyio.move_on_after(LOGIN_READ_S):
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_LOGIN_BODY:
+                return ""
+        try:
+            values = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+        except ValueError:  # more fields than a sign-in form has
             return ""
-    values = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
-    return (values.get("key") or [""])[0]
+        return (values.get("key") or [""])[0]
+    return ""
 
 
 def routes(state_getter: StateGetter | None = None) -> list[Route]:

@@ -10,7 +10,10 @@ length, or has no body) written together with its first body chunk, in one write
 waiting on its socket is woken once (in front of an upstream that answers after 20 ms, one
 write took 0.62-0.95 ms off the gateway's p50). A stream's head goes out at once.
 
-HTTP/1.1 as uvicorn serves it: keep-alive (closed after `timeout_keep_alive` idle seconds),
+HTTP/1.1 as uvicorn serves it: keep-alive (closed after `timeout_keep_alive` idle seconds;
+where uvicorn waits forever, a connection that sends no whole request head within that time of
+connecting, or of its head's first byte, is closed too, so idle or trickling sockets cannot
+pile up until the process runs out of file descriptors),
 pipelined requests answered in order, `Expect: 100-continue`, reading paused while a body
 past 64 KiB waits for the app and writing awaited while the socket's buffer is full, a client
 gone mid-request heard by the app as `http.disconnect`, `limit_concurrency`'s 503, a 400 for a
@@ -84,7 +87,7 @@ class HttpProtocol(asyncio.Protocol):
         self.waiting: deque[tuple[Exchange, Any]] = deque()  # pipelined, in arrival order
         self.read_paused = False
         self.writable: asyncio.Future[None] | None = None  # set while writing is paused
-        self.idle_since: float | None = None  # when the last response completed; None busy
+        self.idle_since: float | None = None  # since when no request is in hand; None busy
         self.idle_timer: asyncio.TimerHandle | None = None
         # the request whose head is being parsed
         self.url = b""
@@ -99,6 +102,7 @@ class HttpProtocol(asyncio.Protocol):
         self.server = local_address(self.transport)
         self.client = peer_address(self.transport)
         self.scheme = "https" if is_tls(self.transport) else "http"
+        self._go_idle()  # a connection that never sends a whole head is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
@@ -118,7 +122,6 @@ class HttpProtocol(asyncio.Protocol):
         return None  # the transport closes itself
 
     def data_received(self, data: bytes) -> None:
-        self.idle_since = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -148,6 +151,8 @@ class HttpProtocol(asyncio.Protocol):
     # httptools' callbacks
 
     def on_message_begin(self) -> None:
+        if self.idle_since is not None:  # a new head has the whole timeout from its first byte
+            self.idle_since = self.loop.time()
         self.url = b""
         self.headers = []
         self.expect_continue = False
@@ -163,6 +168,7 @@ class HttpProtocol(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self.idle_since = None  # busy: a request to serve
         parser = self.parser
         version = parser.get_http_version()
         exchange = Exchange(self, self._scope(parser.get_method().decode("ascii"), version),
@@ -235,6 +241,11 @@ class HttpProtocol(asyncio.Protocol):
             exchange, app = self.waiting.popleft()
             self._run(exchange, app)
             return
+        self._go_idle()
+
+    def _go_idle(self) -> None:
+        """No request in hand: the connection is closed unless a whole request head arrives
+        within `timeout_keep_alive` seconds (of now, or of that head's first byte)."""
         self.idle_since = self.loop.time()
         if self.idle_timer is None:
             self.idle_timer = self.loop.call_later(self.keep_alive_s, self._idle_check)

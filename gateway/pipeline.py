@@ -93,7 +93,9 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
     gw.metrics.in_flight.inc()
     try:
         ticket.tenant = tenant_for(request, gw.config)
-        raw = await read_body(request, gw.config.max_body_bytes)
+        assert gw.admission is not None
+        with gw.admission.reading_body(ticket.tenant):  # slow bodies count toward its limit
+            raw = await read_body(request, gw.config.max_body_bytes)
         started = await _unless_disconnected(request, _start(gw, request, ticket, raw))
     except ApiError as err:
         return _error_response(gw, ticket, err)

@@ -92,9 +92,14 @@ def main(argv: list[str]) -> int:
 
     from gateway.app import create_app
     from gateway.http_server import HttpProtocol
+    from gateway.stats import StatsDatabaseError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except StatsDatabaseError as exc:
+        print(f"prefixgate serve: {exc}", file=sys.stderr)
+        return 2
     freeze_startup_objects()
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
                 http=HttpProtocol)

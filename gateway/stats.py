@@ -6,11 +6,12 @@ only enqueues: a writer thread commits batches off the request path. `flush()` w
 everything added so far is committed or spilled; `close()` drains the queue before returning.
 
 Durability: a batch the database refuses while it still answers is retried row by row, so one
-bad row never takes others with it. While the database is down (or when the bounded in-memory
-queue is full) rows go to an append-only local spill file (gateway.spill) and are replayed in
-order when the database answers again. `lost` counts rows dropped after all that (a row the
-database refuses on its own); `pending()` counts rows queued or spilled; `degraded` is True
-while the last database operation failed.
+bad row never takes others with it. While the database is down or refuses every write (a
+read-only file, a full disk: an OperationalError, or a failed probe write), or when the
+bounded in-memory queue is full, rows go to an append-only local spill file (gateway.spill)
+and are replayed in order when the database answers again. `lost` counts rows dropped after
+all that (a row the database refuses on its own); `pending()` counts rows queued or spilled;
+`degraded` is True while the last database operation failed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
@@ -114,6 +116,12 @@ def _row(record: RequestRecord | Mapping[str, Any]) -> dict[str, Any]:
     return normalise_row(row, _RULES)
 
 
+def _probe_row() -> dict[str, Any]:
+    """A row every database that takes writes accepts (inserted and rolled back)."""
+    return _row({"request_id": "write-probe", "tenant": "", "model": "", "backend": "",
+                 "provider": "", "route": "", "status": 0})
+
+
 def default_spill_path(url: str) -> Path:
     """Where rows wait during an outage: beside an SQLite file, else in the working folder."""
     parsed = make_url(url)
@@ -121,6 +129,24 @@ def default_spill_path(url: str) -> Path:
     if parsed.get_backend_name() == "sqlite" and database and database != ":memory:":
         return Path(database).expanduser().with_name(Path(database).name + ".spill.jsonl")
     return Path("prefixgate-stats.spill.jsonl")
+
+
+class StatsDatabaseError(RuntimeError):
+    """The stats database cannot be opened at start-up (the message names it, no password)."""
+
+
+def open_database(url: str) -> Engine:
+    """`make_engine(url)` with the `requests` table created (or its missing columns added);
+    a StatsDatabaseError saying which database and why when that fails."""
+    try:
+        engine = make_engine(url)
+        Base.metadata.create_all(engine)
+        add_missing_columns(engine)
+    except (OSError, SQLAlchemyError) as exc:
+        shown = make_url(url).render_as_string(hide_password=True) if "://" in url else url
+        reason = exc.orig if isinstance(exc, DBAPIError) else exc
+        raise StatsDatabaseError(f"stats database {shown}: {reason}") from exc
+    return engine
 
 
 def make_engine(url: str) -> Engine:
@@ -181,9 +207,7 @@ class RecordStore:
         if batch_size <= 0 or flush_interval_s <= 0 or max_queue <= 0:
             raise ValueError("batch_size, flush_interval_s and max_queue must be positive")
         self.url = url
-        self.engine = make_engine(url)
-        Base.metadata.create_all(self.engine)
-        add_missing_columns(self.engine)
+        self.engine = open_database(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._batch_size = batch_size
         self._interval = flush_interval_s
@@ -241,6 +265,7 @@ class RecordStore:
         self._queue.put(_STOP)
         self._wake.set()
         self._thread.join()
+        self.spill.close()
         self.engine.dispose()
 
     @contextmanager
@@ -293,13 +318,34 @@ class RecordStore:
             session.execute(_INSERT, rows)
 
     def database_up(self) -> bool:
-        """True when the database answers a trivial query now."""
+        """True when the database takes a write now: a known-good row inserted and rolled
+        back. A database that answers reads but refuses every write (a read-only file or
+        mount, a full disk, a lock held past the busy timeout) is down for the writer: its
+        rows are spilled and replayed, not dropped as if each were refused on its own."""
         try:
             with self.engine.connect() as conn:
-                conn.execute(select(1))
+                transaction = conn.begin()
+                try:
+                    conn.execute(_INSERT, [_probe_row()])
+                finally:
+                    transaction.rollback()
             return True
-        except Exception:  # noqa: BLE001 - any failure means "not reachable now"
+        except Exception:  # noqa: BLE001 - any failure means "not writable now"
+            # reconnect next time: an SQLite connection opened on a read-only file stays
+            # read-only after the file is made writable again
+            self.engine.dispose()
             return False
+
+    def _database_refused(self, exc: BaseException) -> bool:
+        """True when the database, not a row, failed the insert: an OperationalError (the
+        DB-API's class for I/O errors, locks, a read-only or full database; SQLite may raise
+        it only at commit, where a rolled-back probe cannot see it), or a database that
+        refuses the probe write. A row refused otherwise is that row's own fault."""
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        if type(orig).__name__ == "OperationalError":
+            self.engine.dispose()  # reconnect: a connection can stay read-only
+            return True
+        return not self.database_up()
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
         """Commit `rows`; a refused batch is retried row by row while the database answers,
@@ -309,8 +355,8 @@ class RecordStore:
             return
         try:
             self._insert(rows)
-        except Exception:  # noqa: BLE001 - a database failure must not kill the writer
-            if not self.database_up():
+        except Exception as exc:  # noqa: BLE001 - a database failure must not kill the writer
+            if self._database_refused(exc):
                 self._enter_outage(rows)
                 return
             self._write_one_by_one(rows)
@@ -324,7 +370,7 @@ class RecordStore:
                 self._insert([row])
                 self.written += 1
             except Exception as exc:  # noqa: BLE001
-                if not self.database_up():
+                if self._database_refused(exc):
                     self._enter_outage(rows[i:])
                     return
                 self.lost += 1
@@ -333,7 +379,8 @@ class RecordStore:
 
     def _enter_outage(self, rows: list[dict[str, Any]]) -> None:
         if not self.degraded:
-            log.error("stats database unreachable; spilling records to %s", self.spill.path)
+            log.error("stats database unreachable or refusing writes; spilling records to %s",
+                      self.spill.path)
         self.degraded = True
         self._spill(rows)
 
@@ -347,18 +394,19 @@ class RecordStore:
     def _replay(self) -> None:
         """Move spilled rows into the database, oldest first, while it answers."""
         while self.spill.count:
-            batch = self.spill.read(REPLAY_BATCH)
-            rows = [normalise_row(r, _RULES) for r in batch.rows]
-            try:
-                if rows:
-                    self._insert(rows)
-            except Exception:  # noqa: BLE001
-                if not self.database_up():
-                    self.degraded = True
-                    self._next_replay = time.monotonic() + REPLAY_PAUSE_S
-                    return
-                self._write_one_by_one(rows)
-            else:
-                self.written += len(rows)
-            self.spill.drop_first(batch.lines)
+            with self.spill.exclusive():  # one replayer of a batch, whichever process
+                batch = self.spill.read(REPLAY_BATCH)
+                rows = [normalise_row(r, _RULES) for r in batch.rows]
+                try:
+                    if rows:
+                        self._insert(rows)
+                except Exception as exc:  # noqa: BLE001
+                    if self._database_refused(exc):
+                        self.degraded = True
+                        self._next_replay = time.monotonic() + REPLAY_PAUSE_S
+                        return
+                    self._write_one_by_one(rows)
+                else:
+                    self.written += len(rows)
+                self.spill.drop_first(batch.lines)
             self.degraded = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,9 +29,20 @@ class ParseContext:
     embedded: bool = True
 
 
+SALT_CHARS = 128  # a longer client salt is named in the namespace by its SHA-256
+
+
 def namespace_for(tenant: str, salt: str | None) -> str:
-    """Cache namespace: the tenant, plus "/" + salt when the client sent a cache_salt."""
-    return tenant if not salt else f"{tenant}/{salt}"
+    """Cache namespace: the tenant, plus "/" + salt when the client sent a cache_salt. A salt
+    longer than SALT_CHARS is replaced by its SHA-256 (still one namespace per salt): the
+    namespace is a key of the gateway's caches (salts, shadows, the engine's radix tree),
+    which bound how many they hold, not how long each is."""
+    if not salt:
+        return tenant
+    if len(salt) > SALT_CHARS:
+        digest = hashlib.sha256(salt.encode("utf-8", "surrogatepass")).hexdigest()
+        salt = f"sha256:{digest}"
+    return f"{tenant}/{salt}"
 
 
 def is_served(model: object, models: tuple[str, ...] | list[str]) -> TypeGuard[str]:

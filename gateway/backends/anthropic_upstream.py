@@ -81,6 +81,9 @@ def build_body(req: ChatRequest) -> dict[str, Any]:
     if req.provider == "anthropic" and req.prompt is None:
         body = dict(req.body)
         body["model"] = req.model
+        # prefixgate's own field (the gateway's cache namespace): the Messages API refuses
+        # a field it does not know
+        body.pop("cache_salt", None)
     else:
         body = to_anthropic_body(req)
     body["stream"] = req.stream

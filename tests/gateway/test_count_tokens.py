@@ -101,6 +101,25 @@ async def test_bad_requests_are_anthropic_errors(make_fake_app):
         assert response.json()["type"] == "error"
 
 
+async def test_counting_is_admitted_like_any_request(make_fake_app):
+    """A tenant over its rate gets a 429 from the count route as from /v1/messages (one
+    bucket for both), with `retry-after`; another tenant is not held back."""
+    app = make_fake_app(api_keys={"k1": "alpha", "k2": "beta"}, tenant_rate_per_s=0.01,
+                        tenant_burst=2)
+    alpha, beta = sdk(app, "k1"), sdk(app, "k2")
+    for _ in range(2):
+        counted = await alpha.messages.count_tokens(model=FAKE_MODEL, messages=MESSAGES)
+        assert counted.input_tokens > 0
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        await alpha.messages.count_tokens(model=FAKE_MODEL, messages=MESSAGES)
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    with pytest.raises(anthropic.RateLimitError):
+        await alpha.messages.create(model=FAKE_MODEL, max_tokens=8, messages=MESSAGES)
+    assert (await beta.messages.count_tokens(model=FAKE_MODEL, messages=MESSAGES)).input_tokens
+    admission = app.state.gateway.admission
+    assert (admission.running, admission.queued) == (0, 0)  # every slot given back
+
+
 async def test_unknown_endpoints_answer_in_the_callers_format(make_fake_app):
     """An endpoint prefixgate does not serve is a JSON error an SDK can read (it was
     Starlette's plain text); the dashboard keeps its own."""

@@ -61,6 +61,46 @@ def test_keys_file_json_and_errors(tmp_path: Path):
         load_keys_file(bad)
 
 
+def test_a_keys_file_without_keys_is_refused(tmp_path: Path, capsys) -> None:
+    """A keys file that holds no key (empty, comments only, `{}`: a secret not mounted yet)
+    would leave the gateway open to anyone; the server refuses to start instead."""
+    from gateway.serve import main
+
+    keys = tmp_path / "keys.txt"
+    for text in ("", "# keys go here\n\n", "{}"):
+        keys.write_text(text)
+        with pytest.raises(ValueError, match="no key"):
+            load_keys_file(keys)
+        with pytest.raises(ValueError, match="no key"):
+            GatewayConfig.from_env({"PREFIXGATE_KEYS_FILE": str(keys)})
+        assert main(["--keys-file", str(keys)]) == 2
+        assert "holds no key" in capsys.readouterr().err
+    for value in (" ", ",", " , "):  # set, but naming no key
+        with pytest.raises(ValueError, match="PREFIXGATE_API_KEYS"):
+            GatewayConfig.from_env({"PREFIXGATE_API_KEYS": value})
+
+
+def test_a_key_keeps_its_own_equals_signs(tmp_path: Path) -> None:
+    import base64
+    import secrets
+
+    padded = [base64.b64encode(secrets.token_bytes(n)).decode() for n in (31, 32)]
+    assert [k.count("=") for k in padded] == [2, 1]  # base64 of 31 and 32 bytes is padded
+    one, two = padded
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"{one} alice\n{two}=bob\n{one}x = carol\n")
+    assert load_keys_file(keys) == {one: "alice", two: "bob", one + "x": "carol"}
+    args = build_parser().parse_args(["--api-key", two, "--api-key", f"{one}=dave"])
+    assert dict(config_from_args(args, {}).api_keys) == {two: "default", one: "dave"}
+    env = config_from_args(build_parser().parse_args([]),
+                           {"PREFIXGATE_API_KEYS": f"{two}=erin,{one}"})
+    assert dict(env.api_keys) == {two: "erin", one: "default"}
+    for line in (f"{two}\n", "=alice\n"):
+        keys.write_text(line)  # a line with no tenant
+        with pytest.raises(ValueError, match="keys.txt:1"):
+            load_keys_file(keys)
+
+
 def test_serve_flags_override_env(tmp_path: Path):
     args = build_parser().parse_args([
         "--port", "8123", "--db", f"sqlite:///{tmp_path}/x.db", "--api-key", "k=alice",
@@ -207,6 +247,46 @@ def test_serve_refuses_bad_config_with_status_2(capsys, monkeypatch):
     monkeypatch.setenv("PREFIXGATE_PORT", "not-a-port")
     assert main([]) == 2
     assert "PREFIXGATE_PORT" in capsys.readouterr().err
+
+
+def test_serve_names_a_stats_database_it_cannot_open_with_status_2(capsys, monkeypatch,
+                                                                    tmp_path: Path) -> None:
+    import uvicorn
+
+    from gateway.serve import main
+    from tests.support import free_port
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("served without a stats database")
+
+    monkeypatch.setattr(uvicorn, "run", never)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    not_a_db = tmp_path / "not.db"
+    not_a_db.write_text("not a database " * 100)
+    closed = f"postgresql+pg8000://user:hunter2pw@127.0.0.1:{free_port()}/stats"
+    for url, names in ((f"sqlite:///{a_file}/stats.db", str(a_file)),
+                       (f"sqlite:///{not_a_db}", str(not_a_db)),
+                       (closed, "127.0.0.1")):
+        argv = ["--db", url, "--upstream", "vllm=http://127.0.0.1:9/v1",
+                "--stats-spill-path", str(tmp_path / "spill.jsonl")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("prefixgate serve: stats database ") and names in err
+        assert "Traceback" not in err and "hunter2pw" not in err
+
+
+def test_serve_refuses_an_empty_admin_key(capsys) -> None:
+    """An empty admin key would admit an empty sign-in form and sessions signed with no
+    secret: refused at start-up, whichever way it is given."""
+    from gateway.serve import main
+
+    for argv, environ in ((["--admin-key", ""], {}), (["--admin-key", "  "], {}),
+                          ([], {"PREFIXGATE_ADMIN_KEY": " "})):
+        with pytest.raises(ValueError, match="admin_key"):
+            config_from_args(build_parser().parse_args(argv), environ)
+    assert main(["--admin-key", ""]) == 2
+    assert "admin_key must not be empty" in capsys.readouterr().err
 
 
 def test_serve_freezes_startup_objects_out_of_the_collectors_view() -> None:

@@ -353,6 +353,31 @@ async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(
     assert transport.closed
 
 
+async def test_a_connection_without_a_whole_head_is_closed_after_the_timeout() -> None:
+    silent_one, silent_transport, _ = connect(HttpProtocol, timeout_keep_alive=0.15)
+    trickling, trickling_transport, _ = connect(HttpProtocol, timeout_keep_alive=0.15)
+    trickling.data_received(b"GET /json HTTP/1.1\r\n")
+    for _ in range(12):  # a header byte now and then never completes the head
+        await asyncio.sleep(0.05)
+        trickling.data_received(b"x")
+    assert silent_transport.closed and trickling_transport.closed
+    assert silent_transport.received() == trickling_transport.received() == b""
+
+
+async def test_a_request_served_past_the_timeout_keeps_its_connection() -> None:
+    RELEASE.clear()
+    server, transport, _ = connect(HttpProtocol, timeout_keep_alive=0.1)
+    server.data_received(GET % b"/stream")
+    await asyncio.sleep(0.1)
+    server.data_received(b"GET /json HTTP/1.1\r\n")  # the next one's head, begun meanwhile
+    await asyncio.sleep(0.3)
+    assert not transport.closed
+    RELEASE.set()
+    server.data_received(b"host: gw\r\n\r\n")
+    got = await until(transport, answers(2, b'x"}'))
+    assert got.endswith(b'x"}') and not transport.closed
+
+
 @BOTH
 async def test_shutdown_closes_once_the_request_in_flight_is_answered(
         protocol: Protocol) -> None:

@@ -3,6 +3,7 @@ fake honours `cache_salt` as vLLM does), and every cache is bounded by bytes."""
 
 from __future__ import annotations
 
+import gc
 import random
 import tracemalloc
 from collections import OrderedDict
@@ -74,6 +75,32 @@ async def test_tenants_never_share_the_upstreams_prefix_cache(tmp_path: Path) ->
     assert all(s.startswith(SALT_PREFIX) for s in salts)
     assert len({salts[0], salts[1]}) == 1 and salts[2] != salts[0]
     assert "narrow" not in salts and "tenant-a" not in salts  # the client's salt never leaves
+    app.state.store.close()
+
+
+async def test_long_client_salts_still_partition_but_are_not_kept(tmp_path: Path) -> None:
+    """A client salt of any length names one namespace of its tenant's (reused by the same
+    salt, never by another), while the gateway keeps no copy of it: the salts memo and the
+    shadow caches key on the namespace, and 20 distinct 1 MiB salts must not stay in
+    memory (before, every one did: a tenant could fill the memory with salts alone)."""
+    apps = fake_replicas(1)
+    app = gateway_app(tmp_path, pool_over(apps), api_keys=KEYS, salt_secret=SECRET)
+    long_salt = "L" * (1 << 20)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        assert await _cached(http, "key-a", long_salt) == 0
+        assert await _cached(http, "key-a", long_salt) > 1000  # the same salt shares
+        assert await _cached(http, "key-a", long_salt + "2") == 0  # another does not
+        assert await _cached(http, "key-b", long_salt) == 0  # nor another tenant's
+        tracemalloc.start()
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20):
+            await _cached(http, "key-a", f"{i:03d}{long_salt}")
+        gc.collect()  # what is still reachable, not garbage awaiting a collection
+        kept = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+    assert kept < 20 * len(long_salt) // 4  # far less than the salts it was sent
     app.state.store.close()
 
 

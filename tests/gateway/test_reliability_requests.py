@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from sqlalchemy import select
 
-from gateway import access_log
+from gateway import access_log, dashboard
 from gateway.admission import Admission, AdmissionConfig, Overloaded
 from gateway.auth import SESSION_COOKIE
 from gateway.stats import RequestRecord
@@ -178,6 +178,35 @@ async def test_tenant_concurrency_429_and_full_queue_503(make_fake_app) -> None:
         done = await asyncio.gather(*held, queued)
     assert [r.status_code for r in done] == [200, 200, 200]
     assert app.state.gateway.admission.running == 0
+
+
+async def test_bodies_still_arriving_count_toward_the_tenants_limit(make_fake_app) -> None:
+    app = make_fake_app(api_keys=KEYS, tenant_max_concurrency=2)
+    body = json.dumps(CHAT).encode()
+    arrived = asyncio.Event()
+    begun: list[int] = []
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        begun.append(1)  # the gateway is reading this body
+        yield body[:10]
+        await arrived.wait()  # the rest comes only when the test lets it
+        yield body[10:]
+
+    alice = {"authorization": "Bearer key-alice"}
+    async with asgi_client(app) as http:
+        slow = [asyncio.ensure_future(http.post("/v1/chat/completions", content=slow_body(),
+                                                headers=alice)) for _ in range(2)]
+        while len(begun) < 2:
+            await asyncio.sleep(0.01)
+        over = await http.post("/v1/chat/completions", json=CHAT, headers=alice)
+        assert_error_format(over, "openai", 429)
+        assert int(over.headers["retry-after"]) >= 1
+        bob = await http.post("/v1/chat/completions", json=CHAT,
+                              headers={"authorization": "Bearer key-bob"})
+        assert bob.status_code == 200
+        arrived.set()
+        assert [r.status_code for r in await asyncio.gather(*slow)] == [200, 200]
+    assert sorted(r.status for r in records(app)) == [200, 200, 200, 429]
 
 
 async def test_freed_slots_go_round_robin_across_tenants() -> None:
@@ -424,6 +453,26 @@ async def test_dashboard_login_sets_an_httponly_session_cookie(make_fake_app) ->
         assert (await http.get("/api/stats")).status_code == 200
         http.cookies.set(SESSION_COOKIE, "9999999999.forged")
         assert (await http.get("/api/stats")).status_code == 401
+
+
+async def test_a_hostile_sign_in_form_is_a_wrong_key_not_a_500(make_fake_app,
+                                                                 monkeypatch) -> None:
+    monkeypatch.setattr(dashboard, "LOGIN_READ_S", 0.2, raising=False)
+    app = make_fake_app(api_keys=KEYS, admin_key=ADMIN)
+
+    async def slow_form() -> AsyncIterator[bytes]:
+        yield b"key="
+        await asyncio.sleep(1.0)  # past the form's deadline, then the right key
+        yield ADMIN.encode()
+
+    many = {"key": ADMIN, **{f"field{i}": "x" for i in range(9)}}
+    async with asgi_client(app) as http:
+        for form in ({"data": many}, {"content": slow_form()}):
+            answer = await http.post("/dashboard/login", **form)  # type: ignore[arg-type]
+            assert answer.status_code == 401 and "Wrong admin key." in answer.text
+            assert SESSION_COOKIE not in answer.headers.get("set-cookie", "")
+        ok = await http.post("/dashboard/login", data={"key": ADMIN})
+        assert ok.status_code == 303
 
 
 async def test_metrics_need_a_key_whenever_any_key_exists(make_fake_app) -> None:

@@ -3,6 +3,8 @@ good ones, and a database outage (spill to disk, replay) with zero records lost.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sqlite3
 import time
 from collections import defaultdict
@@ -16,7 +18,7 @@ from sqlalchemy import event, select
 
 from gateway.api_stats import compute_stats
 from gateway.app import create_app
-from gateway.stats import RecordStore, RequestRecord
+from gateway.stats import RecordStore, RequestRecord, default_spill_path
 
 from .gateway_fakes import FakeBackend, asgi_client, fake_config
 from .pg_cluster import PgCluster, pg_bin
@@ -209,6 +211,106 @@ async def test_sqlite_outage_spills_reports_degraded_and_replays(tmp_path: Path)
             assert health["status"] == "ok" and health["stats_lost"] == 0
         assert store.flush() and (store.count(), store.lost) == (26, 0)
         assert not store.spill.path.exists()
+    finally:
+        store.close()
+
+
+class ReadOnly:
+    """SQLite connections opened while `readonly` refuse every write as on a read-only file
+    (`PRAGMA query_only`) and keep refusing after it is cleared, as a connection opened on
+    a read-only file does; reads still answer."""
+
+    def __init__(self, engine: Any) -> None:
+        self.readonly = False
+        event.listen(engine, "connect", self._connected)
+
+    def _connected(self, dbapi_conn: Any, _record: Any) -> None:
+        if self.readonly:
+            dbapi_conn.execute("PRAGMA query_only = ON")
+
+
+async def test_a_database_that_refuses_every_write_loses_no_record(tmp_path: Path) -> None:
+    app = create_app(fake_config(tmp_path, admin_key=ADMIN), backend=FakeBackend())
+    store: RecordStore = app.state.store
+    readonly = ReadOnly(store.engine)
+    try:
+        async with asgi_client(app) as http:
+            readonly.readonly = True
+            store.engine.dispose()  # every connection from now on is read-only
+            for _ in range(10):
+                assert (await http.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            assert store.flush()
+            with store.engine.connect() as conn:  # reads still answer
+                assert conn.execute(select(RequestRecord.id)).all() == []
+            health = (await http.get("/healthz")).json()
+            assert health["database"] == "degraded" and health["stats_lost"] == 0
+            assert store.pending() == 10
+            readonly.readonly = False
+            _wait(lambda: store.pending() == 0)
+        assert store.flush() and (store.count(), store.lost) == (10, 0)
+    finally:
+        store.close()
+
+
+def test_a_database_that_fails_at_commit_loses_no_record(tmp_path: Path) -> None:
+    store = RecordStore(f"sqlite:///{tmp_path / 'c.db'}", flush_interval_s=0.02)
+    failing = {"on": True}
+
+    def commit(_conn: Any) -> None:  # an unwritable WAL file: statements run, commits fail
+        if failing["on"]:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    event.listen(store.engine, "commit", commit)
+    try:
+        now = datetime.now(UTC)
+        for i in range(12):
+            store.add(_record(i, now))
+        assert store.flush()
+        assert (store.lost, store.pending(), store.degraded) == (0, 12, True)
+        failing["on"] = False
+        _wait(lambda: store.pending() == 0)
+        assert store.flush() and (store.count(), store.lost) == (12, 0)
+    finally:
+        store.close()
+
+
+def _spilling_worker(url: str, flag: str, worker: int, n: int) -> None:
+    """A gateway process's store: `n` rows, the database down while `flag` exists."""
+    store = RecordStore(url, flush_interval_s=0.01, batch_size=16)
+
+    def down(*_: Any) -> None:
+        if os.path.exists(flag):
+            raise sqlite3.OperationalError("database is locked")
+
+    event.listen(store.engine, "before_cursor_execute", down)
+    now = datetime.now(UTC)
+    for i in range(n):
+        store.add(_record(i, now, request_id=f"w{worker}-{i}"))
+        time.sleep(0.002)
+    _wait(lambda: store.pending() == 0)
+    store.close()
+
+
+def test_two_processes_sharing_a_spill_file_replay_each_row_once(tmp_path: Path) -> None:
+    url, flag, n = f"sqlite:///{tmp_path / 'shared.db'}", str(tmp_path / "down"), 500
+    RecordStore(url).close()  # the table, before two processes race to make it
+    Path(flag).touch()
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_spilling_worker, args=(url, flag, w, n))
+               for w in range(2)]
+    for worker in workers:
+        worker.start()
+    spill = default_spill_path(url)
+    _wait(lambda: spill.exists() and len(spill.read_text().splitlines()) >= n)  # both spill
+    os.remove(flag)  # the database is back
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    store = RecordStore(url)
+    try:
+        with store.session() as session:
+            ids = list(session.scalars(select(RequestRecord.request_id)))
+        assert sorted(ids) == sorted(f"w{w}-{i}" for w in range(2) for i in range(n))
     finally:
         store.close()
 

@@ -689,3 +689,21 @@ async def test_citations_reach_an_anthropic_client_whole_and_streamed(tmp_path: 
     assert r.json()["choices"][0]["message"]["content"] == text
     app.state.store.close()
     await pool.aclose()
+
+
+async def test_a_client_cache_salt_stays_in_the_gateway(tmp_path: Path) -> None:
+    """`cache_salt` names a cache namespace of the gateway's; the Messages API has no such
+    field (it refuses fields it does not know), so the upstream gets the body without it."""
+    fake = FakeAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    body = {"model": "c", "max_tokens": 9, "cache_salt": "project-7",
+            "messages": [{"role": "user", "content": "go"}]}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        for stream in (False, True):
+            r = await client.post("/v1/messages", json={**body, "stream": stream})
+            assert r.status_code == 200, r.text
+    assert [set(sent) for sent in fake.bodies] == [set(body) - {"cache_salt"} | {"stream"}] * 2
+    app.state.store.close()
+    await pool.aclose()
