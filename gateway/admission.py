@@ -21,7 +21,7 @@ import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 from gateway.errors import GatewayError
@@ -82,6 +82,8 @@ class Slot:
             self._released = True
             self._admission._release(self.tenant)
 
+_NOTHING: AbstractContextManager[None] = nullcontext()
+
 
 class Admission:
     """Per-tenant limits and a fair bounded queue in front of the backend (one event loop)."""
@@ -100,10 +102,16 @@ class Admission:
         """Requests waiting for a slot now."""
         return self._queued
 
-    @contextmanager
-    def reading_body(self, tenant: str) -> Iterator[None]:
+    def reading_body(self, tenant: str) -> AbstractContextManager[None]:
         """Count one request of `tenant` while its body arrives, or raise `Overloaded` when
-        its requests reading or in flight already reach `tenant_max_concurrency`."""
+        its requests reading or in flight already reach `tenant_max_concurrency` (with no
+        such limit there is nothing to count)."""
+        if self.config.tenant_max_concurrency is None:
+            return _NOTHING
+        return self._reading(tenant)
+
+    @contextmanager
+    def _reading(self, tenant: str) -> Iterator[None]:
         self._check_concurrency(tenant, self.reading.get(tenant, 0))
         self.reading[tenant] = self.reading.get(tenant, 0) + 1
         try:

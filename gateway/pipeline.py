@@ -281,7 +281,7 @@ def _lint_fits(config: GatewayConfig, body: dict[str, Any], size: int) -> bool:
     so it does not count: a conversation's screenshots do not stop its rewriting."""
     messages = body.get("messages")
     count = len(messages) if isinstance(messages, list) else 0
-    if isinstance(messages, list):
+    if size > config.lint_max_bytes and isinstance(messages, list):
         size -= media_chars(messages)
     if size <= config.lint_max_bytes and count <= config.lint_max_messages:
         return True
