@@ -88,6 +88,9 @@ class GatewayConfig:
     max_tokens_cap: int = 4096  # a request's max_tokens is clamped to this
     max_concurrency: int = 256  # requests served at once (the rest wait, fairly by tenant)
     max_queue: int = 1024  # requests waiting for a slot; past it 503
+    # on SIGTERM / Ctrl+C, requests in flight get this long to finish, then are cancelled and
+    # recorded (499 "cancelled") before the process exits: inside Kubernetes' default 30 s
+    graceful_timeout_s: int = 25
     tenant_max_concurrency: int | None = None  # per tenant in flight; past it 429
     tenant_rate_per_s: float | None = None  # per tenant requests/s (token bucket); past it 429
     tenant_burst: int | None = None  # bucket size (default: max(1, rate))
@@ -111,7 +114,8 @@ class GatewayConfig:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         _positive(self, "upstream_timeout_s", "max_body_bytes", "default_max_tokens")
-        _positive(self, "stats_flush_interval_s", "stats_batch_size", "stats_max_queue")
+        _positive(self, "stats_flush_interval_s", "stats_batch_size", "stats_max_queue",
+                  "graceful_timeout_s")
         _positive(self, "max_tokens_cap", "max_concurrency", "max_queue", "lint_max_messages",
                   "lint_max_bytes", "max_json_depth", "lint_learner_bytes")
         if self.inline_prepare_bytes < 0:
@@ -306,6 +310,7 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_MAX_TOKENS_CAP": ("max_tokens_cap", int),
     "PREFIXGATE_MAX_CONCURRENCY": ("max_concurrency", int),
     "PREFIXGATE_MAX_QUEUE": ("max_queue", int),
+    "PREFIXGATE_GRACEFUL_TIMEOUT_S": ("graceful_timeout_s", int),
     "PREFIXGATE_TENANT_MAX_CONCURRENCY": ("tenant_max_concurrency", int),
     "PREFIXGATE_TENANT_RATE": ("tenant_rate_per_s", float),
     "PREFIXGATE_TENANT_BURST": ("tenant_burst", int),

@@ -389,8 +389,10 @@ async def _until_final(
         raise BackendError(502, "backend ended without a result") from None
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
+        if not task.done():  # this task was cancelled (a shutdown): the drain ends first,
+            task.cancel()  # else closing the stream it is reading fails ("already running")
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if final is None:
             await close_stream(stream)
 

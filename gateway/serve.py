@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per second per tenant; then 429 (unlimited)")
     p.add_argument("--tenant-burst", type=int, help="burst of the per-tenant rate limit")
     p.add_argument("--stats-spill-path", help="file that holds records during a DB outage")
+    p.add_argument("--graceful-timeout", dest="graceful_timeout_s", type=int,
+                   help="seconds requests in flight get to finish on SIGTERM or Ctrl+C; then "
+                        "they are cancelled and recorded before the process exits (25)")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     add_engine_flags(p)  # --engine-<field> for every EngineConfig field; --model, --num-pages, ...
     return p
@@ -71,7 +74,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         for name in ("host", "port", "db_url", "admin_key", "lint_mode", "store_prompts",
                      "model_name", "max_tokens_cap", "max_concurrency", "max_queue",
                      "tenant_max_concurrency", "tenant_rate_per_s", "tenant_burst",
-                     "stats_spill_path")
+                     "stats_spill_path", "graceful_timeout_s")
     }
     overrides["api_keys"] = keys
     if args.upstream:
@@ -102,7 +105,7 @@ def main(argv: list[str]) -> int:
         return 2
     freeze_startup_objects()
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
-                http=HttpProtocol)
+                http=HttpProtocol, timeout_graceful_shutdown=config.graceful_timeout_s)
     return 0
 
 
@@ -138,7 +141,8 @@ class BackgroundServer:
         self.url = f"http://{config.host}:{port}"
         self.app = create_app(config)
         uv_config = uvicorn.Config(self.app, host=config.host, port=port, log_level="warning",
-                                   http=HttpProtocol)
+                                   http=HttpProtocol,
+                                   timeout_graceful_shutdown=config.graceful_timeout_s)
         self.server = uvicorn.Server(uv_config)
         self.thread = threading.Thread(target=self.server.run, name="prefixgate-serve",
                                        daemon=True)

@@ -113,6 +113,10 @@ def test_serve_flags_override_env(tmp_path: Path):
     assert config.upstreams == (UpstreamSpec("anthropic", "https://api.example/v1"),)
     default = config_from_args(build_parser().parse_args([]), {})
     assert default.db_url == "sqlite:///prefixgate.db" and default.upstreams == ()
+    seven = {"PREFIXGATE_GRACEFUL_TIMEOUT_S": "7"}
+    grace = [config_from_args(build_parser().parse_args(flags), env).graceful_timeout_s
+             for flags, env in (([], {}), ([], seven), (["--graceful-timeout", "3"], seven))]
+    assert grace == [25, 7, 3]
 
 
 def test_engine_quantization_from_env_flag_and_into_the_engine_config():

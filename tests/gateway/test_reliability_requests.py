@@ -5,6 +5,7 @@ requests free the backend, admission (429/503, fairness, max_tokens cap), malfor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -16,14 +17,15 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
 
 from gateway import access_log, dashboard
 from gateway.admission import Admission, AdmissionConfig, Overloaded
 from gateway.auth import SESSION_COOKIE
 from gateway.stats import RequestRecord
 from gateway.types import ChatRequest, Final, TextDelta, Usage
-from tests.support import free_port
+from tests.support import ServerThread, free_port
 
 from .gateway_fakes import FAKE_MODEL, asgi_client
 
@@ -327,6 +329,52 @@ async def test_a_request_cancelled_by_the_server_keeps_its_record(make_fake_app,
         [(499, "cancelled")] + ([(200, None)] if queued else []))
     assert admission.running == 0 and admission.queued == 0
     assert "\nprefixgate_requests_in_flight 0.0\n" in metrics
+
+
+@dataclass
+class MidStreamBackend(GatedBackend):
+    """Sends its first piece of text, then holds the rest until `gate` is set."""
+
+    async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        yield TextDelta("part", usage=Usage(3, 0, 0), tokens=1)
+        async for item in super().stream(req):
+            yield item
+
+
+def test_a_shutdown_past_its_grace_records_every_request_in_flight(make_fake_app,
+                                                                   caplog) -> None:
+    """SIGTERM (the server's should_exit) with requests that will not finish: after the
+    graceful timeout they are cancelled and each still writes its one record (a whole
+    request waiting for its first token, a stream mid-way) before the process exits."""
+    backend = MidStreamBackend()
+    app = make_fake_app()
+    app.state.gateway.backend = backend
+    server = ServerThread(app, graceful_timeout_s=0.5)
+    got: dict[str, Any] = {}
+
+    def whole() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            got["whole"] = httpx.post(server.url + "/v1/chat/completions", json=CHAT, timeout=30)
+
+    with server:
+        client = threading.Thread(target=whole)
+        client.start()
+        with httpx.stream("POST", server.url + "/v1/chat/completions",
+                          json={**CHAT, "stream": True}, timeout=30) as stream:
+            assert any("part" in chunk for chunk in stream.iter_text())  # the first text
+            while len(backend.started) < 2:
+                time.sleep(0.01)
+            server.server.should_exit = True
+            server.thread.join(timeout=20)
+        client.join(timeout=20)
+    assert not server.thread.is_alive()
+    engine = create_engine(app.state.gateway.config.db_url)
+    with Session(engine) as session:
+        rows = list(session.scalars(select(RequestRecord)))
+    engine.dispose()
+    assert sorted((r.status, r.completion_tokens) for r in rows) == [(499, 1), (499, 1)]
+    assert len(backend.aborted) == 2 and not backend.finished
+    assert "closing a backend stream failed" not in caplog.text  # each closed cleanly
 
 
 async def test_client_gone_while_queued_leaves_the_queue(make_fake_app) -> None:

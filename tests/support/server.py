@@ -36,10 +36,12 @@ class ServerThread:
     than START_TIMEOUT_S); `__exit__` asks it to stop and joins the thread.
     """
 
-    def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "on") -> None:
+    def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "on",
+                 graceful_timeout_s: float | None = None) -> None:
         self.port = free_port()
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan=lifespan, http=HttpProtocol)
+                                lifespan=lifespan, http=HttpProtocol,
+                                timeout_graceful_shutdown=graceful_timeout_s)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
