@@ -27,6 +27,7 @@ from contextlib import aclosing
 import anyio
 
 from gateway.backends.anthropic_upstream import AnthropicUpstream
+from gateway.backends.model_listing import ModelListing
 from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.pool_metrics import PoolMetrics
 from gateway.backends.predicted_usage import final_usage, head_usage, in_shadow_tokens
@@ -82,6 +83,7 @@ class ReplicaPool:
         # a generic kind: learn the server from its responses too
         self._detect = shadow is None and kind in ("openai", AUTO_KIND)
         self._auto = shadow is None and kind == AUTO_KIND
+        self._listing = ModelListing([r.backend.list_models for r in self.router.replicas])
         if metrics is not None:
             self.bind_metrics(metrics)
 
@@ -98,14 +100,12 @@ class ReplicaPool:
         return None
 
     async def list_models(self) -> list[str]:
-        """GET /v1/models: the configured ids, else what the replicas list, in order, once."""
+        """GET /v1/models: the configured ids, else what the replicas list, in order, once
+        (gateway.backends.model_listing: asked at most every few seconds)."""
         configured = self.models()
         if configured != ["*"]:
             return configured
-        seen: dict[str, None] = {}
-        for r in self.router.replicas:
-            seen.update(dict.fromkeys(await r.backend.list_models()))
-        return list(seen)
+        return await self._listing.ids()
 
     def prepare(self, req: ChatRequest) -> ChatRequest:
         """`req` with its shadow-cache tokens (call under prompt_lint's lock, off the loop);

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.agent_trace import agent_trace
+from gateway.backends.model_listing import ModelListing
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.providers import make_upstream
 from gateway.backends.router import Replica, Router, RouterConfig
@@ -26,6 +27,7 @@ from .upstream_helpers import (
     fake_replicas,
     gateway_app,
     pool_over,
+    pool_over_handler,
     records,
     serving,
 )
@@ -319,3 +321,44 @@ def test_an_empty_prompt_is_routed_as_scoring_it_would_without_asking_a_shadow(
         assert empty is not None and scored is not None
         assert (empty.replica.name, empty.matched, empty.reason) == (
             scored.replica.name, scored.matched, scored.reason), turn
+
+
+async def test_v1_models_asks_each_replica_once_per_listing(tmp_path: Path) -> None:
+    """Concurrent GET /v1/models share one listing, asked of the replica once; it is asked
+    again only once the listing is older than its time to live."""
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(200, json={"data": [{"id": "m-1"}, {"id": "m-2"}]})
+
+    pool = pool_over_handler(handler)
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        answers = await asyncio.gather(*(client.get("/v1/models") for _ in range(20)))
+        assert asked == ["/v1/models"]
+        pool._listing.ttl_s = 0.0  # the listing is now stale
+        again = await client.get("/v1/models")
+    assert asked == ["/v1/models"] * 2
+    for r in [*answers, again]:
+        assert [m["id"] for m in r.json()["data"]] == ["m-1", "m-2"]
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_a_listing_is_the_union_of_the_replicas_in_their_order() -> None:
+    """Replicas are asked at once (a slow one does not queue the others) and their ids are
+    merged in replica order, each once."""
+    started: list[str] = []
+
+    def lister(name: str, ids: list[str], delay: float) -> Any:
+        async def ask() -> list[str]:
+            started.append(name)
+            await asyncio.sleep(delay)
+            return ids
+        return ask
+
+    listing = ModelListing([lister("slow", ["a", "b"], 0.2), lister("fast", ["b", "c"], 0.0)])
+    first, second = await asyncio.gather(listing.ids(), listing.ids())
+    assert first == second == ["a", "b", "c"] and started == ["slow", "fast"]
