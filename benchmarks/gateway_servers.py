@@ -52,10 +52,10 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0,
 @contextlib.contextmanager
 def process(cmd: list[str], ready: str, env: dict[str, str] | None = None,
             headers: dict[str, str] | None = None, log: Path | None = None,
-            timeout: float = 120.0) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `cmd` until the block ends; `ready` is polled first. Yields the process."""
+            timeout: float = 120.0, cwd: Path = ROOT) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `cmd` in `cwd` until the block ends; `ready` is polled first. Yields the process."""
     out = open(log, "wb") if log else None  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env or dict(os.environ), stdout=out,
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env or dict(os.environ), stdout=out,
                             stderr=subprocess.STDOUT if out else None)
     try:
         wait_ready(ready, proc, timeout, headers)
@@ -71,8 +71,8 @@ def process(cmd: list[str], ready: str, env: dict[str, str] | None = None,
             out.close()
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+def _env(root: Path = ROOT) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(root)}
 
 
 @contextlib.contextmanager
@@ -94,13 +94,15 @@ class Server(NamedTuple):
 
 
 @contextlib.contextmanager
-def gateway_server(upstream: str, db: Path, lint_mode: str = "report") -> Iterator[Server]:
-    """`prefixgate serve --upstream openai=... --lint-mode MODE` (report by default)."""
+def gateway_server(upstream: str, db: Path, lint_mode: str = "report",
+                   root: Path = ROOT) -> Iterator[Server]:
+    """`prefixgate serve --upstream openai=... --lint-mode MODE` (report by default), from the
+    source tree `root` (another build of the gateway: a `git worktree` of another commit)."""
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
            "--upstream", f"openai={upstream}/v1", "--db", f"sqlite:///{db}",
            "--lint-mode", lint_mode, "--log-level", "warning"]
-    with process(cmd, f"http://127.0.0.1:{port}/healthz", _env()) as proc:
+    with process(cmd, f"http://127.0.0.1:{port}/healthz", _env(root), cwd=root) as proc:
         yield Server(f"http://127.0.0.1:{port}", proc.pid)
 
 
