@@ -1,7 +1,7 @@
 """Two builds of the gateway side by side: how much latency does B add per request beyond A?
 
     git worktree add --detach /tmp/base <commit>
-    python benchmarks/bench_pair.py /tmp/base . [--rounds 3] [--requests 300] [--quick]
+    python benchmarks/bench_pair.py /tmp/base . [--rounds 4] [--requests 1000] [--quick]
 
 Each round serves both builds at once (upstream mode, lint report, as bench_gateway's
 gateway row) over one fake upstream, and sends each of the benchmark's ~4k-token agent requests
@@ -130,14 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("a", type=Path, help="source tree of build A (the reference)")
     parser.add_argument("b", type=Path, help="source tree of build B")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds (3; --quick 1)")
-    parser.add_argument("--requests", type=int, default=None, help="per run (300; --quick 40)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (4; --quick 1)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="per run (1000; --quick 40)")
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"JSON path ({RESULTS}; --quick: a scratch file in the temp dir)")
     args = parser.parse_args(argv)
-    rounds = args.rounds or (1 if args.quick else 3)
-    requests = args.requests or (40 if args.quick else 300)
+    rounds = args.rounds or (1 if args.quick else 4)
+    requests = args.requests or (40 if args.quick else 1000)
     out = args.out or (Path(tempfile.gettempdir()) / "pair-quick.json" if args.quick
                        else RESULTS)
     roots = {"A": args.a.resolve(), "B": args.b.resolve()}
