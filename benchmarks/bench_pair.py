@@ -8,8 +8,10 @@ gateway row) over one fake upstream, and sends each of the benchmark's ~4k-token
 (fresh every round: a repeated request finds every memo warm) to the upstream directly and
 through both gateways, the order rotated per request. This VM's speed swings by more than the
 differences measured, so only side-by-side figures compare. Every round runs twice, each build
-started first once (on the same code, the build started first measured about 0.03 ms faster):
-B - A is reported per run and as the mean of each pair of runs, which cancels that bias.
+listed first once: the first is started first and, in the rotation, asked right after the
+upstream two times in three, the other right after it two times in three (while it still does
+its bookkeeping); on the same code the first measured 0.03-0.05 ms faster. B - A is reported
+per run and as the mean of each pair of runs, which cancels that bias.
 
 Prints a table and writes benchmarks/results/pair.json (--quick: a scratch file, fewer
 requests, one round).
