@@ -6,9 +6,8 @@ slot) for its one record and its headers; `Gateway` is the state every route sha
 
 from __future__ import annotations
 
-import itertools
+import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -98,14 +97,11 @@ class Gateway:
         return known[1]
 
 
-_ID_PREFIX = uuid.uuid4().hex[:12]
-_ID_COUNTER = itertools.count()
-
-
 def new_request_id() -> str:
-    """A 24-hex-digit id unique across processes: a random per-process prefix and a counter
-    (cheaper than a uuid4 per request, which costs a system call)."""
-    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFF:012x}"
+    """24 random hex digits (96 bits: no two alike in any gateway's lifetime). Not a counter: a
+    tenant differencing its own ids (`x-request-id`, `chatcmpl-`, `msg_`) would learn how many
+    requests the others sent in between. 0.65 us, less than formatting a counter took."""
+    return os.urandom(12).hex()
 
 
 @dataclass

@@ -118,10 +118,16 @@ def test_counter_labels_are_checked() -> None:
             counter.inc(**bad)
 
 
-def test_request_ids_are_unique_24_hex_digits() -> None:
+def test_request_ids_are_unique_24_hex_digits_that_count_nothing() -> None:
+    """Unique, and consecutive ids say nothing of how many came between: their differences
+    are not constant (a counter's are) and their digits are spread as random ones are."""
     ids = [new_request_id() for _ in range(5000)]
     assert len(set(ids)) == len(ids)
     assert all(len(i) == 24 and int(i, 16) >= 0 for i in ids)
+    steps = {int(b, 16) - int(a, 16) for a, b in zip(ids, ids[1:], strict=False)}
+    assert len(steps) > 4900
+    last_digits = [int(i[-1], 16) for i in ids]
+    assert all(200 < last_digits.count(d) < 425 for d in range(16))  # 312.5 expected
 
 
 _VALUES = st.sampled_from([None, "", "x", 3, [], {}, [{"type": "text", "text": "t"}], True])
