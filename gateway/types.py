@@ -217,10 +217,15 @@ class ApiError(Exception):
 class BackendError(ApiError):
     """A backend failure with the HTTP status and error kind the client should see; an
     upstream's names its `replica` (for the request's record) and passes on the provider's
-    `retry_after` (seconds, for the response's header)."""
+    `retry_after` (seconds, for the response's header). The message never names the replica:
+    a tenant learns nothing of the deployment's hosts from it (the record and the gateway's log
+    do name it)."""
 
-    replica: str | None = None
-    retry_after: int | None = None
+    def __init__(self, status: int, message: str, *, kind: str = "api_error",
+                 param: str | None = None, replica: str | None = None) -> None:
+        super().__init__(status, message, kind=kind, param=param)
+        self.replica = replica
+        self.retry_after: int | None = None
 
 
 class Backend(Protocol):

@@ -212,8 +212,8 @@ class AnthropicUpstream(UpstreamBackend):
         payload = await fetch_json(self._transport, request, self.replica)
         tokens = payload.get("input_tokens") if isinstance(payload, dict) else None
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise BackendError(502, f"upstream {self.replica} sent no input_tokens",
-                               kind="upstream_error")
+            raise BackendError(502, "upstream sent no input_tokens",
+                               kind="upstream_error", replica=self.replica)
         return tokens
 
     def _headers(self) -> dict[str, str]:
@@ -265,8 +265,8 @@ class AnthropicUpstream(UpstreamBackend):
             if state.stopped:
                 break
         if not state.stopped:
-            raise BackendError(502, f"upstream {self.replica} stream was cut mid-way",
-                               kind="upstream_stream_cut")
+            raise BackendError(502, "upstream stream was cut mid-way",
+                               kind="upstream_stream_cut", replica=self.replica)
         usage = read_usage(state.start_usage, state.output_tokens)
         yield self._final("".join(state.text), state.tool_calls(), state.stop, usage,
                           clock, state.deltas, state.stop_sequence)
@@ -286,8 +286,8 @@ class AnthropicUpstream(UpstreamBackend):
 
     def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
         if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
-            raise BackendError(502, f"upstream {self.replica} sent no content",
-                               kind="upstream_error")
+            raise BackendError(502, "upstream sent no content",
+                               kind="upstream_error", replica=self.replica)
         blocks = payload["content"]
         text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
         tools = tuple(_tool_call(b) for b in blocks if b.get("type") == "tool_use")

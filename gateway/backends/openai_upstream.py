@@ -359,8 +359,8 @@ class OpenAIUpstream(UpstreamBackend):
                 state.text.append(text)
                 yield TextDelta(text)
         if not state.done and state.finish is None:
-            raise BackendError(502, f"upstream {self.replica} stream was cut mid-way",
-                               kind="upstream_stream_cut")
+            raise BackendError(502, "upstream stream was cut mid-way",
+                               kind="upstream_stream_cut", replica=self.replica)
         yield self._final(state, clock)
 
     def _final(self, state: _StreamState, clock: StreamClock) -> Final:
@@ -390,8 +390,8 @@ class OpenAIUpstream(UpstreamBackend):
 
     def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
         if not isinstance(payload, dict) or not payload.get("choices"):
-            raise BackendError(502, f"upstream {self.replica} sent no choices",
-                               kind="upstream_error")
+            raise BackendError(502, "upstream sent no choices",
+                               kind="upstream_error", replica=self.replica)
         choice = payload["choices"][0]
         state = _StreamState()
         state.usage = read_usage(payload.get("usage"), payload.get("timings"))

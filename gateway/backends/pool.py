@@ -250,7 +250,9 @@ class ReplicaPool:
                     _settle(after)  # closed after its last item (or on a fault): still once
         except BackendError as err:
             err.replica = err.replica or replica.name
-            if is_replica_fault(err):
+            if is_replica_fault(err):  # the client's message does not name it; the log does
+                log.warning("upstream replica %s failed request %s: %s", replica.name,
+                            req.request_id, err.message)
                 replica.mark_failed(self.router.config)
             if self.metrics:
                 self.metrics.requests.inc(replica=replica.name, outcome=err.kind)

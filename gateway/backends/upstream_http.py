@@ -176,19 +176,19 @@ async def iter_sse(response: httpx.Response) -> AsyncIterator[SSEEvent]:
 def transport_error(exc: httpx.HTTPError, replica: str, *, started: bool) -> BackendError:
     """Map an httpx exception to a client-facing error (no URL secrets, no headers)."""
     if isinstance(exc, httpx.TimeoutException):
-        return BackendError(504, f"upstream {replica} timed out", kind="upstream_timeout")
+        return BackendError(504, "upstream timed out", kind="upstream_timeout", replica=replica)
     if started:
         return BackendError(
-            502, f"upstream {replica} stream was cut mid-way ({type(exc).__name__})",
-            kind="upstream_stream_cut",
+            502, f"upstream stream was cut mid-way ({type(exc).__name__})",
+            kind="upstream_stream_cut", replica=replica,
         )
     if isinstance(exc, httpx.ConnectError | httpx.NetworkError):
         return BackendError(
-            502, f"upstream {replica} is unreachable ({type(exc).__name__})",
-            kind="upstream_unavailable",
+            502, f"upstream is unreachable ({type(exc).__name__})",
+            kind="upstream_unavailable", replica=replica,
         )
-    return BackendError(502, f"upstream {replica} failed ({type(exc).__name__})",
-                        kind="upstream_error")
+    return BackendError(502, f"upstream failed ({type(exc).__name__})",
+                        kind="upstream_error", replica=replica)
 
 
 def _upstream_message(payload: Any) -> str:
@@ -218,18 +218,18 @@ def _status_error(status: int, body: bytes, replica: str) -> BackendError:
         message = ""
     detail = f": {message[:500]}" if message else ""
     if status >= 500:
-        return BackendError(502, f"upstream {replica} answered {status}{detail}",
-                            kind="upstream_error")
+        return BackendError(502, f"upstream answered {status}{detail}",
+                            kind="upstream_error", replica=replica)
     if status in (401, 403):
         return BackendError(
-            502, f"upstream {replica} rejected the gateway's credentials ({status})",
-            kind="upstream_auth",
+            502, f"upstream rejected the gateway's credentials ({status})",
+            kind="upstream_auth", replica=replica,
         )
     if status == 429:
-        return BackendError(429, f"upstream {replica} is rate limiting{detail}",
-                            kind="rate_limit_error")
-    return BackendError(status, f"upstream {replica} refused the request{detail}",
-                        kind="invalid_request_error")
+        return BackendError(429, f"upstream is rate limiting{detail}",
+                            kind="rate_limit_error", replica=replica)
+    return BackendError(status, f"upstream refused the request{detail}",
+                        kind="invalid_request_error", replica=replica)
 
 
 def is_replica_fault(err: BackendError) -> bool:
@@ -262,7 +262,7 @@ def malformed_answer(exc: Exception, replica: str, *, started: bool) -> BackendE
     else:
         what = f"a malformed answer ({type(exc).__name__})"
     kind = "upstream_stream_cut" if started else "upstream_error"
-    return BackendError(502, f"upstream {replica} sent {what}", kind=kind)
+    return BackendError(502, f"upstream sent {what}", kind=kind, replica=replica)
 
 
 def loads_event(data: str, replica: str) -> dict[str, Any]:
@@ -272,16 +272,16 @@ def loads_event(data: str, replica: str) -> dict[str, Any]:
     except ValueError:
         payload = None
     if not isinstance(payload, dict):
-        raise BackendError(502, f"upstream {replica} sent a malformed stream event",
-                           kind="upstream_stream_cut")
+        raise BackendError(502, "upstream sent a malformed stream event",
+                           kind="upstream_stream_cut", replica=replica)
     return payload
 
 
 def stream_error_event(payload: dict[str, Any], replica: str) -> BackendError:
     """An error the upstream itself reported inside its stream."""
     message = _upstream_message(payload) or "error event"
-    return BackendError(502, f"upstream {replica} stream error: {message[:500]}",
-                        kind="upstream_error")
+    return BackendError(502, f"upstream stream error: {message[:500]}",
+                        kind="upstream_error", replica=replica)
 
 
 Item = TextDelta | Final
@@ -304,8 +304,8 @@ async def fetch_json(transport: httpx.AsyncBaseTransport, request: httpx.Request
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise BackendError(502, f"upstream {replica} sent malformed JSON",
-                           kind="upstream_error") from None
+        raise BackendError(502, "upstream sent malformed JSON",
+                           kind="upstream_error", replica=replica) from None
 
 
 async def exchange(

@@ -36,9 +36,11 @@ def pool_over(apps: list[Any], *, kind: str = "openai", router: RouterConfig | N
 
 
 def pool_over_handler(handler: Any, *, kind: str = "openai", timeout_s: float = 5.0,
-                      api_key: str | None = None, url: str = "http://up.test/v1") -> ReplicaPool:
-    """A one-replica pool over an `httpx.MockTransport` handler."""
-    backend = make_upstream(kind, UpstreamOptions(url=url, name="up", timeout_s=timeout_s,
+                      api_key: str | None = None, url: str = "http://up.test/v1",
+                      name: str | None = "up") -> ReplicaPool:
+    """A one-replica pool over an `httpx.MockTransport` handler (`name` None: the replica is
+    named host:port, as `--upstream` names it)."""
+    backend = make_upstream(kind, UpstreamOptions(url=url, name=name, timeout_s=timeout_s,
                                                   api_key=api_key),
                             transport=httpx.MockTransport(handler))
     return ReplicaPool(kind, [backend])
