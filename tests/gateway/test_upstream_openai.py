@@ -299,7 +299,8 @@ async def test_upstream_faults_become_client_errors(
                for r in rows)
     assert [r.replica for r in rows] == ["10.1.2.3:8001"] * 2  # the record names who failed it
     logged = [m for m in caplog.messages if "10.1.2.3:8001" in m]
-    assert len(logged) == 2 and all(row.request_id in m for row, m in zip(rows, logged))
+    assert len(logged) == 2
+    assert all(row.request_id in m for row, m in zip(rows, logged, strict=True))
     app.state.store.close()
     await pool.aclose()
 
