@@ -2,7 +2,10 @@
 
 Everything is read and validated before anything is linted, so bad input
 gives one clear error (file, line, problem) and no partial report: bytes that
-are not UTF-8, invalid JSON, JSON nested deeper than `MAX_DEPTH` levels, a lone
+are not UTF-8, invalid JSON (`NaN`, `Infinity` and a number too large for a double,
+such as `1e400`, are not JSON numbers: the standard library reads them as floats that
+`fix` would write back as `NaN` / `Infinity`, which no JSON parser or provider accepts;
+the gateway refuses them too), JSON nested deeper than `MAX_DEPTH` levels, a lone
 UTF-16 surrogate escape (`"\ud800"`: not Unicode, so no encoder, upstream or
 report can carry it; the gateway refuses such a body too), or a record that is
 not a request. A log record may be the request body itself or an envelope
@@ -12,6 +15,7 @@ holding it under `body` or `request`.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -27,10 +31,40 @@ MAX_DEPTH = 128
 #: surrogate (the text itself is valid UTF-8).
 _SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: Digits an integer may have: what the interpreter converts (0 there means no limit).
+MAX_INT_DIGITS = sys.get_int_max_str_digits() or 1 << 62
 
 
 class InputError(ValueError):
     """Unreadable or invalid input; the message names the file and line."""
+
+
+def _reject_constant(name: str) -> float:
+    """`parse_constant` for json.loads: `NaN`, `Infinity`, `-Infinity` are not JSON."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """`parse_float` for json.loads: a number a double holds (`1e400` would become inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    """`parse_int` for json.loads: an integer the interpreter converts (its digit limit,
+    4300 by default, raised a message that named a Python setting)."""
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"integer of {digits} digits is out of range")
+    return int(text)
+
+
+def _loads(text: str) -> Any:
+    """`text` as strict JSON: the standard library's parse without its extensions."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                      parse_int=_bounded_int)
 
 
 class LoadedRequest(NamedTuple):
@@ -114,11 +148,13 @@ def _document(source: str, text: str, stripped: str) -> Any:
     first = text.count("\n", 0, len(text) - len(text.lstrip())) + 1
     where = f"{source}:{first}"
     try:
-        whole = json.loads(stripped)
+        whole = _loads(stripped)
     except json.JSONDecodeError:
         return None
     except RecursionError:  # the first value (a document or a line) is too deep
         raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # a value of the first record that is no JSON number
+        raise InputError(f"{where}: invalid JSON: {exc}") from None
     for record in whole if isinstance(whole, list) else [whole]:
         _check_value(where, record, _SURROGATE_ESCAPE.search(stripped) is not None)
     return whole
@@ -127,11 +163,13 @@ def _document(source: str, text: str, stripped: str) -> Any:
 def _parse(where: str, line: str) -> Any:
     """One JSONL line, checked (`_check_value`); `where` is its file:line."""
     try:
-        value = json.loads(line)
+        value = _loads(line)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
     except RecursionError:
         raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # NaN, 1e400, an integer of thousands of digits
+        raise InputError(f"{where}: invalid JSON: {exc}") from None
     if line.count("[") + line.count("{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(line):
         _check_value(where, value, True)
     return value

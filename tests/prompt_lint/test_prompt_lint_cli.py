@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from prompt_lint.cli import fix_main, lint_main
@@ -112,6 +113,12 @@ def _nested(levels: int) -> str:
             + "[" * levels + "]" * levels + "}")
 
 
+def _number(text: str) -> str:
+    """A request line whose `temperature` is spelled `text`."""
+    return ('{"model": "x", "temperature": ' + text
+            + ', "messages": [{"role": "user", "content": "hi"}]}')
+
+
 SURROGATE = ('{"model": "x", "messages": [{"role": "system", "content": "You are helpful '
              '\\ud800"}, {"role": "user", "content": "hi"}]}')
 
@@ -125,7 +132,15 @@ SURROGATE = ('{"model": "x", "messages": [{"role": "system", "content": "You are
     (_nested(200), "JSON nested deeper than 128 levels"),  # parses, but past the bound
     # a UnicodeEncodeError traceback from the family id's hash before
     (SURROGATE, "lone UTF-16 surrogate escape in a string, 'You are helpful \\ud800'"),
-], ids=["invalid-json", "no-messages", "bad-role", "nested-1100", "nested-200", "surrogate"])
+    # not JSON numbers (RFC 8259; orjson refuses them): linted before, and `fix` wrote
+    # `NaN` / `Infinity` (1e400 too) back, a log no JSON parser or provider reads
+    (_number("NaN"), "invalid JSON: NaN is not a JSON number"),
+    (_number("-Infinity"), "invalid JSON: -Infinity is not a JSON number"),
+    (_number("1e400"), "invalid JSON: number 1e400 is out of range"),
+    # a message without file and line that named a Python setting before
+    (_number("9" * 5000), "invalid JSON: integer of 5000 digits is out of range"),
+], ids=["invalid-json", "no-messages", "bad-role", "nested-1100", "nested-200", "surrogate",
+        "nan", "infinity", "1e400", "long-int"])
 @pytest.mark.parametrize("fmt", ["text", "json", "sarif"])
 def test_bad_input_exits_two_without_partial_report(tmp_path: Path, line: str, problem: str,
                                                     fmt: str,
@@ -139,6 +154,26 @@ def test_bad_input_exits_two_without_partial_report(tmp_path: Path, line: str, p
     code, _, err = run(fix_main, [str(path), "-o", str(tmp_path / "out.jsonl")], capsys)
     assert code == 2 and not (tmp_path / "out.jsonl").exists()
     assert err.startswith(f"prefixgate fix: {path}:3: ") and problem in err
+
+
+@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e400", "9" * 5000, "0.5", "7"])
+def test_numbers_are_refused_as_a_strict_json_parser_refuses_them(
+        tmp_path: Path, number: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The reference is orjson (the gateway's parser): what it refuses is bad input (exit 2),
+    what it reads is linted, and `fix` writes it back as orjson reads it."""
+    line = _number(number)
+    try:
+        expected = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        expected = None
+    path = tmp_path / "n.jsonl"
+    path.write_text(line + "\n")
+    code, _, _ = run(lint_main, [str(path)], capsys)
+    assert code == (2 if expected is None else 0)
+    if expected is not None:
+        out = tmp_path / "out.jsonl"
+        assert run(fix_main, [str(path), "-o", str(out)], capsys)[0] == 0
+        assert orjson.loads(out.read_text()) == expected
 
 
 def test_a_deep_first_line_is_refused_at_its_line(tmp_path: Path,
