@@ -3,10 +3,12 @@
 lint: exit 0 when no finding reaches `--fail-on`, 1 when one does, 2 on bad
 input or an output that cannot be written (one `file[:line]: problem` line on
 stderr, nothing else printed; never a traceback, whose exit status 1 would read
-as a finding). fix: writes the rewritten requests as JSONL
-(or one JSON document when the input was a single JSON object and OUT ends
-in .json). Both learn templates over the whole log first (two passes), unless
-`--online` asks for the one-pass behaviour a gateway has.
+as a finding). fix: writes the rewritten requests as JSONL, or as one JSON
+document when OUT ends in .json (the object for one request, else an array);
+a request read from an envelope (`{"request": {...}, "response": {...}}`) is
+written back in its envelope, with only the body rewritten. Both learn
+templates over the whole log first (two passes), unless `--online` asks for
+the one-pass behaviour a gateway has.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from prompt_lint.lint import learn_request, lint_request
 from prompt_lint.loader import InputError, LoadedRequest, load_requests
@@ -107,6 +110,15 @@ def _write(prog: str, path: str | None, text: str) -> bool:
     return True
 
 
+def _fixed_text(records: list[dict[str, Any]], path: str) -> str:
+    """What `fix` writes: one JSON document when `path` ends in .json (the record itself when
+    there is one, else an array: JSONL in a .json file was read by no JSON tool), else JSONL."""
+    if not path.endswith(".json"):
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    document: Any = records[0] if len(records) == 1 else records
+    return json.dumps(document, ensure_ascii=False, indent=2) + "\n"
+
+
 def lint_main(argv: list[str]) -> int:
     """`prefixgate lint`: report findings; exit 0 clean, 1 findings, 2 bad input or output."""
     parser = _lint_parser()
@@ -136,11 +148,8 @@ def fix_main(argv: list[str]) -> int:
     reports = _lint_all(requests, args, learner)
     results = [rewrite_request(req.body, req.provider, report=rep, learner=learner)
                for req, rep in zip(requests, reports, strict=True)]
-    bodies = [r.body for r in results]
-    single = len(bodies) == 1 and str(args.output).endswith(".json")
-    text = json.dumps(bodies[0], ensure_ascii=False, indent=2) + "\n" if single else \
-        "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in bodies)
-    if not _write(parser.prog, args.output, text):
+    records = [req.with_body(r.body) for req, r in zip(requests, results, strict=True)]
+    if not _write(parser.prog, args.output, _fixed_text(records, args.output)):
         return 2
     changed = sum(r.changed for r in results)
     moved = sum(len(r.moved) for r in results)

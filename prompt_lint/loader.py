@@ -68,12 +68,23 @@ def _loads(text: str) -> Any:
 
 
 class LoadedRequest(NamedTuple):
-    """One request from a log: where it came from, its body and provider."""
+    """One request from a log: where it came from, its body and provider; for a body read
+    from an envelope, the envelope (`record`) and the key holding the body (`key`), so that
+    `fix` writes the envelope back with only its body rewritten."""
 
     source: str
     line: int
     body: dict[str, Any]
     provider: Provider
+    record: dict[str, Any] | None = None
+    key: str | None = None
+
+    def with_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The log record with `body` in place of this request's body: `body` itself, or a
+        copy of the envelope (its other fields and key order kept) holding `body`."""
+        if self.record is None or self.key is None:
+            return body
+        return {**self.record, self.key: body}
 
 
 def load_requests(paths: list[str], provider: str | None = None) -> list[LoadedRequest]:
@@ -198,14 +209,15 @@ def _check_value(where: str, value: Any, strings: bool) -> None:
 
 
 def _request(source: str, line: int, record: Any, provider: str | None) -> LoadedRequest:
+    body, envelope, key = record, None, None
     if isinstance(record, dict) and "messages" not in record:
-        for key in ("body", "request"):
-            if isinstance(record.get(key), dict):
-                record = record[key]
+        for name in ("body", "request"):
+            if isinstance(record.get(name), dict):
+                body, envelope, key = record[name], record, name
                 break
     try:
-        prov = cast(Provider, provider) if provider is not None else detect_provider(record)
-        validate(record, prov)
+        prov = cast(Provider, provider) if provider is not None else detect_provider(body)
+        validate(body, prov)
     except RequestError as exc:
         raise InputError(f"{source}:{line}: {exc}") from exc
-    return LoadedRequest(source, line, record, prov)
+    return LoadedRequest(source, line, body, prov, envelope, key)

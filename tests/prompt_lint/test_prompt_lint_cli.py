@@ -323,3 +323,46 @@ def test_lint_finds_a_user_id_at_the_front_of_a_one_line_prompt(
         assert entry["cacheable_tokens"] < entry["prompt_tokens"] // 4  # it breaks at the id
     code, out, _ = run(lint_main, [str(path)], capsys)
     assert code == 1 and "by rule: PL013 12" in out and "cacheable prefix: 100.0%" not in out
+
+
+def test_fix_writes_envelopes_back_with_only_the_body_rewritten(
+        log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log of `{"request": body, "response": ...}` records (or `body`): `fix` wrote the
+    bare rewritten bodies before, dropping each record's response and metadata. The
+    reference for the bodies is `fix` of the same bodies without their envelopes."""
+    bodies = [json.loads(line) for line in log.read_text().splitlines()]
+    records = [{"ts": f"2026-11-29T10:{i % 60:02d}:00Z", "request": b,
+                "response": {"id": f"r{i}", "usage": {"prompt_tokens": i}}} if i % 2 else
+               {"body": b, "status": 200} for i, b in enumerate(bodies)]
+    wrapped = tmp_path / "wrapped.jsonl"
+    wrapped.write_text("".join(json.dumps(r) + "\n" for r in records))
+    bare, out = tmp_path / "bare.jsonl", tmp_path / "out.jsonl"
+    assert run(fix_main, [str(log), "-o", str(bare)], capsys)[0] == 0
+    assert run(fix_main, [str(wrapped), "-o", str(out)], capsys)[0] == 0
+    expected = [json.loads(line) for line in bare.read_text().splitlines()]
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(got) == len(records)
+    for record, fixed, body in zip(records, got, expected, strict=True):
+        key = "request" if "request" in record else "body"
+        assert list(fixed) == list(record)  # same fields, same order
+        assert {k: v for k, v in fixed.items() if k != key} == \
+            {k: v for k, v in record.items() if k != key}
+        assert fixed[key] == body
+    again = tmp_path / "again.jsonl"
+    assert run(fix_main, [str(out), "-o", str(again)], capsys)[0] == 0
+    assert again.read_text() == out.read_text()  # idempotent through the envelopes
+
+
+def test_fix_to_a_json_file_writes_one_json_document(
+        log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o fixed.json` for a log of many requests wrote JSONL into the .json file, which
+    json.load refuses ("Extra data"); now the array of what the JSONL output holds."""
+    jsonl, one = tmp_path / "fixed.jsonl", tmp_path / "fixed.json"
+    assert run(fix_main, [str(log), "-o", str(jsonl)], capsys)[0] == 0
+    assert run(fix_main, [str(log), "-o", str(one)], capsys)[0] == 0
+    expected = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert len(expected) > 1 and json.loads(one.read_text()) == expected
+    single = tmp_path / "single.jsonl"
+    single.write_text(log.read_text().splitlines()[0] + "\n")
+    assert run(fix_main, [str(single), "-o", str(one)], capsys)[0] == 0
+    assert isinstance(json.loads(one.read_text()), dict)  # one request: the object itself
