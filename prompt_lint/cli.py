@@ -29,6 +29,18 @@ from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding
 from prompt_lint.types import LintReport
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (0 or less was a ValueError traceback from the
+    learner, exit 1, which CI reads as a finding); else argparse's usage error, exit 2."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", help="JSONL / JSON files or directories ('-' = stdin)")
     parser.add_argument("--provider", choices=["openai", "anthropic"],
@@ -37,7 +49,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help=f"tiktoken encoding for token counts (default {DEFAULT_ENCODING})")
     parser.add_argument("--online", action="store_true",
                         help="learn templates one request at a time (as the gateway does)")
-    parser.add_argument("--max-families", type=int, default=256,
+    parser.add_argument("--max-families", type=_positive_int, default=256,
                         help="bound on learned prompt families")
 
 

@@ -366,3 +366,17 @@ def test_fix_to_a_json_file_writes_one_json_document(
     single.write_text(log.read_text().splitlines()[0] + "\n")
     assert run(fix_main, [str(single), "-o", str(one)], capsys)[0] == 0
     assert isinstance(json.loads(one.read_text()), dict)  # one request: the object itself
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+@pytest.mark.parametrize("main", [lint_main, fix_main], ids=["lint", "fix"])
+def test_a_bad_max_families_is_a_usage_error(log: Path, tmp_path: Path, value: str, main: Any,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`--max-families 0` was a ValueError traceback from the learner and exit 1 (a finding,
+    to CI); now argparse's usage error naming the flag, exit 2, as for any bad flag value."""
+    with pytest.raises(SystemExit) as exited:
+        main([str(log), "-o", str(tmp_path / "out.jsonl"), "--max-families", value])
+    _, err = capsys.readouterr()
+    assert exited.value.code == 2
+    assert "--max-families" in err and "Traceback" not in err
+    assert not (tmp_path / "out.jsonl").exists()
