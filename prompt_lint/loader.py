@@ -31,6 +31,8 @@ MAX_DEPTH = 128
 #: surrogate (the text itself is valid UTF-8).
 _SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: The byte order mark, as text: dropped at the start of an input.
+BOM = "\ufeff"
 #: Digits an integer may have: what the interpreter converts (0 there means no limit).
 MAX_INT_DIGITS = sys.get_int_max_str_digits() or 1 << 62
 
@@ -104,8 +106,9 @@ def load_requests(paths: list[str], provider: str | None = None) -> list[LoadedR
 def _texts(path: str) -> list[tuple[str, str]]:
     if path == "-":
         stdin = getattr(sys.stdin, "buffer", None)  # None where stdin was replaced by text
-        return [("<stdin>", sys.stdin.read() if stdin is None else _decode("<stdin>",
-                                                                           stdin.read()))]
+        text = sys.stdin.read().removeprefix(BOM) if stdin is None else \
+            _decode("<stdin>", stdin.read())
+        return [("<stdin>", text)]
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file())
@@ -124,10 +127,12 @@ def _read(path: Path) -> str:
 
 
 def _decode(source: str, raw: bytes) -> str:
-    """`raw` as UTF-8 text; else an InputError at the line and column of the first byte
-    that is not UTF-8 (as for a line that is not JSON: the whole input is refused)."""
+    """`raw` as UTF-8 text without a leading byte order mark (which editors and shells on
+    Windows write, and which JSON parsers may ignore: it refused the whole file as "invalid
+    JSON: Unexpected UTF-8 BOM"); else an InputError at the line and column of the first
+    byte that is not UTF-8 (as for a line that is not JSON: the whole input is refused)."""
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         start = raw.rfind(b"\n", 0, exc.start) + 1

@@ -380,3 +380,31 @@ def test_a_bad_max_families_is_a_usage_error(log: Path, tmp_path: Path, value: s
     assert exited.value.code == 2
     assert "--max-families" in err and "Traceback" not in err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("name", ["bom.jsonl", "bom.json"])
+def test_a_utf8_byte_order_mark_is_not_bad_input(
+        log: Path, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A log saved with a UTF-8 byte order mark (Windows editors, PowerShell's Out-File) was
+    refused whole: 'invalid JSON: Unexpected UTF-8 BOM', exit 2. The reference is the report
+    of the same log without the mark, from a file, from stdin and from `fix`."""
+    lines = log.read_text().splitlines()[:24]
+    text = "\n".join(lines) + "\n" if name.endswith("jsonl") else \
+        json.dumps([json.loads(line) for line in lines], indent=2)
+    plain, marked = tmp_path / ("plain" + name[3:]), tmp_path / name
+    plain.write_text(text, encoding="utf-8")
+    marked.write_text(text, encoding="utf-8-sig")
+    assert marked.read_bytes().startswith(b"\xef\xbb\xbf")
+    expected = run(lint_main, [str(plain), "--format", "json"], capsys)
+    code, out, err = run(lint_main, [str(marked), "--format", "json"], capsys)
+    assert (code, json.loads(out)["summary"], err) == \
+        (expected[0], json.loads(expected[1])["summary"], "")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(marked.read_bytes()),
+                                                       encoding="utf-8"))
+    assert run(lint_main, ["-", "--format", "json"], capsys)[1].replace("<stdin>", str(plain)) \
+        == expected[1]
+    fixed, fixed_plain = tmp_path / "f.jsonl", tmp_path / "fp.jsonl"
+    assert run(fix_main, [str(marked), "-o", str(fixed)], capsys)[0] == 0
+    assert run(fix_main, [str(plain), "-o", str(fixed_plain)], capsys)[0] == 0
+    assert fixed.read_bytes() == fixed_plain.read_bytes()
