@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from prompt_lint.checks import canonical_json
-from prompt_lint.lint import context_target, is_moved, lint_request
+from prompt_lint.lint import MARKER_OPEN, context_target, is_moved, lint_request
 from prompt_lint.providers import Provider, compact_json, detect_provider, tool_name
 from prompt_lint.session import SessionTracker, fingerprint
 from prompt_lint.templates import TemplateLearner
@@ -66,7 +66,7 @@ def _replace_spans(body: dict[str, Any], moved: list[Finding]) -> list[str]:
         text = get_path(body, path)
         for f, name in sorted(items, key=lambda item: item[0].start or 0, reverse=True):
             assert f.start is not None and f.end is not None
-            text = text[: f.start] + f"[context:{name}]" + text[f.end :]
+            text = text[: f.start] + f"{MARKER_OPEN}{name}]" + text[f.end :]
         set_path(body, path, text)
     return names
 

@@ -408,3 +408,44 @@ def test_a_utf8_byte_order_mark_is_not_bad_input(
     assert run(fix_main, [str(marked), "-o", str(fixed)], capsys)[0] == 0
     assert run(fix_main, [str(plain), "-o", str(fixed_plain)], capsys)[0] == 0
     assert fixed.read_bytes() == fixed_plain.read_bytes()
+
+
+def _tier_log(path: Path) -> None:
+    """Three Anthropic sessions of three turns: the time (every turn) and a customer tier
+    (every session) in the system prompt, as the online learner first sees them without
+    evidence (session 0 keeps its tier) and then with it (later sessions move theirs)."""
+    lines = []
+    for s in range(3):
+        history: list[dict[str, Any]] = [{"role": "user", "content": f"Summarise case {s}"}]
+        for t in range(3):
+            system = [{"type": "text", "text": "You are a research assistant. Cite sources."},
+                      {"type": "text", "text": f"Current date and time: 2026-11-0{s + 3}T"
+                                               f"1{t}:2{s}:0{t}Z. Customer tier: gold-{s}."}]
+            lines.append(json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 64,
+                                     "system": system, "messages": history}) + "\n")
+            history = [*history, {"role": "assistant", "content": f"turn {t}"},
+                       {"role": "user", "content": "go on"}]
+    path.write_text("".join(lines))
+
+
+def test_online_fix_is_idempotent_and_never_moves_its_own_markers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`fix --online` of its own output moved the markers it had written (they differ from
+    the values session 0 kept): `[context:session_1]` went into a second context block as
+    `session_1: [context:session_1].`, a name the first block already used. Now a marker is
+    never a value: the second fix changes nothing, and every context value is a real one."""
+    log, once, twice = tmp_path / "log.jsonl", tmp_path / "once.jsonl", tmp_path / "twice.jsonl"
+    _tier_log(log)
+    assert run(fix_main, [str(log), "--online", "-o", str(once)], capsys)[0] == 0
+    assert run(fix_main, [str(once), "--online", "-o", str(twice)], capsys)[0] == 0
+    assert twice.read_text() == once.read_text()
+    originals = log.read_text()
+    assert "session_1: gold-1\\n" in once.read_text()  # later sessions' tiers are moved
+    for line in once.read_text().splitlines():
+        body = json.loads(line)
+        text = body["messages"][-1]["content"]
+        blocks = text if isinstance(text, str) else "".join(b["text"] for b in text)
+        values = [v for v in blocks.split("\n") if ": " in v]
+        assert blocks.count("<context>") <= 1
+        assert all("context:" not in v.split(": ", 1)[1] for v in values)
+        assert all(v.split(": ", 1)[1] in originals for v in values)  # a value from the log
