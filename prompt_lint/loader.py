@@ -31,6 +31,8 @@ MAX_DEPTH = 128
 #: surrogate (the text itself is valid UTF-8).
 _SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: JSON whitespace (what may stand between an array's elements and their commas).
+_SPACE = re.compile(r"[ \t\n\r]*")
 #: The byte order mark, as text: dropped at the start of an input.
 BOM = "\ufeff"
 #: Digits an integer may have: what the interpreter converts (0 there means no limit).
@@ -146,11 +148,9 @@ def _records(source: str, text: str) -> list[tuple[int, Any]]:
     if not stripped:
         return []
     if stripped[0] in "[{":
-        whole = _document(source, text, stripped)
-        if isinstance(whole, list):
-            return [(1, record) for record in whole]
-        if whole is not None:
-            return [(1, whole)]
+        records = _document(source, text, stripped)
+        if records is not None:
+            return records
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
@@ -158,10 +158,13 @@ def _records(source: str, text: str) -> list[tuple[int, Any]]:
     return out
 
 
-def _document(source: str, text: str, stripped: str) -> Any:
-    """The input as one JSON document (an object, or an array of records), checked like a
-    line; None when it is not one (JSONL)."""
-    first = text.count("\n", 0, len(text) - len(text.lstrip())) + 1
+def _document(source: str, text: str, stripped: str) -> list[tuple[int, Any]] | None:
+    """The input as one JSON document, as (line, record) pairs: the object, or each record
+    of an array at the line where it starts (all were line 1 before: a SARIF result or an
+    error pointed at the top of a pretty-printed file), each checked like a line; None when
+    it is not one document (JSONL)."""
+    lead = len(text) - len(text.lstrip())
+    first = text.count("\n", 0, lead) + 1
     where = f"{source}:{first}"
     try:
         whole = _loads(stripped)
@@ -171,9 +174,34 @@ def _document(source: str, text: str, stripped: str) -> Any:
         raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # a value of the first record that is no JSON number
         raise InputError(f"{where}: invalid JSON: {exc}") from None
-    for record in whole if isinstance(whole, list) else [whole]:
-        _check_value(where, record, _SURROGATE_ESCAPE.search(stripped) is not None)
-    return whole
+    records = list(zip(_element_lines(text, lead, len(whole)), whole, strict=True)) \
+        if isinstance(whole, list) else [(first, whole)]
+    strings = _SURROGATE_ESCAPE.search(stripped) is not None
+    for line, record in records:
+        _check_value(f"{source}:{line}", record, strings)
+    return records
+
+
+def _element_lines(text: str, at: int, count: int) -> list[int]:
+    """The line on which each of the `count` elements of the JSON array starting at `text[at]`
+    starts (the array has been parsed already, so each element decodes)."""
+    decoder = json.JSONDecoder()
+    lines: list[int] = []
+    line, seen = 1, 0
+    at += 1  # past "["
+    for _ in range(count):
+        at = _skip_space(text, at)
+        line += text.count("\n", seen, at)
+        seen = at
+        lines.append(line)
+        at = _skip_space(text, decoder.raw_decode(text, at)[1]) + 1  # past "," (or "]")
+    return lines
+
+
+def _skip_space(text: str, at: int) -> int:
+    """The offset of the first character at or after `at` that is not JSON whitespace."""
+    found = _SPACE.match(text, at)
+    return at if found is None else found.end()
 
 
 def _parse(where: str, line: str) -> Any:

@@ -449,3 +449,28 @@ def test_online_fix_is_idempotent_and_never_moves_its_own_markers(
         assert blocks.count("<context>") <= 1
         assert all("context:" not in v.split(": ", 1)[1] for v in values)
         assert all(v.split(": ", 1)[1] in originals for v in values)  # a value from the log
+
+
+def test_records_of_a_json_array_are_located_at_their_own_lines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pretty-printed JSON array of requests: every request, SARIF result and error said
+    line 1. The reference is where each record's opening brace stands in the file."""
+    bodies = [dict(CLEAN, tools=[{"type": "function", "function": {"name": n}}
+                                 for n in ("b", "a")], user=f"u{i}") for i in range(4)]
+    path = tmp_path / "log.json"
+    path.write_text("\n" + json.dumps(bodies, indent=2) + "\n")
+    starts = [n for n, line in enumerate(path.read_text().splitlines(), start=1)
+              if line == "  {"]
+    assert len(starts) == len(bodies) and starts[0] == 3
+    _, out, _ = run(lint_main, [str(path), "--format", "json"], capsys)
+    assert [r["line"] for r in json.loads(out)["requests"]] == starts
+    _, out, _ = run(lint_main, [str(path), "--format", "sarif"], capsys)
+    located = {r["locations"][0]["physicalLocation"]["region"]["startLine"]
+               for r in json.loads(out)["runs"][0]["results"]}
+    assert located == set(starts)
+    bodies[2]["messages"] = []
+    path.write_text(json.dumps(bodies, indent=2))
+    code, _, err = run(lint_main, [str(path)], capsys)
+    assert code == 2 and err.startswith(f"prefixgate lint: {path}:{starts[2] - 1}: ")
+    path.write_text(json.dumps(bodies))  # one line: every record is on line 1
+    assert run(lint_main, [str(path)], capsys)[2].startswith(f"prefixgate lint: {path}:1: ")
