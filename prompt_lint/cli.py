@@ -83,29 +83,35 @@ def _lint_all(requests: list[LoadedRequest], args: argparse.Namespace,
             for req in requests]
 
 
-def _prepare(parser: argparse.ArgumentParser,
-             argv: list[str]) -> tuple[argparse.Namespace, list[LoadedRequest]] | int:
+def _prepare(parser: argparse.ArgumentParser, argv: list[str], report: bool
+             ) -> tuple[argparse.Namespace, list[LoadedRequest]] | int:
+    """Parsed arguments and the loaded requests, or 2 after one error line. `report`: the
+    output is a report, never to be written over an input."""
     args = parser.parse_args(argv)
     try:
         get_encoding(args.encoding)
-        requests = load_requests(args.inputs, args.provider)
-        _check_output(args.output)
+        _check_output(args.output, args.inputs if report else [])
+        requests = load_requests(args.inputs, args.provider, skip=args.output)
     except (InputError, ValueError) as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
     return args, requests
 
 
-def _check_output(path: str | None) -> None:
-    """Refuse an output path that is a directory or in no directory before the work (a
+def _check_output(path: str | None, inputs: list[str]) -> None:
+    """Refuse an output path that is a directory, in no directory, or one of the files in
+    `inputs` (lint's: a report written over the log it read lost the log) before the work (a
     typo should not cost a lint of the whole log); `_write` reports what this cannot see
-    (permissions, a full disk)."""
+    (permissions, a full disk). `fix IN -o IN` rewrites IN in place, as asked."""
     if path is None or path == "-":
         return
     if Path(path).is_dir():
         raise InputError(f"{path}: cannot write: Is a directory")
     if not Path(path).parent.is_dir():
         raise InputError(f"{path}: cannot write: No such directory")
+    target = Path(path).resolve()
+    if any(name != "-" and Path(name).resolve() == target for name in inputs):
+        raise InputError(f"{path}: cannot write: it is an input (the report would replace it)")
 
 
 def _write(prog: str, path: str | None, text: str) -> bool:
@@ -134,7 +140,7 @@ def _fixed_text(records: list[dict[str, Any]], path: str) -> str:
 def lint_main(argv: list[str]) -> int:
     """`prefixgate lint`: report findings; exit 0 clean, 1 findings, 2 bad input or output."""
     parser = _lint_parser()
-    prepared = _prepare(parser, argv)
+    prepared = _prepare(parser, argv, report=True)
     if isinstance(prepared, int):
         return prepared
     args, requests = prepared
@@ -152,7 +158,7 @@ def lint_main(argv: list[str]) -> int:
 def fix_main(argv: list[str]) -> int:
     """`prefixgate fix IN -o OUT`: write rewritten requests; exit 2 on bad input or output."""
     parser = _fix_parser()
-    prepared = _prepare(parser, argv)
+    prepared = _prepare(parser, argv, report=False)
     if isinstance(prepared, int):
         return prepared
     args, requests = prepared

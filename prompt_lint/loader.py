@@ -91,13 +91,17 @@ class LoadedRequest(NamedTuple):
         return {**self.record, self.key: body}
 
 
-def load_requests(paths: list[str], provider: str | None = None) -> list[LoadedRequest]:
-    """All requests in `paths` ("-" is stdin), in order, validated."""
+def load_requests(paths: list[str], provider: str | None = None,
+                  skip: str | None = None) -> list[LoadedRequest]:
+    """All requests in `paths` ("-" is stdin), in order, validated. `skip`: a file that a
+    directory's walk leaves out (the command's own output: a report or fixed log written
+    into the log directory was read back as input by the next run)."""
     if provider is not None and provider not in PROVIDERS:
         raise InputError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
     out: list[LoadedRequest] = []
+    skipped = Path(skip).resolve() if skip is not None and skip != "-" else None
     for path in paths:
-        for source, text in _texts(path):
+        for source, text in _texts(path, skipped):
             for line, record in _records(source, text):
                 out.append(_request(source, line, record, provider))
     if not out:
@@ -105,7 +109,7 @@ def load_requests(paths: list[str], provider: str | None = None) -> list[LoadedR
     return out
 
 
-def _texts(path: str) -> list[tuple[str, str]]:
+def _texts(path: str, skipped: Path | None = None) -> list[tuple[str, str]]:
     if path == "-":
         stdin = getattr(sys.stdin, "buffer", None)  # None where stdin was replaced by text
         text = sys.stdin.read().removeprefix(BOM) if stdin is None else \
@@ -113,7 +117,8 @@ def _texts(path: str) -> list[tuple[str, str]]:
         return [("<stdin>", text)]
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file())
+        files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file()
+                       and (skipped is None or f.resolve() != skipped))
         return [(str(f), _read(f)) for f in files]
     if not p.exists():
         raise InputError(f"{path}: no such file or directory")

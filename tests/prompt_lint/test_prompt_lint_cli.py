@@ -474,3 +474,41 @@ def test_records_of_a_json_array_are_located_at_their_own_lines(
     assert code == 2 and err.startswith(f"prefixgate lint: {path}:{starts[2] - 1}: ")
     path.write_text(json.dumps(bodies))  # one line: every record is on line 1
     assert run(lint_main, [str(path)], capsys)[2].startswith(f"prefixgate lint: {path}:1: ")
+
+
+def test_an_output_inside_the_log_directory_is_not_read_back(
+        log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CI that writes its report or fixed log into the directory it lints: the next run read
+    that file as input (the JSON report: exit 2, "'messages' must be a non-empty list"; the
+    fixed log: every request twice). The reference is the first run's output."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.jsonl").write_text("".join(log.read_text().splitlines(True)[:20]))
+    report, fixed = logs / "report.json", logs / "fixed.jsonl"
+    first = run(lint_main, [str(logs), "--format", "json", "-o", str(report)], capsys)[0]
+    first_report = report.read_text()
+    assert run(lint_main, [str(logs), "--format", "json", "-o", str(report)], capsys)[0] == first
+    assert report.read_text() == first_report
+    report.unlink()
+    assert run(fix_main, [str(logs), "-o", str(fixed)], capsys)[0] == 0
+    first_fixed = fixed.read_text()
+    assert len(first_fixed.splitlines()) == 20
+    assert run(fix_main, [str(logs), "-o", str(fixed)], capsys)[0] == 0
+    assert fixed.read_text() == first_fixed
+
+
+def test_lint_refuses_to_write_its_report_over_an_input(
+        log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`lint LOG -o LOG` replaced the log with its report (exit 1, the log gone); now exit 2
+    before any work and the log is intact. `fix LOG -o LOG` still rewrites LOG in place."""
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(log.read_text().splitlines(True)[:10]))
+    before = path.read_bytes()
+    code, out, err = run(lint_main, [str(path), "-o", str(tmp_path / "." / "log.jsonl")], capsys)
+    assert (code, out) == (2, "") and path.read_bytes() == before
+    assert err == (f"prefixgate lint: {tmp_path / '.' / 'log.jsonl'}: cannot write: "
+                   "it is an input (the report would replace it)\n")
+    expected = tmp_path / "expected.jsonl"
+    assert run(fix_main, [str(path), "-o", str(expected)], capsys)[0] == 0
+    assert run(fix_main, [str(path), "-o", str(path)], capsys)[0] == 0
+    assert path.read_bytes() == expected.read_bytes()
