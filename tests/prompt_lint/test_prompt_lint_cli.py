@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -512,3 +513,59 @@ def test_lint_refuses_to_write_its_report_over_an_input(
     assert run(fix_main, [str(path), "-o", str(expected)], capsys)[0] == 0
     assert run(fix_main, [str(path), "-o", str(path)], capsys)[0] == 0
     assert path.read_bytes() == expected.read_bytes()
+
+
+def _interleaved_log(path: Path, provider: str) -> list[int]:
+    """Three conversations of one agent that open with the same message, their turns
+    interleaved as concurrent users' are in a log; each system prompt carries the time
+    and the session's own id (a request id or a user handle). Returns each line's session."""
+    sessions = {s: [{"role": "user", "content": "What's the weather in Paris?"}]
+                for s in range(3)}
+    lines, owners = [], []
+    for t in range(3):
+        for s in range(3):
+            ident = (f"{s:08x}-1c2d-4e5f-8a9b-{s * 7919:012x}" if provider == "anthropic"
+                     else f"user_{s * 104729:06x}")
+            system = (f"Today is 2026-11-0{s + 3}T1{t}:0{s}:00Z. Request id: {ident}.\n"
+                      if provider == "anthropic" else
+                      f"Current time: 2026-11-0{s + 3}T1{t}:0{s}:00Z\nSession user: {ident}\n")
+            system += "You are a travel agent assistant. Use tools when needed."
+            body: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 64,
+                                    "system": system, "messages": sessions[s]} \
+                if provider == "anthropic" else \
+                {"model": "gpt-4o", "messages": [{"role": "system", "content": system},
+                                                 *sessions[s]]}
+            lines.append(json.dumps(body) + "\n")
+            owners.append(s)
+            sessions[s] = [*sessions[s], {"role": "assistant", "content": f"s{s} turn {t}"},
+                           {"role": "user", "content": f"and then {t}?"}]
+    path.write_text("".join(lines))
+    return owners
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_fix_never_gives_one_conversation_another_ones_context(
+        tmp_path: Path, provider: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Interleaved conversations that open alike share a remembered-turn key: `fix` gave
+    session 0's history the context block session 2 got (its request id or user handle, its
+    time), and session 0's second request no longer began with its first. References: the
+    values each session's own requests carry, and each session's previous fixed request."""
+    log, out = tmp_path / "log.jsonl", tmp_path / "fixed.jsonl"
+    owners = _interleaved_log(log, provider)
+    originals = log.read_text().splitlines()
+    assert run(fix_main, [str(log), "-o", str(out)], capsys)[0] == 0
+    fixed = [json.loads(line) for line in out.read_text().splitlines()]
+    own = {s: "".join(o for o, w in zip(originals, owners, strict=True) if w == s)
+           for s in set(owners)}
+    previous: dict[int, list[Any]] = {}
+    moved = 0
+    for body, s in zip(fixed, owners, strict=True):
+        for block in re.findall(r"<context>\\n(.*?)</context>", json.dumps(body)):
+            for entry in block.split("\\n"):
+                if entry:
+                    moved += 1
+                    assert entry.split(": ", 1)[1] in own[s], (s, entry)
+        if s in previous:
+            assert body["messages"][:len(previous[s])] == previous[s]
+        previous[s] = body["messages"]
+    assert moved >= 2 * len(fixed)  # the time and the id of every request were moved
