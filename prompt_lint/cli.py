@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prompt_lint.lint import learn_request, lint_request
 from prompt_lint.loader import InputError, LoadedRequest, load_requests
@@ -27,6 +29,8 @@ from prompt_lint.rules import SEVERITY_RANK
 from prompt_lint.templates import TemplateLearner
 from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding
 from prompt_lint.types import LintReport
+
+T = TypeVar("T")
 
 
 def _positive_int(text: str) -> int:
@@ -73,14 +77,38 @@ def _fix_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Seconds before the progress line first shows, and between two redraws of it.
+PROGRESS_EVERY_S = 1.0
+
+
+def _progress(items: list[T], what: str) -> Iterator[T]:
+    """`items`, one by one; on a terminal, a `prefixgate: linting 1200/5000 requests` line on
+    stderr, redrawn at most every `PROGRESS_EVERY_S` once the work has taken that long and
+    erased at the end (a log of tens of MB takes tens of seconds, which were silent). Not on
+    a pipe or a file: a CI log gets no carriage returns."""
+    tty = sys.stderr.isatty()
+    last = time.monotonic()
+    shown = 0
+    for n, item in enumerate(items):
+        if tty and (now := time.monotonic()) - last >= PROGRESS_EVERY_S:
+            line = f"\rprefixgate: {what} {n}/{len(items)} requests"
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            last, shown = now, max(shown, len(line) - 1)
+        yield item
+    if shown:
+        sys.stderr.write("\r" + " " * shown + "\r")
+        sys.stderr.flush()
+
+
 def _lint_all(requests: list[LoadedRequest], args: argparse.Namespace,
               learner: TemplateLearner) -> list[LintReport]:
     if not args.online:
-        for req in requests:
+        for req in _progress(requests, "learning from"):
             learn_request(req.body, learner, req.provider)
         learner.freeze()
     return [lint_request(req.body, req.provider, learner=learner, encoding=args.encoding)
-            for req in requests]
+            for req in _progress(requests, "linting")]
 
 
 def _prepare(parser: argparse.ArgumentParser, argv: list[str], report: bool
@@ -165,7 +193,8 @@ def fix_main(argv: list[str]) -> int:
     learner = TemplateLearner(max_families=args.max_families)
     reports = _lint_all(requests, args, learner)
     results = [rewrite_request(req.body, req.provider, report=rep, learner=learner)
-               for req, rep in zip(requests, reports, strict=True)]
+               for req, rep in _progress(list(zip(requests, reports, strict=True)),
+                                         "rewriting")]
     records = [req.with_body(r.body) for req, r in zip(requests, results, strict=True)]
     if not _write(parser.prog, args.output, _fixed_text(records, args.output)):
         return 2

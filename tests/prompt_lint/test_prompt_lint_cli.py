@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from prompt_lint import cli
 from prompt_lint.cli import fix_main, lint_main
 
 from .lint_linted import Linted
@@ -569,3 +570,34 @@ def test_fix_never_gives_one_conversation_another_ones_context(
             assert body["messages"][:len(previous[s])] == previous[s]
         previous[s] = body["messages"]
     assert moved >= 2 * len(fixed)  # the time and the id of every request were moved
+
+
+class _Terminal(io.StringIO):
+    """stderr as a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_long_work_shows_progress_on_a_terminal_only(
+        log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A large log was linted in silence (tens of seconds for tens of MB). On a terminal a
+    progress line counts the requests of each pass and is erased at the end; the report is
+    the one a pipe gets, and a pipe gets no progress (the reference: the run without a
+    terminal)."""
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(log.read_text().splitlines(True)[:12]))
+    code, expected, err = run(lint_main, [str(path), "--format", "json"], capsys)
+    assert err == ""
+    terminal = _Terminal()
+    monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert run(lint_main, [str(path), "--format", "json"], capsys)[:2] == (code, expected)
+    shown = terminal.getvalue()
+    assert [f"prefixgate: {what} {n}/12 requests" in shown for what in
+            ("learning from", "linting") for n in (0, 11)] == [True] * 4
+    assert shown.endswith("\r") and shown.rsplit("\r", 2)[1].strip() == ""  # erased
+    terminal.truncate(0)
+    assert run(fix_main, [str(path), "-o", str(tmp_path / "f.jsonl")], capsys)[0] == 0
+    assert "prefixgate: rewriting 11/12 requests" in terminal.getvalue()
