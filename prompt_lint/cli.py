@@ -14,7 +14,9 @@ the one-pass behaviour a gateway has.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -146,12 +148,28 @@ def _write(prog: str, path: str | None, text: str) -> bool:
     """Write `text` to `path` (stdout for None or "-"); False, after one error line on
     stderr, when the file cannot be written."""
     if path is None or path == "-":
-        sys.stdout.write(text)
-        return True
+        return _write_stdout(prog, text)
     try:
         Path(path).write_text(text, encoding="utf-8")
     except OSError as exc:
         print(f"{prog}: {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def _write_stdout(prog: str, text: str) -> bool:
+    """Write `text` to stdout; False, after one error line on stderr, when stdout cannot take
+    it (a full disk under `> report.txt`, a closed descriptor), as for an `-o` file: it was a
+    traceback and exit 1, a finding to CI. stdout is then pointed at the null device, so that
+    the interpreter's exit does not fail flushing it again (exit status 120)."""
+    try:
+        if sys.stdout is None:  # started with its descriptor closed
+            raise OSError(errno.EBADF, "stdout is closed")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        print(f"{prog}: <stdout>: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives to exit
         return False
     return True
 

@@ -601,3 +601,26 @@ def test_long_work_shows_progress_on_a_terminal_only(
     terminal.truncate(0)
     assert run(fix_main, [str(path), "-o", str(tmp_path / "f.jsonl")], capsys)[0] == 0
     assert "prefixgate: rewriting 11/12 requests" in terminal.getvalue()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_a_stdout_that_cannot_be_written_is_one_line_and_exit_two(
+        tmp_path: Path, stdout: str) -> None:
+    """The real command with its report going to a full disk (`> report.txt`; /dev/full
+    here) or to a closed descriptor: an OSError / AttributeError traceback and exit 1, a
+    finding to CI, before; now one `<stdout>: cannot write` line and exit 2, as for `-o`."""
+    src = tmp_path / "log.jsonl"
+    src.write_text(json.dumps(CLEAN) + "\n")
+    reason = {"full": "No space left on device", "closed": "stdout is closed"}[stdout]
+    for argv in (["lint", str(src), "--fail-on", "never"], ["fix", str(src), "-o", "-"]):
+        command = [sys.executable, "-m", "gateway.cli", *argv]
+        if stdout == "full":
+            with open("/dev/full", "w") as full:
+                proc = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True,
+                                      timeout=120, cwd=ROOT)
+        else:
+            proc = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *command],
+                                  stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT)
+        prog = f"prefixgate {argv[0]}"
+        assert (proc.returncode, proc.stderr) == (2, f"{prog}: <stdout>: cannot write: {reason}\n")
