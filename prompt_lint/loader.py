@@ -111,10 +111,7 @@ def load_requests(paths: list[str], provider: str | None = None,
 
 def _texts(path: str, skipped: Path | None = None) -> list[tuple[str, str]]:
     if path == "-":
-        stdin = getattr(sys.stdin, "buffer", None)  # None where stdin was replaced by text
-        text = sys.stdin.read().removeprefix(BOM) if stdin is None else \
-            _decode("<stdin>", stdin.read())
-        return [("<stdin>", text)]
+        return [("<stdin>", _read_stdin())]
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file()
@@ -123,6 +120,19 @@ def _texts(path: str, skipped: Path | None = None) -> list[tuple[str, str]]:
     if not p.exists():
         raise InputError(f"{path}: no such file or directory")
     return [(path, _read(p))]
+
+
+def _read_stdin() -> str:
+    """stdin's text; an InputError when it cannot be read (started with its descriptor
+    closed, `<&-`: an AttributeError traceback and exit 1 before)."""
+    if sys.stdin is None:
+        raise InputError("<stdin>: cannot read: stdin is closed")
+    stdin = getattr(sys.stdin, "buffer", None)  # None where stdin was replaced by text
+    try:
+        raw = sys.stdin.read() if stdin is None else stdin.read()
+    except OSError as exc:
+        raise InputError(f"<stdin>: cannot read: {exc.strerror or exc}") from None
+    return raw.removeprefix(BOM) if isinstance(raw, str) else _decode("<stdin>", raw)
 
 
 def _read(path: Path) -> str:

@@ -624,3 +624,13 @@ def test_a_stdout_that_cannot_be_written_is_one_line_and_exit_two(
                                   stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT)
         prog = f"prefixgate {argv[0]}"
         assert (proc.returncode, proc.stderr) == (2, f"{prog}: <stdout>: cannot write: {reason}\n")
+
+
+def test_a_closed_stdin_is_bad_input(tmp_path: Path) -> None:
+    """`prefixgate lint -` started with stdin closed (`<&-`): an AttributeError traceback
+    and exit 1 (a finding, to CI) before; now one line and exit 2."""
+    proc = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m",
+                           "gateway.cli", "lint", "-"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert (proc.returncode, proc.stdout, proc.stderr) == \
+        (2, "", "prefixgate lint: <stdin>: cannot read: stdin is closed\n")
