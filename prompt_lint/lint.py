@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from prompt_lint.checks import (
@@ -37,6 +38,9 @@ BREAKING_RULES = frozenset({"PL001", "PL002", "PL003", "PL004", "PL006", "PL008"
                             "PL013"})
 #: Tokens the rewriter leaves in place of one moved value (its marker).
 MARKER_TOKENS = 6
+#: How the rewriter's marker for a moved value begins (`[context:<kind>_<n>]`).
+MARKER_OPEN = "[context:"
+_MARKER = re.compile(re.escape(MARKER_OPEN) + r"[a-z]+_\d+\]")
 
 
 def lint_request(body: dict[str, Any], provider: Provider | None = None,
@@ -138,7 +142,11 @@ def _token_offsets(target: Segment, starts: list[int], layout: TokenLayout,
 def _dynamic_findings(targets: list[Segment], spans: dict[str, list[Span]],
                       match: FamilyMatch, layout: TokenLayout,
                       counter: TokenCounter) -> list[Finding]:
-    """Pattern and learned values, judged by the family's evidence (prompt_lint.evidence)."""
+    """Pattern and learned values, judged by the family's evidence (prompt_lint.evidence).
+    A span holding a marker the rewriter wrote is stable text, never a value: where a family's
+    requests are fixed and others are not yet (`--online`, whose early sessions have no
+    evidence and keep their values), the marker was seen to vary and was moved again, nested
+    in a second context block under a name the first one already used."""
     out = []
     for target in targets:
         found = decide(target.path, target.text, spans[target.path], match)
@@ -146,6 +154,8 @@ def _dynamic_findings(targets: list[Segment], spans: dict[str, list[Span]],
             continue
         offsets = _token_offsets(target, [d.start for d in found], layout, counter)
         for d, offset in zip(found, offsets, strict=True):
+            if _overlaps_marker(target.text, d.start, d.end):
+                continue  # the rewriter's own marker (see the docstring)
             rule = _RULE_FOR_KIND[d.kind]
             low = d.confidence < FIX_CONFIDENCE and RULES[rule].severity == "error"
             out.append(finding(rule, target.path, _message(d), start=d.start, end=d.end,
@@ -153,6 +163,14 @@ def _dynamic_findings(targets: list[Segment], spans: dict[str, list[Span]],
                                confidence=round(d.confidence, 2),
                                severity="warning" if low else None))
     return out
+
+
+def _overlaps_marker(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] overlaps a marker the rewriter wrote (a learned span may hold
+    part of one: the brackets are tokens of their own)."""
+    if MARKER_OPEN[1:] not in text:
+        return False
+    return any(m.start() < end and start < m.end() for m in _MARKER.finditer(text))
 
 
 def _message(d: Dynamic) -> str:

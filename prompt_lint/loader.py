@@ -2,7 +2,10 @@
 
 Everything is read and validated before anything is linted, so bad input
 gives one clear error (file, line, problem) and no partial report: bytes that
-are not UTF-8, invalid JSON, JSON nested deeper than `MAX_DEPTH` levels, a lone
+are not UTF-8, invalid JSON (`NaN`, `Infinity` and a number too large for a double,
+such as `1e400`, are not JSON numbers: the standard library reads them as floats that
+`fix` would write back as `NaN` / `Infinity`, which no JSON parser or provider accepts;
+the gateway refuses them too), JSON nested deeper than `MAX_DEPTH` levels, a lone
 UTF-16 surrogate escape (`"\ud800"`: not Unicode, so no encoder, upstream or
 report can carry it; the gateway refuses such a body too), or a record that is
 not a request. A log record may be the request body itself or an envelope
@@ -12,6 +15,7 @@ holding it under `body` or `request`.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -27,28 +31,77 @@ MAX_DEPTH = 128
 #: surrogate (the text itself is valid UTF-8).
 _SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: JSON whitespace (what may stand between an array's elements and their commas).
+_SPACE = re.compile(r"[ \t\n\r]*")
+#: The byte order mark, as text: dropped at the start of an input.
+BOM = "\ufeff"
+#: Digits an integer may have: what the interpreter converts (0 there means no limit).
+MAX_INT_DIGITS = sys.get_int_max_str_digits() or 1 << 62
 
 
 class InputError(ValueError):
     """Unreadable or invalid input; the message names the file and line."""
 
 
+def _reject_constant(name: str) -> float:
+    """`parse_constant` for json.loads: `NaN`, `Infinity`, `-Infinity` are not JSON."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """`parse_float` for json.loads: a number a double holds (`1e400` would become inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    """`parse_int` for json.loads: an integer the interpreter converts (its digit limit,
+    4300 by default, raised a message that named a Python setting)."""
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"integer of {digits} digits is out of range")
+    return int(text)
+
+
+def _loads(text: str) -> Any:
+    """`text` as strict JSON: the standard library's parse without its extensions."""
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                      parse_int=_bounded_int)
+
+
 class LoadedRequest(NamedTuple):
-    """One request from a log: where it came from, its body and provider."""
+    """One request from a log: where it came from, its body and provider; for a body read
+    from an envelope, the envelope (`record`) and the key holding the body (`key`), so that
+    `fix` writes the envelope back with only its body rewritten."""
 
     source: str
     line: int
     body: dict[str, Any]
     provider: Provider
+    record: dict[str, Any] | None = None
+    key: str | None = None
+
+    def with_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The log record with `body` in place of this request's body: `body` itself, or a
+        copy of the envelope (its other fields and key order kept) holding `body`."""
+        if self.record is None or self.key is None:
+            return body
+        return {**self.record, self.key: body}
 
 
-def load_requests(paths: list[str], provider: str | None = None) -> list[LoadedRequest]:
-    """All requests in `paths` ("-" is stdin), in order, validated."""
+def load_requests(paths: list[str], provider: str | None = None,
+                  skip: str | None = None) -> list[LoadedRequest]:
+    """All requests in `paths` ("-" is stdin), in order, validated. `skip`: a file that a
+    directory's walk leaves out (the command's own output: a report or fixed log written
+    into the log directory was read back as input by the next run)."""
     if provider is not None and provider not in PROVIDERS:
         raise InputError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
     out: list[LoadedRequest] = []
+    skipped = Path(skip).resolve() if skip is not None and skip != "-" else None
     for path in paths:
-        for source, text in _texts(path):
+        for source, text in _texts(path, skipped):
             for line, record in _records(source, text):
                 out.append(_request(source, line, record, provider))
     if not out:
@@ -56,18 +109,30 @@ def load_requests(paths: list[str], provider: str | None = None) -> list[LoadedR
     return out
 
 
-def _texts(path: str) -> list[tuple[str, str]]:
+def _texts(path: str, skipped: Path | None = None) -> list[tuple[str, str]]:
     if path == "-":
-        stdin = getattr(sys.stdin, "buffer", None)  # None where stdin was replaced by text
-        return [("<stdin>", sys.stdin.read() if stdin is None else _decode("<stdin>",
-                                                                           stdin.read()))]
+        return [("<stdin>", _read_stdin())]
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file())
+        files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file()
+                       and (skipped is None or f.resolve() != skipped))
         return [(str(f), _read(f)) for f in files]
     if not p.exists():
         raise InputError(f"{path}: no such file or directory")
     return [(path, _read(p))]
+
+
+def _read_stdin() -> str:
+    """stdin's text; an InputError when it cannot be read (started with its descriptor
+    closed, `<&-`: an AttributeError traceback and exit 1 before)."""
+    if sys.stdin is None:
+        raise InputError("<stdin>: cannot read: stdin is closed")
+    stdin = getattr(sys.stdin, "buffer", None)  # None where stdin was replaced by text
+    try:
+        raw = sys.stdin.read() if stdin is None else stdin.read()
+    except OSError as exc:
+        raise InputError(f"<stdin>: cannot read: {exc.strerror or exc}") from None
+    return raw.removeprefix(BOM) if isinstance(raw, str) else _decode("<stdin>", raw)
 
 
 def _read(path: Path) -> str:
@@ -79,10 +144,12 @@ def _read(path: Path) -> str:
 
 
 def _decode(source: str, raw: bytes) -> str:
-    """`raw` as UTF-8 text; else an InputError at the line and column of the first byte
-    that is not UTF-8 (as for a line that is not JSON: the whole input is refused)."""
+    """`raw` as UTF-8 text without a leading byte order mark (which editors and shells on
+    Windows write, and which JSON parsers may ignore: it refused the whole file as "invalid
+    JSON: Unexpected UTF-8 BOM"); else an InputError at the line and column of the first
+    byte that is not UTF-8 (as for a line that is not JSON: the whole input is refused)."""
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         start = raw.rfind(b"\n", 0, exc.start) + 1
@@ -96,11 +163,9 @@ def _records(source: str, text: str) -> list[tuple[int, Any]]:
     if not stripped:
         return []
     if stripped[0] in "[{":
-        whole = _document(source, text, stripped)
-        if isinstance(whole, list):
-            return [(1, record) for record in whole]
-        if whole is not None:
-            return [(1, whole)]
+        records = _document(source, text, stripped)
+        if records is not None:
+            return records
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
@@ -108,30 +173,62 @@ def _records(source: str, text: str) -> list[tuple[int, Any]]:
     return out
 
 
-def _document(source: str, text: str, stripped: str) -> Any:
-    """The input as one JSON document (an object, or an array of records), checked like a
-    line; None when it is not one (JSONL)."""
-    first = text.count("\n", 0, len(text) - len(text.lstrip())) + 1
+def _document(source: str, text: str, stripped: str) -> list[tuple[int, Any]] | None:
+    """The input as one JSON document, as (line, record) pairs: the object, or each record
+    of an array at the line where it starts (all were line 1 before: a SARIF result or an
+    error pointed at the top of a pretty-printed file), each checked like a line; None when
+    it is not one document (JSONL)."""
+    lead = len(text) - len(text.lstrip())
+    first = text.count("\n", 0, lead) + 1
     where = f"{source}:{first}"
     try:
-        whole = json.loads(stripped)
+        whole = _loads(stripped)
     except json.JSONDecodeError:
         return None
     except RecursionError:  # the first value (a document or a line) is too deep
         raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels") from None
-    for record in whole if isinstance(whole, list) else [whole]:
-        _check_value(where, record, _SURROGATE_ESCAPE.search(stripped) is not None)
-    return whole
+    except ValueError as exc:  # a value of the first record that is no JSON number
+        raise InputError(f"{where}: invalid JSON: {exc}") from None
+    records = list(zip(_element_lines(text, lead, len(whole)), whole, strict=True)) \
+        if isinstance(whole, list) else [(first, whole)]
+    strings = _SURROGATE_ESCAPE.search(stripped) is not None
+    for line, record in records:
+        _check_value(f"{source}:{line}", record, strings)
+    return records
+
+
+def _element_lines(text: str, at: int, count: int) -> list[int]:
+    """The line on which each of the `count` elements of the JSON array starting at `text[at]`
+    starts (the array has been parsed already, so each element decodes)."""
+    decoder = json.JSONDecoder()
+    lines: list[int] = []
+    line, seen = 1, 0
+    at += 1  # past "["
+    for _ in range(count):
+        at = _skip_space(text, at)
+        line += text.count("\n", seen, at)
+        seen = at
+        lines.append(line)
+        at = _skip_space(text, decoder.raw_decode(text, at)[1]) + 1  # past "," (or "]")
+    return lines
+
+
+def _skip_space(text: str, at: int) -> int:
+    """The offset of the first character at or after `at` that is not JSON whitespace."""
+    found = _SPACE.match(text, at)
+    return at if found is None else found.end()
 
 
 def _parse(where: str, line: str) -> Any:
     """One JSONL line, checked (`_check_value`); `where` is its file:line."""
     try:
-        value = json.loads(line)
+        value = _loads(line)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
     except RecursionError:
         raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # NaN, 1e400, an integer of thousands of digits
+        raise InputError(f"{where}: invalid JSON: {exc}") from None
     if line.count("[") + line.count("{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(line):
         _check_value(where, value, True)
     return value
@@ -160,14 +257,15 @@ def _check_value(where: str, value: Any, strings: bool) -> None:
 
 
 def _request(source: str, line: int, record: Any, provider: str | None) -> LoadedRequest:
+    body, envelope, key = record, None, None
     if isinstance(record, dict) and "messages" not in record:
-        for key in ("body", "request"):
-            if isinstance(record.get(key), dict):
-                record = record[key]
+        for name in ("body", "request"):
+            if isinstance(record.get(name), dict):
+                body, envelope, key = record[name], record, name
                 break
     try:
-        prov = cast(Provider, provider) if provider is not None else detect_provider(record)
-        validate(record, prov)
+        prov = cast(Provider, provider) if provider is not None else detect_provider(body)
+        validate(body, prov)
     except RequestError as exc:
         raise InputError(f"{source}:{line}: {exc}") from exc
-    return LoadedRequest(source, line, record, prov)
+    return LoadedRequest(source, line, body, prov, envelope, key)

@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from prompt_lint.checks import canonical_json
-from prompt_lint.lint import context_target, is_moved, lint_request
+from prompt_lint.lint import MARKER_OPEN, context_target, is_moved, lint_request
 from prompt_lint.providers import Provider, compact_json, detect_provider, tool_name
 from prompt_lint.session import SessionTracker, fingerprint
 from prompt_lint.templates import TemplateLearner
@@ -66,7 +66,7 @@ def _replace_spans(body: dict[str, Any], moved: list[Finding]) -> list[str]:
         text = get_path(body, path)
         for f, name in sorted(items, key=lambda item: item[0].start or 0, reverse=True):
             assert f.start is not None and f.end is not None
-            text = text[: f.start] + f"[context:{name}]" + text[f.end :]
+            text = text[: f.start] + f"{MARKER_OPEN}{name}]" + text[f.end :]
         set_path(body, path, text)
     return names
 
@@ -115,18 +115,56 @@ def _place_context(body: dict[str, Any], provider: Provider, block: str, moved: 
         return
     identity = sorted(f.value for f in moved if _identifies(f))
     running = fingerprint(family or "", *identity)
+    values = _telling_values(moved)
     for i, message in enumerate(messages):
         key = fingerprint(running, compact_json(message))
         if i == target:
             if block:
                 messages[i] = _with_context(message, block, provider)
             if tracker is not None:
-                tracker.remember(key, messages[i])
+                for name in [key, *(fingerprint(key, v) for v in values)]:
+                    tracker.remember(name, messages[i])
         elif tracker is not None and target is not None and i < target:
-            old = tracker.remembered(key)
+            old = _remembered(tracker, key, values)
             if old is not None:
                 messages[i] = copy.deepcopy(old)
         running = fingerprint(running, compact_json(messages[i]))
+
+
+#: Kinds of moved values, most telling of a session first; a timestamp tells none (it changes
+#: every turn).
+_TELLING = {"session": 0, "identifier": 1, "nonce": 2, "learned": 3}
+
+
+def _telling_values(moved: list[Finding]) -> list[str]:
+    """The moved values that may tell this request's session from another's, most telling
+    first (see `_remembered`)."""
+    kept = sorted({(_TELLING[f.kind], f.value) for f in moved if f.kind in _TELLING})
+    return [value for _, value in kept]
+
+
+def _remembered(tracker: SessionTracker, key: str, values: list[str]) -> dict[str, Any] | None:
+    """The rewritten history message to emit for the one remembered under `key`.
+
+    Two conversations that open alike share `key` whenever nothing tells their sessions apart
+    (a user id whose scope the family's evidence did not show: it varied "across requests"),
+    and `key` holds the one rewritten last: interleaved in a log, or in one tenant's traffic,
+    one user's history came back with another user's context block (their id, their time).
+    So the message is also remembered under `key` with each of its request's telling values,
+    and of what is found under this request's values and under `key` alone, the message that
+    holds most of this request's values is emitted (a value-keyed one on a tie)."""
+    found = [tracker.remembered(fingerprint(key, v)) for v in values]
+    found.append(tracker.remembered(key))
+    candidates = [m for m in found if m is not None]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda m: _shared(m, values))
+
+
+def _shared(message: dict[str, Any], values: list[str]) -> int:
+    """How many of `values` the message's JSON holds."""
+    text = compact_json(message)
+    return sum(v in text for v in values)
 
 
 def _identifies(f: Finding) -> bool:

@@ -73,16 +73,18 @@ class SessionTracker:
     def compare_and_record(self, key: str, history: list[str],
                            indexes: list[int]) -> int | None:
         """Record this request's history; return the message index where it
-        stops being an append-only extension of the previous one, or None."""
+        stops being an append-only extension of the previous one, or None.
+
+        A history that is a prefix of the previous one (a retry from an earlier turn, or a
+        new conversation that opens like one before it and so shares its session key) is
+        no edit: every message it sends is already cached, so it is not reported."""
         before = self._states.get(key)
         weight = text_bytes(key) + 2 * 56 + HISTORY_ENTRY_BYTES * len(history)
         self._states.put(key, SessionState(history, indexes), weight)
         if before is None:
             return None
-        for k, old in enumerate(before.history):
-            if k >= len(history):
-                return indexes[-1] if indexes else None
-            if history[k] != old:
+        for k, (new, old) in enumerate(zip(history, before.history, strict=False)):
+            if new != old:
                 return indexes[k]
         return None
 

@@ -139,6 +139,28 @@ def test_history_must_be_append_only() -> None:
     assert [f.path for f in found] == ["messages[2]"]
 
 
+def test_a_new_conversation_that_opens_like_the_last_is_no_history_edit() -> None:
+    """Two conversations of one agent that open with the same task share a session key; the
+    second one's first request sends a prefix of what the first one sent last (nothing it
+    sends is uncached), so it is no PL009, and an edit after it still is."""
+    learner = TemplateLearner()
+    opening = {"role": "user", "content": "why does test_login fail?"}
+    long = [opening, {"role": "assistant", "content": "reading auth.py"},
+            {"role": "user", "content": "and now?"}]
+    assert "PL009" not in rules(openai(BACKGROUND, history=long), learner=learner)
+    restart = [copy.deepcopy(opening)]
+    assert long[:len(restart)] == restart  # the reference: a prefix of the previous history
+    assert "PL009" not in rules(openai(BACKGROUND, history=restart), learner=learner)
+    edited = [copy.deepcopy(opening), {"role": "assistant", "content": "something else"},
+              {"role": "user", "content": "next"}]
+    grown = rules(openai(BACKGROUND, history=edited), learner=learner)
+    assert "PL009" not in grown  # appends to the restart: append-only
+    edited[1]["content"] = "changed"
+    found = [f.path for f in lint_request(openai(BACKGROUND, history=edited),
+                                          learner=learner).findings if f.rule == "PL009"]
+    assert found == ["messages[2]"]
+
+
 def test_explicit_sessions_are_kept_apart() -> None:
     tracker = SessionTracker()
     a = openai("x", history=[{"role": "user", "content": "hi"},
