@@ -34,8 +34,11 @@ from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
 from gateway.upstream_detect import api_root
 from prompt_lint.tokens import get_encoding
 
+# OpenAI finish reasons -> the neutral vocabulary; a content filter's stop is the neutral
+# "refusal", so an OpenAI client still reads "content_filter" and an Anthropic one "refusal"
+# (an agent must not take a filtered answer for a finished one)
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
-           "function_call": "tool_calls", "content_filter": "stop"}
+           "function_call": "tool_calls", "content_filter": "refusal"}
 
 
 class OpenAIUsage(NamedTuple):
