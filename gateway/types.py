@@ -212,6 +212,9 @@ class ApiError(Exception):
         self.message = message
         self.kind = kind
         self.param = param
+        # the error's code as the client sees it, when it is not `kind` (an upstream
+        # provider's own code for a refusal it answered)
+        self.code: str | None = None
 
 
 class BackendError(ApiError):

@@ -78,3 +78,52 @@ async def test_a_content_filter_stop_reaches_the_client_as_one(tmp_path: Path,
     assert message.stop_reason == "refusal"
     app.state.store.close()
     await pool.aclose()
+
+
+OPENAI_REFUSALS = [  # (status, the provider's error object) as api.openai.com answers them
+    (400, {"message": "This model's maximum context length is 8192 tokens.",
+           "type": "invalid_request_error", "param": "messages",
+           "code": "context_length_exceeded"}),
+    (429, {"message": "You exceeded your current quota.", "type": "insufficient_quota",
+           "param": None, "code": "insufficient_quota"}),
+    (400, {"message": "Invalid value for 'temperature'.", "type": "invalid_request_error",
+           "param": "temperature", "code": "invalid_value"}),
+]
+
+
+@pytest.mark.parametrize(("status", "error"), OPENAI_REFUSALS)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_providers_error_code_and_param_reach_the_client(
+        tmp_path: Path, status: int, error: dict[str, Any], stream: bool) -> None:
+    """A refusal's `code` and `param` reach the OpenAI client as the provider sent them (an
+    agent compacts its history on `context_length_exceeded` and stops retrying on
+    `insufficient_quota`); the Anthropic client's message names the field."""
+    pool = pool_over_handler(lambda request: httpx.Response(status, json={"error": error}))
+    app = gateway_app(tmp_path, pool)
+    with pytest.raises(openai.APIStatusError) as info:
+        await openai_sdk(app).chat.completions.create(model="m", messages=MESSAGES,
+                                                      stream=stream)
+    assert info.value.status_code == status
+    assert (info.value.code, info.value.param) == (error["code"], error["param"])
+    assert error["message"] in info.value.message
+    with pytest.raises(anthropic.APIStatusError) as anth:
+        await anthropic_sdk(app).messages.create(model="m", max_tokens=9, messages=MESSAGES)
+    assert anth.value.status_code == status
+    message = anth.value.body["error"]["message"]  # type: ignore[index]
+    assert error["message"] in message
+    assert error["param"] is None or error["param"] in message
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_a_numeric_code_is_not_passed_on(tmp_path: Path) -> None:
+    """vLLM's error `code` is the HTTP status, a number: the client's code stays the gateway's
+    own (none for a plain 400), never a number where OpenAI's SDK expects text."""
+    pool = pool_over_handler(lambda request: httpx.Response(400, json={"error": {
+        "message": "bad", "type": "BadRequestError", "param": None, "code": 400}}))
+    app = gateway_app(tmp_path, pool)
+    with pytest.raises(openai.BadRequestError) as info:
+        await openai_sdk(app).chat.completions.create(model="m", messages=MESSAGES)
+    assert info.value.code is None and info.value.param is None
+    app.state.store.close()
+    await pool.aclose()
