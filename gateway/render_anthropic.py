@@ -154,7 +154,9 @@ class MessageEvents:
                                      "input": {}}
             out += event("content_block_start", {"type": "content_block_start",
                                                  "index": self.index, "content_block": block})
-        if piece.arguments and self.tool_open:
+        # a fragment goes to the open tool_use block only if it is that call's (a fragment of
+        # an earlier call, after a later one opened, has no block left to go to)
+        if piece.arguments and self.tool_open and piece.index == self.streamed_calls - 1:
             delta = {"type": "input_json_delta", "partial_json": piece.arguments}
             out += event("content_block_delta",
                          {"type": "content_block_delta", "index": self.index, "delta": delta})

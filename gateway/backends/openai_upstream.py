@@ -30,7 +30,14 @@ from gateway.backends.upstream_http import (
     token_count,
 )
 from gateway.salt import SaltMode, salt_upstream_body
-from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
+from gateway.types import (
+    BackendError,
+    ChatRequest,
+    Final,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from gateway.upstream_detect import api_root
 from prompt_lint.tokens import get_encoding
 
@@ -227,11 +234,20 @@ def _estimate(state: _StreamState) -> int:
 
 
 class _StreamState:
-    """Accumulates one streamed answer: text, tool-call fragments, finish reason, usage."""
+    """Accumulates one streamed answer: text, tool-call fragments, finish reason, usage.
+
+    Tool calls are passed on as they come (`calls`: the pieces of the last chunk), so a client
+    sees a long call's arguments grow instead of nothing until the answer ends: a call is
+    announced (id and name) once its name has come and every call before it is announced,
+    with the arguments it has so far; later fragments follow as they arrive. Calls are
+    numbered in the order they first appear (the upstream's `index` keys them)."""
 
     def __init__(self) -> None:
         self.text: list[str] = []
-        self.tools: dict[int, dict[str, Any]] = {}
+        self.tools: dict[int, dict[str, Any]] = {}  # by upstream index, in order of appearance
+        self.order: list[int] = []  # upstream indexes in order of appearance
+        self.announced = 0  # calls whose head has been passed on (the first ones in `order`)
+        self.calls: list[ToolCallDelta] = []
         self.finish: str | None = None
         self.stop_string: str | None = None  # vLLM's / SGLang's matched stop string
         self.usage = OpenAIUsage(0, 0, None)
@@ -242,12 +258,38 @@ class _StreamState:
         self.done = False
 
     def add_tool_delta(self, delta: dict[str, Any]) -> None:
-        slot = self.tools.setdefault(token_count(delta.get("index"), "tool_calls.index"), {
-            "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        """Fold one `delta.tool_calls[]` fragment into its call and queue what can be passed
+        on: the fragment itself once its call is announced, else any calls now announceable."""
+        index = token_count(delta.get("index"), "tool_calls.index")
+        slot = self.tools.get(index)
+        if slot is None:
+            slot = self.tools[index] = {
+                "id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            self.order.append(index)
         slot["id"] = delta.get("id") or slot["id"]
         fn = delta.get("function") or {}
         slot["function"]["name"] += fn.get("name") or ""
-        slot["function"]["arguments"] += fn.get("arguments") or ""
+        piece = str(fn.get("arguments") or "")
+        slot["function"]["arguments"] += piece
+        ordinal = self.order.index(index)
+        if ordinal < self.announced:
+            if piece:
+                self.calls.append(ToolCallDelta(ordinal, piece))
+        else:
+            self.announce()
+
+    def announce(self) -> None:
+        """Pass on the heads (and arguments so far) of the next calls in order whose names
+        have come."""
+        while self.announced < len(self.order):
+            call = self.tools[self.order[self.announced]]
+            fn = call["function"]
+            if not fn["name"]:
+                return
+            self.calls.append(ToolCallDelta(self.announced, "", id=call["id"], name=fn["name"]))
+            if fn["arguments"]:
+                self.calls.append(ToolCallDelta(self.announced, fn["arguments"]))
+            self.announced += 1
 
     def take_stop(self, choice: dict[str, Any]) -> None:
         """The stop string that ended the answer, where the server names it: vLLM's and
@@ -356,11 +398,13 @@ class OpenAIUpstream(UpstreamBackend):
             if event.event == "error" or "error" in chunk:
                 raise stream_error_event(chunk, self.replica)
             text = state.take_chunk(chunk)
-            if text:
+            if text or state.calls:
                 clock.mark()
-                state.deltas += 1
-                state.text.append(text)
-                yield TextDelta(text)
+                if text:  # chunks of text count a token each when no usage comes
+                    state.deltas += 1
+                    state.text.append(text)
+                yield TextDelta(text, tool_calls=tuple(state.calls))
+                state.calls.clear()
         if not state.done and state.finish is None:
             raise BackendError(502, "upstream stream was cut mid-way",
                                kind="upstream_stream_cut", replica=self.replica)
@@ -370,7 +414,7 @@ class OpenAIUpstream(UpstreamBackend):
         self.server_kind = "llamacpp" if state.llamacpp else self.server_kind
         completion = state.usage.completion_tokens or state.deltas or _estimate(state)
         ttft, tpot = clock.timings(completion)
-        tools = tuple(state.tools[i] for i in sorted(state.tools))
+        tools = tuple(state.tools.values())  # in the order the calls came
         finish = _FINISH.get(state.finish or "stop", "stop")
         cached = state.usage.reported_cached_tokens or 0
         return Final("".join(state.text), tools, finish, Usage(

@@ -127,3 +127,125 @@ async def test_a_numeric_code_is_not_passed_on(tmp_path: Path) -> None:
     assert info.value.code is None and info.value.param is None
     app.state.store.close()
     await pool.aclose()
+
+
+CALLS = [("call_w1", "get_weather", '{"city": "Paris", "unit": "celsius"}'),
+         ("call_t2", "get_time", '{"tz": "Europe/Paris"}')]
+
+
+def fragments(arguments: str, size: int = 6) -> list[str]:
+    """The arguments text in the pieces the upstream streams it in."""
+    return [arguments[i:i + size] for i in range(0, len(arguments), size)]
+
+
+def tool_stream(request: httpx.Request) -> httpx.Response:
+    """Text, then two calls one after the other, each a head (id, name) and its arguments in
+    fragments, as OpenAI and vLLM stream them."""
+    def delta(**fields: Any) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": fields, "finish_reason": None}]}
+
+    chunks = [delta(role="assistant", content="Checking. ")]
+    for i, (call_id, name, arguments) in enumerate(CALLS):
+        chunks.append(delta(tool_calls=[{"index": i, "id": call_id, "type": "function",
+                                         "function": {"name": name, "arguments": ""}}]))
+        chunks += [delta(tool_calls=[{"index": i, "function": {"arguments": piece}}])
+                   for piece in fragments(arguments)]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 30}})
+    return sse(chunks)
+
+
+async def test_streamed_tool_calls_reach_an_openai_client_fragment_by_fragment(
+        tmp_path: Path) -> None:
+    """Each call's head and argument fragments reach the OpenAI client as the upstream sent
+    them, before the finish (not held back and sent whole at the end: a long call's client
+    saw nothing until it was done), and the SDK's stream helper rebuilds the calls."""
+    pool = pool_over_handler(tool_stream)
+    app = gateway_app(tmp_path, pool)
+    client = openai_sdk(app)
+    chunks = [c async for c in await client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True)]
+    pieces: dict[int, list[str]] = {}
+    heads = []
+    for chunk in chunks:
+        for call in (chunk.choices[0].delta.tool_calls or ()) if chunk.choices else ():
+            if call.id:
+                heads.append((call.id, call.function.name if call.function else None))
+            elif call.function and call.function.arguments:
+                pieces.setdefault(call.index, []).append(call.function.arguments)
+    assert heads == [(call_id, name) for call_id, name, _ in CALLS]
+    assert pieces == {i: fragments(arguments) for i, (_, _, arguments) in enumerate(CALLS)}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    async with client.beta.chat.completions.stream(model="m", messages=MESSAGES) as s:
+        final = await s.get_final_completion()
+    calls = final.choices[0].message.tool_calls or []
+    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == CALLS
+    assert final.choices[0].message.content == "Checking. "
+    app.state.store.close()
+    await pool.aclose()
+
+
+async def test_streamed_tool_calls_reach_an_anthropic_client_as_input_json_deltas(
+        tmp_path: Path) -> None:
+    """An Anthropic client gets a text block, then one tool_use block per call whose
+    `input_json_delta`s are the upstream's fragments, in the order the SDK's stream helper
+    accepts; its final message holds each call's input."""
+    pool = pool_over_handler(tool_stream)
+    app = gateway_app(tmp_path, pool)
+    partials: list[str] = []
+    async with anthropic_sdk(app).messages.stream(model="m", max_tokens=99,
+                                                  messages=MESSAGES) as s:
+        kinds = []
+        async for event in s:
+            kinds.append(event.type)
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                partials.append(event.delta.partial_json)
+        message = await s.get_final_message()
+    assert partials == [p for _, _, arguments in CALLS for p in fragments(arguments)]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert message.stop_reason == "tool_use"
+    assert message.content[0].type == "text" and message.content[0].text == "Checking. "
+    uses = [(b.id, b.name, b.input) for b in message.content if b.type == "tool_use"]
+    assert uses == [(call_id, name, json.loads(arguments)) for call_id, name, arguments in CALLS]
+    app.state.store.close()
+    await pool.aclose()
+
+
+def interleaved_stream(request: httpx.Request) -> httpx.Response:
+    """Both calls' heads, then their argument fragments taking turns (no known server
+    streams so, but the protocol's `index` allows it)."""
+    def delta(**fields: Any) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": fields, "finish_reason": None}]}
+
+    chunks = [delta(tool_calls=[{"index": i, "id": call_id, "type": "function",
+                                 "function": {"name": name, "arguments": ""}}])
+              for i, (call_id, name, _) in enumerate(CALLS)]
+    halves = [(i, arguments[:len(arguments) // 2], arguments[len(arguments) // 2:])
+              for i, (_, _, arguments) in enumerate(CALLS)]
+    chunks += [delta(tool_calls=[{"index": i, "function": {"arguments": first}}])
+               for i, first, _ in halves]
+    chunks += [delta(tool_calls=[{"index": i, "function": {"arguments": rest}}])
+               for i, _, rest in halves]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return sse(chunks)
+
+
+async def test_interleaved_call_fragments_never_land_in_another_call(tmp_path: Path) -> None:
+    """Fragments taking turns between calls: the OpenAI client (fragments keyed by index)
+    rebuilds every call; an Anthropic client's open tool_use block only ever gets its own
+    call's fragments, so the last call's input is whole and none is another's JSON."""
+    pool = pool_over_handler(interleaved_stream)
+    app = gateway_app(tmp_path, pool)
+    async with openai_sdk(app).beta.chat.completions.stream(model="m",
+                                                            messages=MESSAGES) as s:
+        final = await s.get_final_completion()
+    calls = final.choices[0].message.tool_calls or []
+    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == CALLS
+    async with anthropic_sdk(app).messages.stream(model="m", max_tokens=99,
+                                                  messages=MESSAGES) as stream:
+        message = await stream.get_final_message()
+    uses = [b for b in message.content if b.type == "tool_use"]
+    assert [(b.id, b.name) for b in uses] == [(call_id, name) for call_id, name, _ in CALLS]
+    assert uses[-1].input == json.loads(CALLS[-1][2])
+    app.state.store.close()
+    await pool.aclose()
