@@ -63,8 +63,9 @@ def message_response(req: ChatRequest, final: Final) -> dict[str, Any]:
     if final.provider_content is not None:  # an Anthropic upstream's, with thinking blocks
         content.extend(final.provider_content)
     else:
-        if final.text:  # no empty text block (the API never sends one, nor takes one back)
-            content.append({"type": "text", "text": final.text})
+        text = final.text or final.refusal  # a refusal is the answer's text to Messages
+        if text:  # no empty text block (the API never sends one, nor takes one back)
+            content.append({"type": "text", "text": text})
         content.extend(_tool_use_block(call) for call in final.tool_calls)
     return {
         "id": message_id(req),
@@ -163,7 +164,8 @@ class MessageEvents:
         return out
 
     def final(self, final: Final) -> bytes:
-        out = self._close_open()
+        out = self.text(final.refusal) if final.refusal and not final.text else b""
+        out += self._close_open()
         for call in final.tool_calls[self.streamed_calls :]:
             out += self._tool_use(call)
         delta = stop_fields(final)

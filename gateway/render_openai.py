@@ -45,8 +45,10 @@ def chat_response(req: ChatRequest, final: Final, created: int) -> dict[str, Any
     message: dict[str, Any] = {"role": "assistant", "content": final.text or None}
     if final.tool_calls:
         message["tool_calls"] = list(final.tool_calls)
-    else:
+    elif final.refusal is None:
         message["content"] = final.text
+    if final.refusal is not None:  # structured outputs' refusal, content null, as OpenAI's
+        message["refusal"] = final.refusal
     return {
         "id": completion_id(req),
         "object": "chat.completion",
@@ -105,7 +107,7 @@ class ChatChunks:
         return self._chunk({"tool_calls": [call]})
 
     def final(self, final: Final) -> bytes:
-        out = b""
+        out = self._chunk({"refusal": final.refusal}) if final.refusal else b""
         for index, call in enumerate(final.tool_calls):
             if index < self.streamed_calls:
                 continue

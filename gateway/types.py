@@ -188,6 +188,9 @@ class Final:
     provider_content: tuple[dict[str, Any], ...] | None = None
     # the stop string that ended the text (finish_reason "stop"): Anthropic's stop_sequence
     stop_sequence: str | None = None
+    # an OpenAI-compatible upstream's `refusal` (structured outputs: the model declined to
+    # answer in the schema), in place of content: OpenAI's `message.refusal`
+    refusal: str | None = None
 
     def settled_usage(self) -> Usage:
         """The usage to record: completed after the answer (`late`) when it was, else the

@@ -244,6 +244,7 @@ class _StreamState:
 
     def __init__(self) -> None:
         self.text: list[str] = []
+        self.refusal: list[str] = []  # `delta.refusal` pieces (structured outputs' refusal)
         self.tools: dict[int, dict[str, Any]] = {}  # by upstream index, in order of appearance
         self.order: list[int] = []  # upstream indexes in order of appearance
         self.announced = 0  # calls whose head has been passed on (the first ones in `order`)
@@ -317,6 +318,8 @@ class _StreamState:
             return str(choice.get("text") or "")
         for call in delta.get("tool_calls") or ():
             self.add_tool_delta(call)
+        if delta.get("refusal"):
+            self.refusal.append(str(delta["refusal"]))
         return str(delta.get("content") or "")
 
 
@@ -423,7 +426,8 @@ class OpenAIUpstream(UpstreamBackend):
             ttft=ttft, tpot=tpot, estimated=not state.usage_seen,
             prefill_saved_ms=cached * self._learn_prefill_rate(state.prefill_rate),
         ), replica=self.replica,
-            stop_sequence=state.stop_string if finish == "stop" and not tools else None)
+            stop_sequence=state.stop_string if finish == "stop" and not tools else None,
+            refusal="".join(state.refusal) or None)
 
     def _learn_prefill_rate(self, sample: float | None) -> float:
         """Fold `sample` into this replica's prefill ms per prompt token (a moving average of
@@ -452,6 +456,8 @@ class OpenAIUpstream(UpstreamBackend):
             state.text.append(str(choice.get("text") or ""))
         else:
             state.text.append(str(message.get("content") or ""))
+            if message.get("refusal"):
+                state.refusal.append(str(message["refusal"]))
             for i, call in enumerate(message.get("tool_calls") or ()):
                 state.tools[i] = _tool_call(call)
         return self._final(state, clock)

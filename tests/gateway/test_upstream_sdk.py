@@ -12,6 +12,7 @@ import httpx
 import httpx2
 import openai
 import pytest
+from pydantic import BaseModel
 
 from .upstream_helpers import gateway_app, pool_over_handler
 
@@ -247,5 +248,54 @@ async def test_interleaved_call_fragments_never_land_in_another_call(tmp_path: P
     uses = [b for b in message.content if b.type == "tool_use"]
     assert [(b.id, b.name) for b in uses] == [(call_id, name) for call_id, name, _ in CALLS]
     assert uses[-1].input == json.loads(CALLS[-1][2])
+    app.state.store.close()
+    await pool.aclose()
+
+
+REFUSAL = ["I'm sorry,", " I can't", " help with that."]
+
+
+def refusing(request: httpx.Request) -> httpx.Response:
+    """A structured-outputs refusal as OpenAI answers one: `message.refusal` (streamed:
+    `delta.refusal` pieces), content null, finish reason stop."""
+    if not json.loads(request.content).get("stream"):
+        return httpx.Response(200, json={"id": "u", "object": "chat.completion", "choices": [{
+            "index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": None, "refusal": "".join(REFUSAL)}}]})
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": None,
+                                                  "refusal": ""}, "finish_reason": None}]}]
+    chunks += [{"choices": [{"index": 0, "delta": {"refusal": piece}, "finish_reason": None}]}
+               for piece in REFUSAL]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return sse(chunks)
+
+
+class City(BaseModel):
+    city: str
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_structured_outputs_refusal_reaches_the_client(tmp_path: Path,
+                                                               stream: bool) -> None:
+    """The upstream's refusal is the OpenAI client's `message.refusal` (the SDK's parse
+    helpers leave `parsed` None and say why; it had been lost, content an empty string), and
+    an Anthropic client's text."""
+    pool = pool_over_handler(refusing)
+    app = gateway_app(tmp_path, pool)
+    client, anth = openai_sdk(app), anthropic_sdk(app)
+    if stream:
+        async with client.beta.chat.completions.stream(
+                model="m", messages=MESSAGES, response_format=City) as s:
+            message = (await s.get_final_completion()).choices[0].message
+        async with anth.messages.stream(model="m", max_tokens=9, messages=MESSAGES) as events:
+            answer = await events.get_final_message()
+    else:
+        message = (await client.beta.chat.completions.parse(
+            model="m", messages=MESSAGES, response_format=City)).choices[0].message
+        answer = await anth.messages.create(model="m", max_tokens=9, messages=MESSAGES)
+    assert (message.refusal, message.parsed) == ("".join(REFUSAL), None)
+    assert not message.content  # null whole; a stream's head opened it as ""
+    assert [(b.type, getattr(b, "text", None)) for b in answer.content] == [
+        ("text", "".join(REFUSAL))]
     app.state.store.close()
     await pool.aclose()
