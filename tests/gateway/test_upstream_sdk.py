@@ -299,3 +299,60 @@ async def test_a_structured_outputs_refusal_reaches_the_client(tmp_path: Path,
         ("text", "".join(REFUSAL))]
     app.state.store.close()
     await pool.aclose()
+
+
+ANTHROPIC_CALLS = [("toolu_1", "get_weather", '{"city": "Paris", "unit": "celsius"}'),
+                   ("toolu_2", "list_files", "")]  # the second streams no input at all
+
+
+def anthropic_tool_stream(request: httpx.Request) -> httpx.Response:
+    """A Messages stream: a text block, then tool_use blocks whose input comes in
+    `input_json_delta` fragments, as the Messages API streams them."""
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "msg_u", "type": "message",
+                                              "role": "assistant", "content": [],
+                                              "usage": {"input_tokens": 9, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text",
+                                                                      "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta",
+                                                               "text": "Checking. "}},
+        {"type": "content_block_stop", "index": 0}]
+    for i, (call_id, name, arguments) in enumerate(ANTHROPIC_CALLS, start=1):
+        events.append({"type": "content_block_start", "index": i, "content_block": {
+            "type": "tool_use", "id": call_id, "name": name, "input": {}}})
+        events += [{"type": "content_block_delta", "index": i, "delta": {
+            "type": "input_json_delta", "partial_json": piece}} for piece in fragments(arguments)]
+        events.append({"type": "content_block_stop", "index": i})
+    events += [{"type": "message_delta", "delta": {"stop_reason": "tool_use",
+                                                   "stop_sequence": None},
+                "usage": {"output_tokens": 30}}, {"type": "message_stop"}]
+    text = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+    return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                          content=text.encode())
+
+
+async def test_an_anthropic_upstreams_tool_calls_reach_an_openai_client_as_they_come(
+        tmp_path: Path) -> None:
+    """An OpenAI client of an Anthropic upstream gets each tool_use block as a call's head and
+    its input's fragments as argument fragments, as they come (they were held to the end);
+    a call that streamed no input has arguments `{}`, as the whole answer says."""
+    pool = pool_over_handler(anthropic_tool_stream, kind="anthropic",
+                             url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    client = openai_sdk(app)
+    chunks = [c async for c in await client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True)]
+    pieces: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for call in (chunk.choices[0].delta.tool_calls or ()) if chunk.choices else ():
+            if call.id is None and call.function and call.function.arguments:
+                pieces.setdefault(call.index, []).append(call.function.arguments)
+    assert pieces == {0: fragments(ANTHROPIC_CALLS[0][2]), 1: ["{}"]}
+    async with client.beta.chat.completions.stream(model="m", messages=MESSAGES) as s:
+        final = await s.get_final_completion()
+    calls = [(c.id, c.function.name, c.function.arguments)
+             for c in final.choices[0].message.tool_calls or []]
+    assert calls == [(i, n, a or "{}") for i, n, a in ANTHROPIC_CALLS]
+    assert final.choices[0].finish_reason == "tool_calls"
+    app.state.store.close()
+    await pool.aclose()
