@@ -37,7 +37,7 @@ class UpstreamOptions:
 
     url: str
     api_key: str | None = None
-    timeout_s: float = 60.0
+    timeout_s: float = 600.0  # as `GatewayConfig.upstream_timeout_s`
     name: str | None = None
     max_connections: int = 256
     derive_prompt_cache_key: bool | None = None

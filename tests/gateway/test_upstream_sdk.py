@@ -14,6 +14,9 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from gateway.backends.upstream_http import UpstreamOptions, client_timeout
+from gateway.config import GatewayConfig
+
 from .upstream_helpers import gateway_app, pool_over_handler
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -356,3 +359,12 @@ async def test_an_anthropic_upstreams_tool_calls_reach_an_openai_client_as_they_
     assert final.choices[0].finish_reason == "tool_calls"
     app.state.store.close()
     await pool.aclose()
+
+
+def test_a_whole_answer_may_take_as_long_as_the_sdks_wait() -> None:
+    """An upstream's answer may stay silent as long as the SDKs themselves wait for it (600 s
+    read): a whole answer sends nothing until its last token, so a 2-minute generation was a
+    504 at the gateway's 60 s, run again on every replica and each marked failed."""
+    sdk_read = min(openai.DEFAULT_TIMEOUT.read or 0, anthropic.DEFAULT_TIMEOUT.read or 0)
+    assert GatewayConfig().upstream_timeout_s >= sdk_read
+    assert client_timeout(UpstreamOptions(url="http://up.test/v1")).read >= sdk_read
