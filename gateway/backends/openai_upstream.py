@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 from collections.abc import AsyncGenerator
 from typing import Any, NamedTuple
 
@@ -215,9 +216,15 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
     return path, body
 
 
+def call_id() -> str:
+    """An id for a tool call the upstream sent without one (some OpenAI-compatible servers
+    do): clients must send a call's id back with its result, and an empty one is refused."""
+    return f"call_{os.urandom(12).hex()}"
+
+
 def _tool_call(raw: dict[str, Any]) -> dict[str, Any]:
     fn = raw.get("function") or {}
-    return {"id": str(raw.get("id") or ""), "type": "function",
+    return {"id": str(raw.get("id") or "") or call_id(), "type": "function",
             "function": {"name": str(fn.get("name") or ""),
                          "arguments": str(fn.get("arguments") or "")}}
 
@@ -267,7 +274,7 @@ class _StreamState:
             slot = self.tools[index] = {
                 "id": "", "type": "function", "function": {"name": "", "arguments": ""}}
             self.order.append(index)
-        slot["id"] = delta.get("id") or slot["id"]
+        slot["id"] = slot["id"] or str(delta.get("id") or "")  # the first id stays
         fn = delta.get("function") or {}
         slot["function"]["name"] += fn.get("name") or ""
         piece = str(fn.get("arguments") or "")
@@ -287,6 +294,7 @@ class _StreamState:
             fn = call["function"]
             if not fn["name"]:
                 return
+            call["id"] = call["id"] or call_id()
             self.calls.append(ToolCallDelta(self.announced, "", id=call["id"], name=fn["name"]))
             if fn["arguments"]:
                 self.calls.append(ToolCallDelta(self.announced, fn["arguments"]))
@@ -417,6 +425,8 @@ class OpenAIUpstream(UpstreamBackend):
         self.server_kind = "llamacpp" if state.llamacpp else self.server_kind
         completion = state.usage.completion_tokens or state.deltas or _estimate(state)
         ttft, tpot = clock.timings(completion)
+        for call in state.tools.values():  # a call never announced may still lack its id
+            call["id"] = call["id"] or call_id()
         tools = tuple(state.tools.values())  # in the order the calls came
         finish = _FINISH.get(state.finish or "stop", "stop")
         cached = state.usage.reported_cached_tokens or 0

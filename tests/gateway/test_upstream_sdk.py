@@ -368,3 +368,59 @@ def test_a_whole_answer_may_take_as_long_as_the_sdks_wait() -> None:
     sdk_read = min(openai.DEFAULT_TIMEOUT.read or 0, anthropic.DEFAULT_TIMEOUT.read or 0)
     assert GatewayConfig().upstream_timeout_s >= sdk_read
     assert client_timeout(UpstreamOptions(url="http://up.test/v1")).read >= sdk_read
+
+
+def idless_calls(request: httpx.Request) -> httpx.Response:
+    """A server that sends its tool calls without ids (whole and streamed); any request that
+    carries a tool result is answered with text."""
+    body = json.loads(request.content)
+    if any(m.get("role") == "tool" for m in body["messages"]):
+        return answer("Sunny.", "stop")(request)
+    call = {"type": "function", "function": {"name": "get_weather",
+                                             "arguments": '{"city": "Paris"}'}}
+    if not body.get("stream"):
+        return httpx.Response(200, json={"id": "u", "object": "chat.completion", "choices": [{
+            "index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": None, "tool_calls": [call]}}]})
+    return sse([{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **call}]},
+                              "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_call_the_upstream_sent_without_an_id_can_be_answered(tmp_path: Path,
+                                                                      stream: bool) -> None:
+    """A tool call without an id gets one, the same in a stream's head and its end, so the
+    agent's next turn (the call and its result, by that id) is served: with the empty id the
+    gateway handed out, that turn was the gateway's own 400 ('must be a non-empty string')."""
+    pool = pool_over_handler(idless_calls)
+    app = gateway_app(tmp_path, pool)
+    client, anth = openai_sdk(app), anthropic_sdk(app)
+    if stream:
+        chunks = [c async for c in await client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True)]
+        ids = {t.id for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()
+               if t.id is not None}
+        async with client.beta.chat.completions.stream(model="m", messages=MESSAGES) as s:
+            [call] = (await s.get_final_completion()).choices[0].message.tool_calls or []
+        async with anth.messages.stream(model="m", max_tokens=9, messages=MESSAGES) as events:
+            [use] = [b for b in (await events.get_final_message()).content
+                     if b.type == "tool_use"]
+        assert len(ids) == 1 and "" not in ids
+    else:
+        [call] = (await client.chat.completions.create(
+            model="m", messages=MESSAGES)).choices[0].message.tool_calls or []
+        [use] = [b for b in (await anth.messages.create(
+            model="m", max_tokens=9, messages=MESSAGES)).content if b.type == "tool_use"]
+    assert call.id and use.id
+    turn = await client.chat.completions.create(model="m", messages=[
+        *MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "21C"}])
+    assert turn.choices[0].message.content == "Sunny."
+    answered = await anth.messages.create(model="m", max_tokens=9, messages=[
+        *MESSAGES, {"role": "assistant", "content": [use.model_dump()]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                      "content": "21C"}]}])
+    assert [b.text for b in answered.content if b.type == "text"] == ["Sunny."]
+    app.state.store.close()
+    await pool.aclose()
