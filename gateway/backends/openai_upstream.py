@@ -256,6 +256,7 @@ class _StreamState:
         self.order: list[int] = []  # upstream indexes in order of appearance
         self.announced = 0  # calls whose head has been passed on (the first ones in `order`)
         self.calls: list[ToolCallDelta] = []
+        self.upstream_ids: dict[int, str] = {}  # the id the upstream gave each call
         self.finish: str | None = None
         self.stop_string: str | None = None  # vLLM's / SGLang's matched stop string
         self.usage = OpenAIUsage(0, 0, None)
@@ -268,13 +269,14 @@ class _StreamState:
     def add_tool_delta(self, delta: dict[str, Any]) -> None:
         """Fold one `delta.tool_calls[]` fragment into its call and queue what can be passed
         on: the fragment itself once its call is announced, else any calls now announceable."""
-        index = token_count(delta.get("index"), "tool_calls.index")
+        index = self.call_index(delta)
         slot = self.tools.get(index)
         if slot is None:
             slot = self.tools[index] = {
                 "id": "", "type": "function", "function": {"name": "", "arguments": ""}}
             self.order.append(index)
-        slot["id"] = slot["id"] or str(delta.get("id") or "")  # the first id stays
+        if delta.get("id") and not slot["id"]:  # the first id stays
+            slot["id"] = self.upstream_ids[index] = str(delta["id"])
         fn = delta.get("function") or {}
         slot["function"]["name"] += fn.get("name") or ""
         piece = str(fn.get("arguments") or "")
@@ -285,6 +287,17 @@ class _StreamState:
                 self.calls.append(ToolCallDelta(ordinal, piece))
         else:
             self.announce()
+
+    def call_index(self, delta: dict[str, Any]) -> int:
+        """The call a fragment belongs to: its `index`; a server that sends none (some
+        OpenAI-compatible APIs stream parallel calls so) starts a new call with each new id,
+        and a fragment without an id continues the last call."""
+        if delta.get("index") is not None:
+            return token_count(delta.get("index"), "tool_calls.index")
+        new_id = delta.get("id")
+        if not self.order or (new_id and new_id != self.upstream_ids.get(self.order[-1])):
+            return max(self.tools, default=-1) + 1
+        return self.order[-1]
 
     def announce(self) -> None:
         """Pass on the heads (and arguments so far) of the next calls in order whose names

@@ -424,3 +424,41 @@ async def test_a_call_the_upstream_sent_without_an_id_can_be_answered(tmp_path: 
     assert [b.text for b in answered.content if b.type == "text"] == ["Sunny."]
     app.state.store.close()
     await pool.aclose()
+
+
+def indexless_stream(request: httpx.Request) -> httpx.Response:
+    """Parallel calls streamed without `index` (each call's id, name and arguments in one
+    delta, then a fragment more of the second without an id), as some OpenAI-compatible APIs
+    stream them."""
+    def delta(call: dict[str, Any]) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [call]},
+                             "finish_reason": None}]}
+
+    (id_a, name_a, args_a), (id_b, name_b, args_b) = CALLS
+    return sse([
+        delta({"id": id_a, "type": "function",
+               "function": {"name": name_a, "arguments": args_a}}),
+        delta({"id": id_b, "type": "function",
+               "function": {"name": name_b, "arguments": args_b[:5]}}),
+        delta({"function": {"arguments": args_b[5:]}}),
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}])
+
+
+async def test_parallel_calls_streamed_without_an_index_stay_apart(tmp_path: Path) -> None:
+    """Calls streamed without `index` are told apart by their ids (a fragment without one
+    continues the last call): they had all been folded into call 0, one call whose arguments
+    were two JSON objects run together."""
+    pool = pool_over_handler(indexless_stream)
+    app = gateway_app(tmp_path, pool)
+    async with openai_sdk(app).beta.chat.completions.stream(model="m",
+                                                            messages=MESSAGES) as s:
+        final = await s.get_final_completion()
+    calls = final.choices[0].message.tool_calls or []
+    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == CALLS
+    async with anthropic_sdk(app).messages.stream(model="m", max_tokens=9,
+                                                  messages=MESSAGES) as events:
+        message = await events.get_final_message()
+    assert [(b.id, b.name, b.input) for b in message.content if b.type == "tool_use"] == [
+        (call_id, name, json.loads(arguments)) for call_id, name, arguments in CALLS]
+    app.state.store.close()
+    await pool.aclose()
