@@ -20,11 +20,14 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 def stop_fields(final: Final) -> dict[str, Any]:
     """`stop_reason` and `stop_sequence`: "stop_sequence" and the string when one ended the
-    text, else the finish reason's Anthropic name and null."""
+    text, else the finish reason's Anthropic name and null. An answer that ends in tool calls
+    is "tool_use" even when the upstream said "stop" (OpenAI and vLLM do for a forced
+    `tool_choice`): an agent loop runs its tools on "tool_use" and ends on "end_turn"."""
     if final.stop_sequence is not None and final.finish_reason == "stop":
         return {"stop_reason": "stop_sequence", "stop_sequence": final.stop_sequence}
-    return {"stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
-            "stop_sequence": None}
+    finish = "tool_calls" if final.tool_calls and final.finish_reason == "stop" \
+        else final.finish_reason
+    return {"stop_reason": STOP_REASONS.get(finish, "end_turn"), "stop_sequence": None}
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:

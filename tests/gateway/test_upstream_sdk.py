@@ -462,3 +462,43 @@ async def test_parallel_calls_streamed_without_an_index_stay_apart(tmp_path: Pat
         (call_id, name, json.loads(arguments)) for call_id, name, arguments in CALLS]
     app.state.store.close()
     await pool.aclose()
+
+
+def forced_call(request: httpx.Request) -> httpx.Response:
+    """A forced tool call answered as OpenAI and vLLM answer one: the call, finish "stop"."""
+    call = {"id": "call_f1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    if not json.loads(request.content).get("stream"):
+        return httpx.Response(200, json={"id": "u", "object": "chat.completion", "choices": [{
+            "index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": None, "tool_calls": [call]}}]})
+    return sse([{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **call}]},
+                              "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_forced_call_is_tool_use_to_an_anthropic_client(tmp_path: Path,
+                                                                stream: bool) -> None:
+    """A tool call the upstream ended with "stop" (a forced tool_choice) is stop_reason
+    "tool_use" to an Anthropic client, as Anthropic's API says for any answer that calls a
+    tool (it was "end_turn": an agent loop ended without running the tool); the OpenAI
+    client keeps the upstream's own "stop"."""
+    pool = pool_over_handler(forced_call)
+    app = gateway_app(tmp_path, pool)
+    anth = anthropic_sdk(app)
+    choice = {"type": "tool", "name": "get_weather"}
+    tools = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    if stream:
+        async with anth.messages.stream(model="m", max_tokens=9, messages=MESSAGES,
+                                        tools=tools, tool_choice=choice) as events:
+            message = await events.get_final_message()
+    else:
+        message = await anth.messages.create(model="m", max_tokens=9, messages=MESSAGES,
+                                             tools=tools, tool_choice=choice)
+    assert message.stop_reason == "tool_use"
+    assert [b.type for b in message.content] == ["tool_use"]
+    chat = await openai_sdk(app).chat.completions.create(model="m", messages=MESSAGES)
+    assert chat.choices[0].finish_reason == "stop"
+    app.state.store.close()
+    await pool.aclose()
