@@ -49,6 +49,11 @@ _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
            "function_call": "tool_calls", "content_filter": "refusal"}
 
 
+# finish reasons of an answer the server gave up on (vLLM's and SGLang's "abort", an
+# "error"): what came is not the whole answer, so the client gets an error, never a "stop"
+ABORTED = frozenset({"abort", "error"})
+
+
 class OpenAIUsage(NamedTuple):
     """Token counts as an OpenAI-compatible upstream reports them."""
 
@@ -435,6 +440,10 @@ class OpenAIUpstream(UpstreamBackend):
         yield self._final(state, clock)
 
     def _final(self, state: _StreamState, clock: StreamClock) -> Final:
+        if state.finish in ABORTED:
+            raise BackendError(502, f"upstream aborted the answer (finish_reason "
+                               f"{state.finish!r})", kind="upstream_aborted",
+                               replica=self.replica)
         self.server_kind = "llamacpp" if state.llamacpp else self.server_kind
         completion = state.usage.completion_tokens or state.deltas or _estimate(state)
         ttft, tpot = clock.timings(completion)

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from gateway.backends.upstream_http import UpstreamOptions, client_timeout
 from gateway.config import GatewayConfig
 
-from .upstream_helpers import gateway_app, pool_over_handler
+from .upstream_helpers import gateway_app, pool_over_handler, records
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -500,5 +500,35 @@ async def test_a_forced_call_is_tool_use_to_an_anthropic_client(tmp_path: Path,
     assert [b.type for b in message.content] == ["tool_use"]
     chat = await openai_sdk(app).chat.completions.create(model="m", messages=MESSAGES)
     assert chat.choices[0].finish_reason == "stop"
+    app.state.store.close()
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("finish", ["abort", "error"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_the_server_aborted_is_an_error(tmp_path: Path, finish: str,
+                                                        stream: bool) -> None:
+    """An answer the server ended with finish_reason "abort" (vLLM, SGLang) or "error" is not
+    the whole answer: a 502 (streamed: the error event, which the SDKs raise), never the
+    "stop" / "end_turn" an agent took for a finished answer."""
+    pool = pool_over_handler(answer("Partial", finish))
+    app = gateway_app(tmp_path, pool)
+    with pytest.raises(openai.APIError) as info:
+        if stream:
+            async for _ in await openai_sdk(app).chat.completions.create(
+                    model="m", messages=MESSAGES, stream=True):
+                pass
+        else:
+            await openai_sdk(app).chat.completions.create(model="m", messages=MESSAGES)
+    assert finish in info.value.message
+    with pytest.raises(anthropic.APIError):
+        if stream:
+            async with anthropic_sdk(app).messages.stream(model="m", max_tokens=9,
+                                                          messages=MESSAGES) as events:
+                await events.get_final_message()
+        else:
+            await anthropic_sdk(app).messages.create(model="m", max_tokens=9,
+                                                     messages=MESSAGES)
+    assert [r.status for r in records(app)] == [502, 502]
     app.state.store.close()
     await pool.aclose()
