@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.json_prefix import JsonPrefix
 from gateway.types import ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 from gateway.usage_report import SUMMARY_FIELD, summary
 
@@ -91,6 +92,7 @@ class MessageEvents:
         self.tool_open = False
         self.passed_open = False  # a block passed on as the upstream sent it (thinking)
         self.streamed_calls = 0  # tool_use blocks already sent piece by piece
+        self.tool_json = JsonPrefix()  # the open tool_use block's input so far
         self.early: Usage | None = None
 
     def start(self, early: Usage | None = None) -> bytes:
@@ -154,17 +156,29 @@ class MessageEvents:
         if piece.id is not None:
             out += self._close_open()
             self.tool_open, self.streamed_calls = True, piece.index + 1
+            self.tool_json = JsonPrefix()
             block: dict[str, Any] = {"type": "tool_use", "id": piece.id, "name": piece.name,
                                      "input": {}}
             out += event("content_block_start", {"type": "content_block_start",
                                                  "index": self.index, "content_block": block})
         # a fragment goes to the open tool_use block only if it is that call's (a fragment of
-        # an earlier call, after a later one opened, has no block left to go to)
-        if piece.arguments and self.tool_open and piece.index == self.streamed_calls - 1:
-            delta = {"type": "input_json_delta", "partial_json": piece.arguments}
-            out += event("content_block_delta",
-                         {"type": "content_block_delta", "index": self.index, "delta": delta})
+        # an earlier call, after a later one opened, has no block left to go to), and only
+        # while the input stays a JSON prefix: the SDK parses it after every fragment and
+        # ends the stream at one that is not (an upstream model's invalid arguments)
+        if self.tool_open and piece.index == self.streamed_calls - 1:
+            return out + self._input_piece(piece.arguments)
         return out
+
+    def _input_piece(self, text: str) -> bytes:
+        """The open block's `input_json_delta` for `text` (blank before the input starts:
+        none), or nothing once its input is no JSON prefix."""
+        if not self.tool_json.started:
+            text = text.lstrip()  # the SDK refuses an input of only whitespace
+        if not text or not self.tool_json.feed(text):
+            return b""
+        delta = {"type": "input_json_delta", "partial_json": text}
+        return event("content_block_delta",
+                     {"type": "content_block_delta", "index": self.index, "delta": delta})
 
     def final(self, final: Final) -> bytes:
         out = self.text(final.refusal) if final.refusal and not final.text else b""

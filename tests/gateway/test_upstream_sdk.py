@@ -532,3 +532,40 @@ async def test_an_answer_the_server_aborted_is_an_error(tmp_path: Path, finish: 
     assert [r.status for r in records(app)] == [502, 502]
     app.state.store.close()
     await pool.aclose()
+
+
+def invalid_arguments(request: httpx.Request) -> httpx.Response:
+    """A call whose arguments a model wrote as no JSON (Python's quotes), in fragments."""
+    arguments = "{'city': 'Paris'}"
+    call = {"id": "call_q", "type": "function",
+            "function": {"name": "get_weather", "arguments": arguments}}
+    if not json.loads(request.content).get("stream"):
+        return httpx.Response(200, json={"id": "u", "object": "chat.completion", "choices": [{
+            "index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": None, "tool_calls": [call]}}]})
+    head = {**call, "function": {"name": "get_weather", "arguments": ""}}
+    chunks = [{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **head}]},
+                            "finish_reason": None}]}]
+    chunks += [{"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "function": {"arguments": piece}}]}, "finish_reason": None}]}
+        for piece in fragments(arguments, 4)]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return sse(chunks)
+
+
+async def test_invalid_streamed_arguments_do_not_end_an_anthropic_clients_stream(
+        tmp_path: Path) -> None:
+    """Arguments that are no JSON reach an Anthropic client's stream only while they are a
+    JSON prefix: its SDK (which parses the input after every fragment) ends with the same
+    message as the whole answer's (the call, input {}), where it had raised mid-stream."""
+    pool = pool_over_handler(invalid_arguments)
+    app = gateway_app(tmp_path, pool)
+    anth = anthropic_sdk(app)
+    whole = await anth.messages.create(model="m", max_tokens=9, messages=MESSAGES)
+    async with anth.messages.stream(model="m", max_tokens=9, messages=MESSAGES) as events:
+        streamed = await events.get_final_message()
+    assert [(b.type, b.id, b.input) for b in streamed.content] == [
+        (b.type, b.id, b.input) for b in whole.content] == [("tool_use", "call_q", {})]
+    assert streamed.stop_reason == whole.stop_reason == "tool_use"
+    app.state.store.close()
+    await pool.aclose()
