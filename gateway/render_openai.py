@@ -49,6 +49,8 @@ def chat_response(req: ChatRequest, final: Final, created: int) -> dict[str, Any
         message["content"] = final.text
     if final.refusal is not None:  # structured outputs' refusal, content null, as OpenAI's
         message["refusal"] = final.refusal
+    if final.reasoning is not None:  # a reasoning model's, as vLLM and DeepSeek send it
+        message["reasoning_content"] = final.reasoning
     return {
         "id": completion_id(req),
         "object": "chat.completion",
@@ -91,8 +93,11 @@ class ChatChunks:
         return self._chunk({"content": text}) if text else b""
 
     def delta(self, item: TextDelta) -> bytes:
-        """Text, then tool-call pieces (`delta.tool_calls[].function.arguments` fragments)."""
-        return self.text(item.text) + b"".join(self._tool_piece(p) for p in item.tool_calls)
+        """Reasoning, text, then tool-call pieces (`delta.tool_calls[].function.arguments`
+        fragments)."""
+        thought = self._chunk({"reasoning_content": item.reasoning}) if item.reasoning else b""
+        return thought + self.text(item.text) + b"".join(
+            self._tool_piece(p) for p in item.tool_calls)
 
     def _tool_piece(self, piece: ToolCallDelta) -> bytes:
         call: dict[str, Any] = {"index": piece.index}

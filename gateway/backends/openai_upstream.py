@@ -227,6 +227,13 @@ def call_id() -> str:
     return f"call_{os.urandom(12).hex()}"
 
 
+def reasoning_text(message: dict[str, Any]) -> str:
+    """A reasoning model's reasoning in a message or delta: `reasoning_content` (DeepSeek,
+    vLLM) or `reasoning` (vLLM's newer name); "" when there is none."""
+    value = message.get("reasoning_content") or message.get("reasoning")
+    return value if isinstance(value, str) else ""
+
+
 def _tool_call(raw: dict[str, Any]) -> dict[str, Any]:
     fn = raw.get("function") or {}
     return {"id": str(raw.get("id") or "") or call_id(), "type": "function",
@@ -257,6 +264,8 @@ class _StreamState:
     def __init__(self) -> None:
         self.text: list[str] = []
         self.refusal: list[str] = []  # `delta.refusal` pieces (structured outputs' refusal)
+        self.reasoning: list[str] = []  # reasoning text (vLLM's, DeepSeek's)
+        self.thought = ""  # the last chunk's reasoning piece, to pass on
         self.tools: dict[int, dict[str, Any]] = {}  # by upstream index, in order of appearance
         self.order: list[int] = []  # upstream indexes in order of appearance
         self.announced = 0  # calls whose head has been passed on (the first ones in `order`)
@@ -346,6 +355,9 @@ class _StreamState:
             self.add_tool_delta(call)
         if delta.get("refusal"):
             self.refusal.append(str(delta["refusal"]))
+        self.thought = reasoning_text(delta)
+        if self.thought:
+            self.reasoning.append(self.thought)
         return str(delta.get("content") or "")
 
 
@@ -427,12 +439,12 @@ class OpenAIUpstream(UpstreamBackend):
             if event.event == "error" or "error" in chunk:
                 raise stream_error_event(chunk, self.replica)
             text = state.take_chunk(chunk)
-            if text or state.calls:
+            if text or state.calls or state.thought:
                 clock.mark()
                 if text:  # chunks of text count a token each when no usage comes
                     state.deltas += 1
                     state.text.append(text)
-                yield TextDelta(text, tool_calls=tuple(state.calls))
+                yield TextDelta(text, tool_calls=tuple(state.calls), reasoning=state.thought)
                 state.calls.clear()
         if not state.done and state.finish is None:
             raise BackendError(502, "upstream stream was cut mid-way",
@@ -459,7 +471,7 @@ class OpenAIUpstream(UpstreamBackend):
             prefill_saved_ms=cached * self._learn_prefill_rate(state.prefill_rate),
         ), replica=self.replica,
             stop_sequence=state.stop_string if finish == "stop" and not tools else None,
-            refusal="".join(state.refusal) or None)
+            refusal="".join(state.refusal) or None, reasoning="".join(state.reasoning) or None)
 
     def _learn_prefill_rate(self, sample: float | None) -> float:
         """Fold `sample` into this replica's prefill ms per prompt token (a moving average of
@@ -490,6 +502,7 @@ class OpenAIUpstream(UpstreamBackend):
             state.text.append(str(message.get("content") or ""))
             if message.get("refusal"):
                 state.refusal.append(str(message["refusal"]))
+            state.reasoning.append(reasoning_text(message))
             for i, call in enumerate(message.get("tool_calls") or ()):
                 state.tools[i] = _tool_call(call)
         return self._final(state, clock)

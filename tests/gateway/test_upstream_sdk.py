@@ -569,3 +569,48 @@ async def test_invalid_streamed_arguments_do_not_end_an_anthropic_clients_stream
     assert streamed.stop_reason == whole.stop_reason == "tool_use"
     app.state.store.close()
     await pool.aclose()
+
+
+THOUGHTS = ["The user says hi. ", "A greeting back ", "will do."]
+
+
+def reasoning_model(request: httpx.Request) -> httpx.Response:
+    """A reasoning model behind vLLM's reasoning parser: `reasoning_content` (streamed: its
+    pieces) before the answer's content."""
+    if not json.loads(request.content).get("stream"):
+        return httpx.Response(200, json={"id": "u", "object": "chat.completion", "choices": [{
+            "index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": "Hello!",
+                "reasoning_content": "".join(THOUGHTS)}}]})
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
+                            "finish_reason": None}]}]
+    chunks += [{"choices": [{"index": 0, "delta": {"reasoning_content": piece},
+                             "finish_reason": None}]} for piece in THOUGHTS]
+    chunks += [{"choices": [{"index": 0, "delta": {"content": "Hello!"}, "finish_reason": None}]},
+               {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    return sse(chunks)
+
+
+async def test_a_reasoning_models_reasoning_reaches_an_openai_client(tmp_path: Path) -> None:
+    """The upstream's `reasoning_content` reaches an OpenAI client as it came: each piece a
+    chunk's `delta.reasoning_content`, before the answer (it was dropped, so a client got
+    nothing, not even the response's head, while the model thought), and the whole answer's
+    `message.reasoning_content`. An Anthropic client gets the answer's text."""
+    pool = pool_over_handler(reasoning_model)
+    app = gateway_app(tmp_path, pool)
+    client = openai_sdk(app)
+    chunks = [c async for c in await client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True)]
+    said = [(d.model_extra or {}).get("reasoning_content") or d.content
+            for d in (c.choices[0].delta for c in chunks if c.choices)]
+    assert [s for s in said if s] == [*THOUGHTS, "Hello!"]
+    whole = (await client.chat.completions.create(model="m", messages=MESSAGES))
+    message = whole.choices[0].message
+    assert (message.content, (message.model_extra or {}).get("reasoning_content")) == (
+        "Hello!", "".join(THOUGHTS))
+    async with anthropic_sdk(app).messages.stream(model="m", max_tokens=9,
+                                                  messages=MESSAGES) as events:
+        answer = await events.get_final_message()
+    assert [(b.type, getattr(b, "text", None)) for b in answer.content] == [("text", "Hello!")]
+    app.state.store.close()
+    await pool.aclose()
