@@ -32,7 +32,7 @@ from gateway import (
 from gateway.auth import may_scrape_metrics, tenant_for
 from gateway.config import GatewayConfig
 from gateway.count_tokens import count_tokens
-from gateway.errors import GatewayError, error_body
+from gateway.errors import GatewayError, error_body, model_not_found
 from gateway.health import StoreMetrics, health_report
 from gateway.lint_stage import LintStage
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
@@ -94,17 +94,41 @@ async def messages(request: Request) -> Response:
     return await handle(_gateway(request), request, MESSAGES)
 
 
+def _model_card(model: str) -> dict[str, Any]:
+    """One model as `GET /v1/models` lists it."""
+    return {"id": model, "object": "model", "created": 0, "owned_by": "prefixgate"}
+
+
+async def _listed_models(gw: Gateway) -> list[str]:
+    """The model ids the gateway lists: an upstream pool's from its replicas (or its
+    configured ids), the embedded engine's own."""
+    backend = gw.backend
+    ids = await backend.list_models() if isinstance(backend, ListingBackend) else backend.models()
+    return [m for m in ids if m != "*"]
+
+
 async def list_models(request: Request) -> Response:
     gw = _gateway(request)
     try:
         tenant_for(request, gw.config)
     except GatewayError as err:
         return JSONResponse(error_body(err, "openai"), status_code=err.status)
-    backend = gw.backend
-    ids = await backend.list_models() if isinstance(backend, ListingBackend) else backend.models()
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "prefixgate"}
-            for m in ids if m != "*"]
+    data = [_model_card(m) for m in await _listed_models(gw)]
     return JSONResponse({"object": "list", "data": data})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """`GET /v1/models/{id}` (the SDKs' `models.retrieve`): the model's card when the gateway
+    lists it, else OpenAI's 404 (`model_not_found`)."""
+    gw = _gateway(request)
+    try:
+        tenant_for(request, gw.config)
+        model = str(request.path_params["model"])
+        if model not in await _listed_models(gw):
+            raise model_not_found(f"model {model!r} does not exist")
+    except GatewayError as err:
+        return JSONResponse(error_body(err, "openai"), status_code=err.status)
+    return JSONResponse(_model_card(model))
 
 
 async def healthz(request: Request) -> Response:
@@ -246,6 +270,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]

@@ -70,7 +70,9 @@ class GatewayConfig:
     store_prompts: bool = False
     upstreams: tuple[UpstreamSpec, ...] = ()
     upstream_api_keys: Mapping[str, str] = field(default_factory=dict)  # kind -> key
-    upstream_timeout_s: float = 60.0
+    # how long an upstream may stay silent (no byte of its answer): the SDKs' own 600 s, since
+    # a whole (non-streamed) answer sends nothing until its last token is generated
+    upstream_timeout_s: float = 600.0
     price_table: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     # Embedded engine: the whole EngineConfig (model None: SmolLM2-135M-Instruct from the wheel).

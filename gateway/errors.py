@@ -2,7 +2,8 @@
 
 OpenAI: `{"error": {"message", "type", "param", "code"}}`; `type` is OpenAI's error class for
 the status (a 404 is an `invalid_request_error`, as OpenAI's own: an unknown model's `code` is
-`model_not_found`), `code` the error's own kind when that says more than its type.
+`model_not_found`), `code` the error's own kind when that says more than its type (an
+upstream's refusal: the provider's own code).
 Anthropic: `{"type": "error", "error": {"type", "message"}}` (the field is named in the message;
 a 404 is a `not_found_error`).
 """
@@ -68,5 +69,5 @@ def error_body(err: ApiError, provider: Provider) -> dict[str, Any]:
         if err.param and err.param not in message:
             message = f"{err.param}: {message}"
         return {"type": "error", "error": {"type": kind, "message": message}}
-    code = err.kind if err.kind not in {kind, "api_error"} else None
+    code = err.code or (err.kind if err.kind not in {kind, "api_error"} else None)
     return {"error": {"message": err.message, "type": kind, "param": err.param, "code": code}}

@@ -28,7 +28,7 @@ class Progress:
         if self.early is None:
             self.early = item.usage
         if item.tokens is None:
-            if item.text or item.tool_calls or item.provider_events:
+            if item.text or item.tool_calls or item.provider_events or item.reasoning:
                 self.tokens += 1
                 self.estimated = True
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.json_prefix import JsonPrefix
 from gateway.types import ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 from gateway.usage_report import SUMMARY_FIELD, summary
 
@@ -20,11 +21,14 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 def stop_fields(final: Final) -> dict[str, Any]:
     """`stop_reason` and `stop_sequence`: "stop_sequence" and the string when one ended the
-    text, else the finish reason's Anthropic name and null."""
+    text, else the finish reason's Anthropic name and null. An answer that ends in tool calls
+    is "tool_use" even when the upstream said "stop" (OpenAI and vLLM do for a forced
+    `tool_choice`): an agent loop runs its tools on "tool_use" and ends on "end_turn"."""
     if final.stop_sequence is not None and final.finish_reason == "stop":
         return {"stop_reason": "stop_sequence", "stop_sequence": final.stop_sequence}
-    return {"stop_reason": STOP_REASONS.get(final.finish_reason, "end_turn"),
-            "stop_sequence": None}
+    finish = "tool_calls" if final.tool_calls and final.finish_reason == "stop" \
+        else final.finish_reason
+    return {"stop_reason": STOP_REASONS.get(finish, "end_turn"), "stop_sequence": None}
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -63,8 +67,9 @@ def message_response(req: ChatRequest, final: Final) -> dict[str, Any]:
     if final.provider_content is not None:  # an Anthropic upstream's, with thinking blocks
         content.extend(final.provider_content)
     else:
-        if final.text:  # no empty text block (the API never sends one, nor takes one back)
-            content.append({"type": "text", "text": final.text})
+        text = final.text or final.refusal  # a refusal is the answer's text to Messages
+        if text:  # no empty text block (the API never sends one, nor takes one back)
+            content.append({"type": "text", "text": text})
         content.extend(_tool_use_block(call) for call in final.tool_calls)
     return {
         "id": message_id(req),
@@ -87,6 +92,7 @@ class MessageEvents:
         self.tool_open = False
         self.passed_open = False  # a block passed on as the upstream sent it (thinking)
         self.streamed_calls = 0  # tool_use blocks already sent piece by piece
+        self.tool_json = JsonPrefix()  # the open tool_use block's input so far
         self.early: Usage | None = None
 
     def start(self, early: Usage | None = None) -> bytes:
@@ -150,18 +156,33 @@ class MessageEvents:
         if piece.id is not None:
             out += self._close_open()
             self.tool_open, self.streamed_calls = True, piece.index + 1
+            self.tool_json = JsonPrefix()
             block: dict[str, Any] = {"type": "tool_use", "id": piece.id, "name": piece.name,
                                      "input": {}}
             out += event("content_block_start", {"type": "content_block_start",
                                                  "index": self.index, "content_block": block})
-        if piece.arguments and self.tool_open:
-            delta = {"type": "input_json_delta", "partial_json": piece.arguments}
-            out += event("content_block_delta",
-                         {"type": "content_block_delta", "index": self.index, "delta": delta})
+        # a fragment goes to the open tool_use block only if it is that call's (a fragment of
+        # an earlier call, after a later one opened, has no block left to go to), and only
+        # while the input stays a JSON prefix: the SDK parses it after every fragment and
+        # ends the stream at one that is not (an upstream model's invalid arguments)
+        if self.tool_open and piece.index == self.streamed_calls - 1:
+            return out + self._input_piece(piece.arguments)
         return out
 
+    def _input_piece(self, text: str) -> bytes:
+        """The open block's `input_json_delta` for `text` (blank before the input starts:
+        none), or nothing once its input is no JSON prefix."""
+        if not self.tool_json.started:
+            text = text.lstrip()  # the SDK refuses an input of only whitespace
+        if not text or not self.tool_json.feed(text):
+            return b""
+        delta = {"type": "input_json_delta", "partial_json": text}
+        return event("content_block_delta",
+                     {"type": "content_block_delta", "index": self.index, "delta": delta})
+
     def final(self, final: Final) -> bytes:
-        out = self._close_open()
+        out = self.text(final.refusal) if final.refusal and not final.text else b""
+        out += self._close_open()
         for call in final.tool_calls[self.streamed_calls :]:
             out += self._tool_use(call)
         delta = stop_fields(final)

@@ -45,8 +45,12 @@ def chat_response(req: ChatRequest, final: Final, created: int) -> dict[str, Any
     message: dict[str, Any] = {"role": "assistant", "content": final.text or None}
     if final.tool_calls:
         message["tool_calls"] = list(final.tool_calls)
-    else:
+    elif final.refusal is None:
         message["content"] = final.text
+    if final.refusal is not None:  # structured outputs' refusal, content null, as OpenAI's
+        message["refusal"] = final.refusal
+    if final.reasoning is not None:  # a reasoning model's, as vLLM and DeepSeek send it
+        message["reasoning_content"] = final.reasoning
     return {
         "id": completion_id(req),
         "object": "chat.completion",
@@ -89,8 +93,11 @@ class ChatChunks:
         return self._chunk({"content": text}) if text else b""
 
     def delta(self, item: TextDelta) -> bytes:
-        """Text, then tool-call pieces (`delta.tool_calls[].function.arguments` fragments)."""
-        return self.text(item.text) + b"".join(self._tool_piece(p) for p in item.tool_calls)
+        """Reasoning, text, then tool-call pieces (`delta.tool_calls[].function.arguments`
+        fragments)."""
+        thought = self._chunk({"reasoning_content": item.reasoning}) if item.reasoning else b""
+        return thought + self.text(item.text) + b"".join(
+            self._tool_piece(p) for p in item.tool_calls)
 
     def _tool_piece(self, piece: ToolCallDelta) -> bytes:
         call: dict[str, Any] = {"index": piece.index}
@@ -105,7 +112,7 @@ class ChatChunks:
         return self._chunk({"tool_calls": [call]})
 
     def final(self, final: Final) -> bytes:
-        out = b""
+        out = self._chunk({"refusal": final.refusal}) if final.refusal else b""
         for index, call in enumerate(final.tool_calls):
             if index < self.streamed_calls:
                 continue

@@ -156,6 +156,10 @@ class TextDelta:
     # stream has no field for (thinking, redacted_thinking), as an Anthropic upstream sent
     # them to an Anthropic client; rendered before `text`, re-indexed, by that route only
     provider_events: tuple[dict[str, Any], ...] = ()
+    # an OpenAI-compatible reasoning model's reasoning text (vLLM's, DeepSeek's
+    # `reasoning_content`), streamed before its answer: OpenAI clients get it as
+    # `delta.reasoning_content`; it also sends a stream's head while the model still thinks
+    reasoning: str = ""
 
 
 class LateUsage:
@@ -188,6 +192,11 @@ class Final:
     provider_content: tuple[dict[str, Any], ...] | None = None
     # the stop string that ended the text (finish_reason "stop"): Anthropic's stop_sequence
     stop_sequence: str | None = None
+    # an OpenAI-compatible upstream's `refusal` (structured outputs: the model declined to
+    # answer in the schema), in place of content: OpenAI's `message.refusal`
+    refusal: str | None = None
+    # an OpenAI-compatible upstream's reasoning text (`reasoning_content` or `reasoning`)
+    reasoning: str | None = None
 
     def settled_usage(self) -> Usage:
         """The usage to record: completed after the answer (`late`) when it was, else the
@@ -212,6 +221,9 @@ class ApiError(Exception):
         self.message = message
         self.kind = kind
         self.param = param
+        # the error's code as the client sees it, when it is not `kind` (an upstream
+        # provider's own code for a refusal it answered)
+        self.code: str | None = None
 
 
 class BackendError(ApiError):

@@ -112,15 +112,19 @@ def _early_usage(start_usage: dict[str, Any]) -> Usage | None:
 
 
 class _StreamState:
-    """One streamed message: text, tool-use blocks by index, stop reason, usage. With
-    `passthrough` (an Anthropic client) the events of thinking blocks (`events`) and the
-    tool_use pieces (`calls`) of the last event are left for the caller to pass on."""
+    """One streamed message: text, tool-use blocks by index, stop reason, usage. The tool_use
+    pieces (`calls`) of the last event are left for the caller to pass on as they come (with
+    `live_calls`: a chat request's, so a long call's client sees it grow); with `passthrough`
+    (an Anthropic client) the events of thinking blocks (`events`) too. An OpenAI client's
+    call whose input streamed no fragment gets `{}` as its block ends (its arguments are
+    never empty text)."""
 
-    def __init__(self, passthrough: bool = False) -> None:
+    def __init__(self, passthrough: bool = False, live_calls: bool = False) -> None:
         self.text: list[str] = []
         self.tools: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self.ordinals: dict[int, int] = {}  # tool_use block index -> its call's ordinal
         self.passthrough = passthrough
+        self.live_calls = live_calls or passthrough
         self.passed: set[int] = set()  # indexes of the blocks passed on as they came
         self.events: list[dict[str, Any]] = []
         self.calls: list[ToolCallDelta] = []
@@ -141,7 +145,7 @@ class _StreamState:
             if block.get("type") == "tool_use":
                 self.tools[index] = (block, [])
                 self.ordinals[index] = len(self.ordinals)
-                if self.passthrough:
+                if self.live_calls:
                     self.calls.append(ToolCallDelta(self.ordinals[index], "",
                                                     id=str(block.get("id") or ""),
                                                     name=str(block.get("name") or "")))
@@ -162,11 +166,13 @@ class _StreamState:
                 if slot is not None:
                     piece = str(delta.get("partial_json") or "")
                     slot[1].append(piece)
-                    if self.passthrough and piece:
+                    if self.live_calls and piece:
                         self.calls.append(ToolCallDelta(self.ordinals[index], piece))
         elif kind == "content_block_stop":
-            if token_count(event.get("index"), "index") in self.passed:
+            index = token_count(event.get("index"), "index")
+            if index in self.passed:
                 self.events.append(event)
+            self.close_call(index)
         elif kind == "message_delta":
             delta = event.get("delta") or {}
             self.stop = delta.get("stop_reason") or self.stop
@@ -178,6 +184,14 @@ class _StreamState:
         elif kind == "message_stop":
             self.stopped = True
         return ""
+
+    def close_call(self, index: int) -> None:
+        """At a tool_use block's end: an OpenAI client's call that streamed no input gets
+        `{}` (what its whole answer's arguments say), never empty arguments."""
+        slot = self.tools.get(index)
+        if slot is not None and self.live_calls and not self.passthrough and not any(slot[1]):
+            slot[1].append("{}")
+            self.calls.append(ToolCallDelta(self.ordinals[index], "{}"))
 
     def tool_calls(self) -> tuple[dict[str, Any], ...]:
         return tuple(_tool_call(block, "".join(parts) or "{}")
@@ -246,7 +260,7 @@ class AnthropicUpstream(UpstreamBackend):
     async def _read_stream(
         self, response: httpx.Response, clock: StreamClock, req: ChatRequest
     ) -> AsyncGenerator[TextDelta | Final, None]:
-        state = _StreamState(passes_blocks(req))
+        state = _StreamState(passes_blocks(req), live_calls=req.prompt is None)
         async for event in iter_sse(response):
             payload = loads_event(event.data, self.replica)
             kind = event.event or str(payload.get("type", ""))

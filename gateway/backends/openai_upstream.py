@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 from collections.abc import AsyncGenerator
 from typing import Any, NamedTuple
 
@@ -30,12 +31,27 @@ from gateway.backends.upstream_http import (
     token_count,
 )
 from gateway.salt import SaltMode, salt_upstream_body
-from gateway.types import BackendError, ChatRequest, Final, TextDelta, Usage
+from gateway.types import (
+    BackendError,
+    ChatRequest,
+    Final,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from gateway.upstream_detect import api_root
 from prompt_lint.tokens import get_encoding
 
+# OpenAI finish reasons -> the neutral vocabulary; a content filter's stop is the neutral
+# "refusal", so an OpenAI client still reads "content_filter" and an Anthropic one "refusal"
+# (an agent must not take a filtered answer for a finished one)
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
-           "function_call": "tool_calls", "content_filter": "stop"}
+           "function_call": "tool_calls", "content_filter": "refusal"}
+
+
+# finish reasons of an answer the server gave up on (vLLM's and SGLang's "abort", an
+# "error"): what came is not the whole answer, so the client gets an error, never a "stop"
+ABORTED = frozenset({"abort", "error"})
 
 
 class OpenAIUsage(NamedTuple):
@@ -205,9 +221,22 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
     return path, body
 
 
+def call_id() -> str:
+    """An id for a tool call the upstream sent without one (some OpenAI-compatible servers
+    do): clients must send a call's id back with its result, and an empty one is refused."""
+    return f"call_{os.urandom(12).hex()}"
+
+
+def reasoning_text(message: dict[str, Any]) -> str:
+    """A reasoning model's reasoning in a message or delta: `reasoning_content` (DeepSeek,
+    vLLM) or `reasoning` (vLLM's newer name); "" when there is none."""
+    value = message.get("reasoning_content") or message.get("reasoning")
+    return value if isinstance(value, str) else ""
+
+
 def _tool_call(raw: dict[str, Any]) -> dict[str, Any]:
     fn = raw.get("function") or {}
-    return {"id": str(raw.get("id") or ""), "type": "function",
+    return {"id": str(raw.get("id") or "") or call_id(), "type": "function",
             "function": {"name": str(fn.get("name") or ""),
                          "arguments": str(fn.get("arguments") or "")}}
 
@@ -224,11 +253,24 @@ def _estimate(state: _StreamState) -> int:
 
 
 class _StreamState:
-    """Accumulates one streamed answer: text, tool-call fragments, finish reason, usage."""
+    """Accumulates one streamed answer: text, tool-call fragments, finish reason, usage.
+
+    Tool calls are passed on as they come (`calls`: the pieces of the last chunk), so a client
+    sees a long call's arguments grow instead of nothing until the answer ends: a call is
+    announced (id and name) once its name has come and every call before it is announced,
+    with the arguments it has so far; later fragments follow as they arrive. Calls are
+    numbered in the order they first appear (the upstream's `index` keys them)."""
 
     def __init__(self) -> None:
         self.text: list[str] = []
-        self.tools: dict[int, dict[str, Any]] = {}
+        self.refusal: list[str] = []  # `delta.refusal` pieces (structured outputs' refusal)
+        self.reasoning: list[str] = []  # reasoning text (vLLM's, DeepSeek's)
+        self.thought = ""  # the last chunk's reasoning piece, to pass on
+        self.tools: dict[int, dict[str, Any]] = {}  # by upstream index, in order of appearance
+        self.order: list[int] = []  # upstream indexes in order of appearance
+        self.announced = 0  # calls whose head has been passed on (the first ones in `order`)
+        self.calls: list[ToolCallDelta] = []
+        self.upstream_ids: dict[int, str] = {}  # the id the upstream gave each call
         self.finish: str | None = None
         self.stop_string: str | None = None  # vLLM's / SGLang's matched stop string
         self.usage = OpenAIUsage(0, 0, None)
@@ -239,12 +281,51 @@ class _StreamState:
         self.done = False
 
     def add_tool_delta(self, delta: dict[str, Any]) -> None:
-        slot = self.tools.setdefault(token_count(delta.get("index"), "tool_calls.index"), {
-            "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-        slot["id"] = delta.get("id") or slot["id"]
+        """Fold one `delta.tool_calls[]` fragment into its call and queue what can be passed
+        on: the fragment itself once its call is announced, else any calls now announceable."""
+        index = self.call_index(delta)
+        slot = self.tools.get(index)
+        if slot is None:
+            slot = self.tools[index] = {
+                "id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            self.order.append(index)
+        if delta.get("id") and not slot["id"]:  # the first id stays
+            slot["id"] = self.upstream_ids[index] = str(delta["id"])
         fn = delta.get("function") or {}
         slot["function"]["name"] += fn.get("name") or ""
-        slot["function"]["arguments"] += fn.get("arguments") or ""
+        piece = str(fn.get("arguments") or "")
+        slot["function"]["arguments"] += piece
+        ordinal = self.order.index(index)
+        if ordinal < self.announced:
+            if piece:
+                self.calls.append(ToolCallDelta(ordinal, piece))
+        else:
+            self.announce()
+
+    def call_index(self, delta: dict[str, Any]) -> int:
+        """The call a fragment belongs to: its `index`; a server that sends none (some
+        OpenAI-compatible APIs stream parallel calls so) starts a new call with each new id,
+        and a fragment without an id continues the last call."""
+        if delta.get("index") is not None:
+            return token_count(delta.get("index"), "tool_calls.index")
+        new_id = delta.get("id")
+        if not self.order or (new_id and new_id != self.upstream_ids.get(self.order[-1])):
+            return max(self.tools, default=-1) + 1
+        return self.order[-1]
+
+    def announce(self) -> None:
+        """Pass on the heads (and arguments so far) of the next calls in order whose names
+        have come."""
+        while self.announced < len(self.order):
+            call = self.tools[self.order[self.announced]]
+            fn = call["function"]
+            if not fn["name"]:
+                return
+            call["id"] = call["id"] or call_id()
+            self.calls.append(ToolCallDelta(self.announced, "", id=call["id"], name=fn["name"]))
+            if fn["arguments"]:
+                self.calls.append(ToolCallDelta(self.announced, fn["arguments"]))
+            self.announced += 1
 
     def take_stop(self, choice: dict[str, Any]) -> None:
         """The stop string that ended the answer, where the server names it: vLLM's and
@@ -272,6 +353,11 @@ class _StreamState:
             return str(choice.get("text") or "")
         for call in delta.get("tool_calls") or ():
             self.add_tool_delta(call)
+        if delta.get("refusal"):
+            self.refusal.append(str(delta["refusal"]))
+        self.thought = reasoning_text(delta)
+        if self.thought:
+            self.reasoning.append(self.thought)
         return str(delta.get("content") or "")
 
 
@@ -353,21 +439,29 @@ class OpenAIUpstream(UpstreamBackend):
             if event.event == "error" or "error" in chunk:
                 raise stream_error_event(chunk, self.replica)
             text = state.take_chunk(chunk)
-            if text:
+            if text or state.calls or state.thought:
                 clock.mark()
-                state.deltas += 1
-                state.text.append(text)
-                yield TextDelta(text)
+                if text:  # chunks of text count a token each when no usage comes
+                    state.deltas += 1
+                    state.text.append(text)
+                yield TextDelta(text, tool_calls=tuple(state.calls), reasoning=state.thought)
+                state.calls.clear()
         if not state.done and state.finish is None:
             raise BackendError(502, "upstream stream was cut mid-way",
                                kind="upstream_stream_cut", replica=self.replica)
         yield self._final(state, clock)
 
     def _final(self, state: _StreamState, clock: StreamClock) -> Final:
+        if state.finish in ABORTED:
+            raise BackendError(502, f"upstream aborted the answer (finish_reason "
+                               f"{state.finish!r})", kind="upstream_aborted",
+                               replica=self.replica)
         self.server_kind = "llamacpp" if state.llamacpp else self.server_kind
         completion = state.usage.completion_tokens or state.deltas or _estimate(state)
         ttft, tpot = clock.timings(completion)
-        tools = tuple(state.tools[i] for i in sorted(state.tools))
+        for call in state.tools.values():  # a call never announced may still lack its id
+            call["id"] = call["id"] or call_id()
+        tools = tuple(state.tools.values())  # in the order the calls came
         finish = _FINISH.get(state.finish or "stop", "stop")
         cached = state.usage.reported_cached_tokens or 0
         return Final("".join(state.text), tools, finish, Usage(
@@ -376,7 +470,8 @@ class OpenAIUpstream(UpstreamBackend):
             ttft=ttft, tpot=tpot, estimated=not state.usage_seen,
             prefill_saved_ms=cached * self._learn_prefill_rate(state.prefill_rate),
         ), replica=self.replica,
-            stop_sequence=state.stop_string if finish == "stop" and not tools else None)
+            stop_sequence=state.stop_string if finish == "stop" and not tools else None,
+            refusal="".join(state.refusal) or None, reasoning="".join(state.reasoning) or None)
 
     def _learn_prefill_rate(self, sample: float | None) -> float:
         """Fold `sample` into this replica's prefill ms per prompt token (a moving average of
@@ -405,6 +500,9 @@ class OpenAIUpstream(UpstreamBackend):
             state.text.append(str(choice.get("text") or ""))
         else:
             state.text.append(str(message.get("content") or ""))
+            if message.get("refusal"):
+                state.refusal.append(str(message["refusal"]))
+            state.reasoning.append(reasoning_text(message))
             for i, call in enumerate(message.get("tool_calls") or ()):
                 state.tools[i] = _tool_call(call)
         return self._final(state, clock)

@@ -37,7 +37,7 @@ class UpstreamOptions:
 
     url: str
     api_key: str | None = None
-    timeout_s: float = 60.0
+    timeout_s: float = 600.0  # as `GatewayConfig.upstream_timeout_s`
     name: str | None = None
     max_connections: int = 256
     derive_prompt_cache_key: bool | None = None
@@ -213,9 +213,10 @@ def status_error(status: int, body: bytes, replica: str, retry_after: str | None
 
 def _status_error(status: int, body: bytes, replica: str) -> BackendError:
     try:
-        message = _upstream_message(json.loads(body)) if body else ""
+        payload = json.loads(body) if body else None
     except ValueError:
-        message = ""
+        payload = None
+    message = _upstream_message(payload)
     detail = f": {message[:500]}" if message else ""
     if status >= 500:
         return BackendError(502, f"upstream answered {status}{detail}",
@@ -226,10 +227,24 @@ def _status_error(status: int, body: bytes, replica: str) -> BackendError:
             kind="upstream_auth", replica=replica,
         )
     if status == 429:
-        return BackendError(429, f"upstream is rate limiting{detail}",
-                            kind="rate_limit_error", replica=replica)
-    return BackendError(status, f"upstream refused the request{detail}",
-                        kind="invalid_request_error", replica=replica)
+        err = BackendError(429, f"upstream is rate limiting{detail}",
+                           kind="rate_limit_error", replica=replica)
+    else:
+        err = BackendError(status, f"upstream refused the request{detail}",
+                           kind="invalid_request_error", replica=replica)
+    err.code = _upstream_field(payload, "code")
+    err.param = _upstream_field(payload, "param")
+    return err
+
+
+def _upstream_field(payload: Any, name: str) -> str | None:
+    """The provider's own `error.code` or `error.param` of a refusal (OpenAI's shape), when it
+    is text: what a client branches on (`context_length_exceeded` to compact its history,
+    `insufficient_quota` not to retry, the field to fix), so it reaches the client as the
+    provider sent it. A number (vLLM's `code` is the HTTP status) says nothing more: None."""
+    err = payload.get("error") if isinstance(payload, dict) else None
+    value = err.get(name) if isinstance(err, dict) else None
+    return value[:200] if isinstance(value, str) and value else None
 
 
 def is_replica_fault(err: BackendError) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.pool import ReplicaPool
@@ -65,3 +66,19 @@ async def test_an_upstream_that_does_not_answer_lists_nothing(tmp_path: Path):
     pool = pool_over_handler(lambda request: httpx.Response(503), kind="openai")
     listed = await sdk(gateway_app(tmp_path, pool)).models.list()
     assert listed.data == []
+
+
+async def test_a_listed_model_is_retrieved_and_another_is_a_404(tmp_path: Path):
+    """`models.retrieve` (GET /v1/models/{id}) answers a listed model's card, the same as its
+    entry in the list (ids with a slash too, as vLLM serves `org/name`), and OpenAI's 404
+    `model_not_found` for a model the replicas do not list."""
+    listed = ["meta-llama/Llama-3.1-8B-Instruct", "small"]
+    pool = pool_over_handler(lambda request: httpx.Response(200, json={
+        "object": "list", "data": [{"id": m, "object": "model"} for m in listed]}))
+    client = sdk(gateway_app(tmp_path, pool))
+    cards = {m.id: m for m in (await client.models.list()).data}
+    for model in listed:
+        assert await client.models.retrieve(model) == cards[model]
+    with pytest.raises(openai.NotFoundError) as info:
+        await client.models.retrieve("gpt-unknown")
+    assert info.value.code == "model_not_found"
