@@ -1,0 +1,129 @@
+"""The operator's surfaces agree with what the clients were told: /api/stats (the dashboard's
+and `prefixgate stats`' numbers) and /metrics against the `prefixgate` summaries of the
+responses, over requests that ended every way (answered, cut by the upstream, left by the
+client). References: the summaries the official openai SDK received, and the one replica that
+served every request."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from gateway.api_stats import compute_stats
+
+from .upstream_helpers import (
+    fake_replicas,
+    gateway_app,
+    pool_over,
+    pool_over_handler,
+    records,
+)
+
+SYSTEM = "You are a careful coding agent. Follow the repository conventions. " * 40
+
+
+def _sdk(app: Any) -> openai.AsyncOpenAI:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+    return openai.AsyncOpenAI(base_url="http://gw/v1", api_key="none", http_client=http,
+                              max_retries=0)
+
+
+def _metric(text: str, series: str) -> float:
+    """One sample of the Prometheus text, 0 when the series has none yet."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _streamed_summary(client: openai.AsyncOpenAI, messages: list[dict[str, Any]]
+                            ) -> dict[str, Any] | None:
+    """The `prefixgate` summary of one streamed answer; None when the stream failed mid-way."""
+    stream = await client.chat.completions.create(
+        model="fake", messages=messages, stream=True, stream_options={"include_usage": True})
+    summary = None
+    try:
+        async for chunk in stream:
+            summary = (chunk.model_extra or {}).get("prefixgate", summary)
+    except openai.APIError:
+        return None
+    return summary
+
+
+def _settled_records(app: Any, count: int) -> list[Any]:
+    """The app's records once `count` are written (a stream's record follows its last byte)."""
+    deadline = time.monotonic() + 10
+    while len(rows := records(app)) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return rows
+
+
+async def test_predicted_and_reported_hits_are_compared_over_the_same_requests(
+        tmp_path: Path) -> None:
+    """A stream the upstream cuts has the shadow's prediction (its head) but no report: the
+    predicted-vs-reported totals of /api/stats and /metrics leave it out of both sides, so
+    they equal the summaries of the answered requests (the cut one predicted a hit too)."""
+    [replica] = fake_replicas(1)
+    app = gateway_app(tmp_path, pool_over([replica]))
+    client = _sdk(app)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    summaries = []
+    for turn in range(3):
+        messages.append({"role": "user", "content": f"step {turn}: run the tests"})
+        summary = await _streamed_summary(client, messages)
+        assert summary is not None
+        summaries.append(summary)
+        messages.append({"role": "assistant", "content": "Done. The next step is ready."})
+    replica.state.replica.config.cut_after = 2  # the next stream ends without its usage
+    messages.append({"role": "user", "content": "step 3: run the tests"})
+    assert await _streamed_summary(client, messages) is None
+    rows = _settled_records(app, 4)
+    assert [r.status for r in rows] == [200, 200, 200, 502]
+    assert rows[-1].predicted_cached_tokens and rows[-1].reported_cached_tokens is None
+    predicted = sum(s["predicted_cached_tokens"] for s in summaries)
+    reported = sum(s["reported_cached_tokens"] for s in summaries)
+    assert predicted > 0 and reported > 0
+
+    stats = compute_stats(app.state.store.engine)
+    [by_replica] = stats["by_replica"]
+    for group in (stats["totals"], by_replica):
+        assert (group["predicted_cached_tokens"], group["reported_cached_tokens"]) == \
+            (predicted, reported)
+    metrics = (await client._client.get("http://gw/metrics")).text
+    assert _metric(metrics, 'prefixgate_upstream_predicted_cached_tokens_total{replica="r0"}') \
+        == predicted
+    assert _metric(metrics, 'prefixgate_upstream_reported_cached_tokens_total{replica="r0"}') \
+        == reported
+    app.state.store.close()
+
+
+async def test_hits_an_upstream_never_reports_are_not_compared(tmp_path: Path) -> None:
+    """An upstream that reports no cached tokens (its usage has no cache field) gives the
+    shadow nothing to be compared with: the predicted-vs-reported totals stay 0 on both
+    surfaces rather than counting the prediction against a report of 0."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={
+            "id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 700, "completion_tokens": 1, "total_tokens": 701}})
+
+    app = gateway_app(tmp_path, pool_over_handler(handler))
+    client = _sdk(app)
+    body = {"model": "m", "messages": [{"role": "user", "content": "plan the change " * 150}]}
+    summaries = [(await client.chat.completions.create(**body)).model_extra["prefixgate"]
+                 for _ in range(2)]
+    assert summaries[1]["predicted_cached_tokens"] > 0  # the shadow expects a hit
+    assert all(s["reported_cached_tokens"] is None for s in summaries)
+    rows = records(app)
+    assert len(rows) == 2
+    totals = compute_stats(app.state.store.engine)["totals"]
+    assert (totals["predicted_cached_tokens"], totals["reported_cached_tokens"]) == (0, 0)
+    metrics = (await client._client.get("http://gw/metrics")).text
+    assert _metric(metrics, 'prefixgate_upstream_predicted_cached_tokens_total{replica="up"}') \
+        == 0
+    app.state.store.close()
