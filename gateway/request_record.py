@@ -18,7 +18,8 @@ def record(
     replica: str | None = None,
 ) -> None:
     """Store the one record of this request and update the metrics; `replica`: the one that
-    failed it, when no answer names one."""
+    failed it, when no answer names one; else the one whose stream head came (a stream cut
+    short is filed under the replica that did its work)."""
     if ticket.recorded:
         return
     ticket.recorded = True
@@ -32,7 +33,7 @@ def record(
     gw.metrics.latency.observe(latency, route=ticket.route.name)
     if usage is not None:
         gw.metrics.observe_usage(usage, backend)
-    replica = final.replica if final else replica
+    replica = final.replica if final else (replica or ticket.progress.replica)
     gw.store.add(_make_record(gw, ticket, status, replica, usage, error, latency))
 
 

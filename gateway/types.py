@@ -146,12 +146,15 @@ class TextDelta:
     `tokens`: the completion tokens generated since the previous delta, when the backend knows
     them (the engine); None for an upstream's chunk, which a request cut short counts as one
     (an estimate, and recorded as one: `gateway.progress`).
+    `replica`: the upstream replica serving the stream, on the delta that carries `usage`, so
+    the record of a stream that ends before its `Final` still names it.
     """
 
     text: str
     usage: Usage | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
     tokens: int | None = None
+    replica: str | None = None
     # Anthropic stream events (content_block_start / _delta / _stop) of blocks the neutral
     # stream has no field for (thinking, redacted_thinking), as an Anthropic upstream sent
     # them to an Anthropic client; rendered before `text`, re-indexed, by that route only

@@ -232,8 +232,8 @@ class ReplicaPool:
                 if item is not None:  # the upstream has prefilled the prompt by now
                     after.append(functools.partial(replica.shadow.record, prompt, ns))
                     if not isinstance(item, Final):
-                        item = evolve(item, usage=head_usage(item.usage, prompt,
-                                                                          predicted))
+                        item = evolve(item, usage=head_usage(item.usage, prompt, predicted),
+                                      replica=replica.name)
                 try:
                     while item is not None:
                         if isinstance(item, Final):

@@ -6,7 +6,11 @@ served every request."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from .upstream_helpers import (
     pool_over,
     pool_over_handler,
     records,
+    serving,
 )
 
 SYSTEM = "You are a careful coding agent. Follow the repository conventions. " * 40
@@ -126,4 +131,33 @@ async def test_hits_an_upstream_never_reports_are_not_compared(tmp_path: Path) -
     metrics = (await client._client.get("http://gw/metrics")).text
     assert _metric(metrics, 'prefixgate_upstream_predicted_cached_tokens_total{replica="up"}') \
         == 0
+    app.state.store.close()
+
+
+def test_a_stream_the_client_leaves_is_filed_under_its_replica(tmp_path: Path) -> None:
+    """A client that leaves an upstream stream mid-way: its record names the replica that
+    served the head (the only one), so /api/stats' per-replica table holds its tokens rather
+    than a '-' row of work no replica did."""
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(200):
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": f"w{i} "},
+                                  "finish_reason": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            await asyncio.sleep(0.02)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+
+    app = gateway_app(tmp_path, pool_over_handler(handler))
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go " * 80}]}
+    with serving(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            head = response.headers
+            list(itertools.islice(response.iter_lines(), 6))
+        (row,) = _settled_records(app, 1)
+    assert row.status == 499 and row.prompt_tokens == int(head["x-prefixgate-prompt-tokens"])
+    assert row.replica == "up"
+    [by_replica] = compute_stats(app.state.store.engine)["by_replica"]
+    assert (by_replica["replica"], by_replica["prompt_tokens"]) == ("up", row.prompt_tokens)
     app.state.store.close()
