@@ -119,6 +119,9 @@ class Usage:
     prefill_saved_ms: float = 0.0
     cached_source: CachedSource = "reported"
     estimated: bool = False  # prompt/completion counts are the gateway's estimate (none sent)
+    # prompt tokens the provider wrote to its cache on this request, billed apart as cache
+    # writes (Anthropic's cache_creation_input_tokens): part of prompt_tokens, never cached
+    cache_write_tokens: int = 0
     # speculative decoding (embedded engine): draft tokens verified / accepted; None = unknown
     spec_draft_tokens: int | None = None
     spec_accepted_tokens: int | None = None
