@@ -91,6 +91,7 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
     """Serve one request on `route`."""
     ticket = Ticket(route)
     gw.metrics.in_flight.inc()
+    gw.unrecorded += 1
     try:
         ticket.tenant = tenant_for(request, gw.config)
         assert gw.admission is not None

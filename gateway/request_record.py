@@ -26,6 +26,7 @@ def record(
     if ticket.slot is not None:
         ticket.slot.release()
     gw.metrics.in_flight.dec()
+    gw.unrecorded -= 1
     latency = time.perf_counter() - ticket.started
     usage = final.settled_usage() if final else ticket.progress.usage()  # cut short: so far
     backend = gw.backend.name
