@@ -8,9 +8,10 @@ findings and prompt families. The dashboard and `prefixgate stats` show exactly 
 
 Hit rate = cached prompt tokens / prompt tokens over every request (a request cut short or
 failed mid-stream keeps the work it was given, as /metrics counts it; one refused before any
-work has none). Predicted vs reported hits are summed over the requests that have both (a
-stream cut before the upstream reported, or an upstream that reports no cached tokens, has a
-prediction with nothing to compare it to), as `prefixgate_upstream_*_cached_tokens_total`.
+work has none). Predicted vs reported hits are summed over the answered requests (status <
+400) that have both (a stream cut before the upstream reported, or an upstream that reports no
+cached tokens, has a prediction with nothing to compare it to), as
+`prefixgate_upstream_*_cached_tokens_total` counts them.
 `errors` (status >= 400) splits into `client_errors` (4xx: validation, auth, limits, a client
 that went away) and `failures` (5xx: the gateway or its backend failed).
 """
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, case, cast, func, literal_column, select
+from sqlalchemy import Integer, and_, case, cast, func, literal_column, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ColumnElement
 from starlette.concurrency import run_in_threadpool
@@ -67,9 +68,11 @@ def _ok() -> ColumnElement[Any]:
 
 
 def _paired(column: Any, other: Any) -> ColumnElement[Any]:
-    """`column` where the row has `other` too, else NULL: predicted and reported hits are
-    compared over the same requests, never a prediction against a report that never came."""
-    return case((other.is_not(None), column), else_=None)
+    """`column` on an answered row that has `other` too, else NULL: predicted and reported
+    hits are compared over the same requests, never a prediction against a report that never
+    came, and over the answered ones, as /metrics counts them (an Anthropic stream that fails
+    after its message_start has a report, but no answer)."""
+    return case((and_(_ok(), other.is_not(None)), column), else_=None)
 
 
 def _sums() -> list[ColumnElement[Any]]:

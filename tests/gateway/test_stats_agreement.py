@@ -19,6 +19,7 @@ import openai
 
 from gateway.api_stats import compute_stats
 
+from .test_upstream_anthropic import FakeAnthropic
 from .upstream_helpers import (
     fake_replicas,
     gateway_app,
@@ -104,6 +105,44 @@ async def test_predicted_and_reported_hits_are_compared_over_the_same_requests(
     assert _metric(metrics, 'prefixgate_upstream_reported_cached_tokens_total{replica="r0"}') \
         == reported
     app.state.store.close()
+
+
+async def test_a_stream_failing_after_its_report_is_left_out_of_the_comparison(
+        tmp_path: Path) -> None:
+    """Anthropic reports a stream's cached tokens in message_start, before the answer: a
+    stream that fails after it has a report and a prediction, but no answer. /metrics counts
+    answered requests; /api/stats compares over the same answered requests, not also the
+    failed one (the two surfaces said different totals for one run)."""
+    fake = FakeAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    body = {"model": "c", "max_tokens": 9, "stream": True, "system": SYSTEM * 3,
+            "messages": [{"role": "user", "content": "ship the release"}]}
+    summaries = []
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        for _ in range(2):
+            events = (await http.post("/v1/messages", json=body)).text.split("\n\n")
+            delta = next(e for e in events if e.startswith("event: message_delta"))
+            summaries.append(json.loads(delta.split("data: ", 1)[1])["prefixgate"])
+        fake.fail_mid_stream = True
+        assert "event: error" in (await http.post("/v1/messages", json=body)).text
+        metrics = (await http.get("/metrics")).text
+    rows = _settled_records(app, 3)
+    assert [r.status for r in rows] == [200, 200, 502]
+    assert rows[-1].reported_cached_tokens and rows[-1].predicted_cached_tokens is not None
+    predicted = sum(s["predicted_cached_tokens"] for s in summaries)
+    reported = sum(s["reported_cached_tokens"] for s in summaries)
+    assert predicted > 0 and reported > 0
+    totals = compute_stats(app.state.store.engine)["totals"]
+    assert (totals["predicted_cached_tokens"], totals["reported_cached_tokens"]) == \
+        (predicted, reported)
+    assert _metric(metrics, 'prefixgate_upstream_predicted_cached_tokens_total{replica="up"}') \
+        == predicted
+    assert _metric(metrics, 'prefixgate_upstream_reported_cached_tokens_total{replica="up"}') \
+        == reported
+    app.state.store.close()
+    await pool.aclose()
 
 
 async def test_hits_an_upstream_never_reports_are_not_compared(tmp_path: Path) -> None:
