@@ -19,6 +19,7 @@ gateway.backends.providers builds the pools from the configuration.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -55,6 +56,7 @@ from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
 
 log = logging.getLogger("prefixgate.upstream")
+CANCELLED = "cancelled"  # the outcome of an upstream call the gateway stopped reading early
 
 
 class ReplicaPool:
@@ -206,6 +208,7 @@ class ReplicaPool:
     ) -> AsyncGenerator[TextDelta | Final, None]:
         replica, ns, started = route.replica, req.namespace, prompt
         replica.inflight += 1
+        answered = False  # a Final went out: the call is counted "ok" (PoolMetrics.final)
         try:
             if started is not None:
                 if isinstance(replica.shadow, SlotShadow):  # sent once a slot is free
@@ -220,6 +223,7 @@ class ReplicaPool:
                 if prompt is None:  # a whole answer with the upstream's own figures
                     assert isinstance(item, Final)
                     late, shadow = LateUsage(), replica.shadow
+                    answered = True
                     try:
                         yield self._answered(item, replica, late)
                     finally:  # the shadow's part, once the answer is on its way
@@ -243,6 +247,7 @@ class ReplicaPool:
                                 after.append(functools.partial(replica.shadow.finished,
                                                                started, ns))
                                 started = None
+                            answered = True
                         yield item
                         _settle(after)
                         item = await _next(upstream)
@@ -256,6 +261,12 @@ class ReplicaPool:
                 replica.mark_failed(self.router.config)
             if self.metrics:
                 self.metrics.requests.inc(replica=replica.name, outcome=err.kind)
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            # the gateway stopped reading before the answer (its client left, a shutdown):
+            # still a call the replica took, counted so every call has an outcome
+            if self.metrics and not answered:
+                self.metrics.requests.inc(replica=replica.name, outcome=CANCELLED)
             raise
         finally:
             replica.inflight -= 1

@@ -200,3 +200,43 @@ def test_a_stream_the_client_leaves_is_filed_under_its_replica(tmp_path: Path) -
     [by_replica] = compute_stats(app.state.store.engine)["by_replica"]
     assert (by_replica["replica"], by_replica["prompt_tokens"]) == ("up", row.prompt_tokens)
     app.state.store.close()
+
+
+def test_every_upstream_call_has_an_outcome_in_the_metrics(tmp_path: Path) -> None:
+    """`prefixgate_upstream_requests_total` by outcome adds up to the calls the replica took:
+    an answered one is "ok", a stream its client left mid-way "cancelled" (it was counted
+    nowhere, so a replica looked to have served fewer requests than /api/stats showed)."""
+    async def words() -> AsyncIterator[bytes]:
+        for i in range(200):
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": f"w{i} "},
+                                  "finish_reason": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            await asyncio.sleep(0.02)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content).get("stream"):
+            return httpx.Response(200, content=words(),
+                                  headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={
+            "id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 90, "completion_tokens": 1, "total_tokens": 91,
+                      "prompt_tokens_details": {"cached_tokens": 0}}})
+
+    app = gateway_app(tmp_path, pool_over_handler(handler))
+    body = {"model": "m", "messages": [{"role": "user", "content": "go " * 80}]}
+    with serving(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as cut:
+            list(itertools.islice(cut.iter_lines(), 6))
+        rows = _settled_records(app, 2)
+        metrics = http.get("/metrics").text
+    assert [r.status for r in rows] == [200, 499]
+    outcomes = {outcome: _metric(metrics, 'prefixgate_upstream_requests_total'
+                                          f'{{outcome="{outcome}",replica="up"}}')
+                for outcome in ("ok", "cancelled")}
+    assert outcomes == {"ok": 1, "cancelled": 1}
+    assert metrics.count("prefixgate_upstream_requests_total{") == 2  # no other outcome
+    app.state.store.close()
