@@ -5,8 +5,7 @@ Such a request was still prefilled and decoded: its record keeps the prompt and 
 its stream's head reported and the completion tokens generated until it stopped, rather than
 zeros. The engine counts its tokens exactly; an upstream's chunks are counted one token each,
 and the record is then marked estimated (`Usage.estimated`), as for an upstream that sends no
-usage at all. It also keeps the replica the head named, so that record is filed under the
-replica that did the work.
+usage at all.
 """
 
 from __future__ import annotations
@@ -18,19 +17,16 @@ from gateway.types import TextDelta, Usage
 class Progress:
     """The usage a stream's first item carried and the completion tokens of every item since."""
 
-    __slots__ = ("early", "estimated", "replica", "tokens")
+    __slots__ = ("early", "estimated", "tokens")
 
     def __init__(self) -> None:
         self.early: Usage | None = None
         self.tokens = 0
         self.estimated = False
-        self.replica: str | None = None
 
     def see(self, item: TextDelta) -> None:
         if self.early is None:
             self.early = item.usage
-        if self.replica is None:
-            self.replica = item.replica
         if item.tokens is None:
             if item.text or item.tool_calls or item.provider_events:
                 self.tokens += 1

@@ -23,6 +23,7 @@ from gateway.stats import RecordStore
 from gateway.types import (
     Backend,
     ChatRequest,
+    Dispatch,
     Final,
     PreparingBackend,
     Provider,
@@ -134,3 +135,4 @@ class Ticket:
     recorded: bool = False
     slot: Slot | None = None
     progress: Progress = field(default_factory=Progress)  # what the backend stream delivered
+    dispatch: Dispatch = field(default_factory=Dispatch)  # where the backend sent it

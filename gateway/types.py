@@ -75,6 +75,17 @@ class LayoutShare:
             self.body, self.layout = body, layout
 
 
+class Dispatch:
+    """Where one request was sent: the upstream replica the backend chose (the last one after
+    a failover), left here by the backend so that the request's record names it even when no
+    answer and no error does (a client that left mid-stream or before the answer)."""
+
+    __slots__ = ("replica",)
+
+    def __init__(self) -> None:
+        self.replica: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """One validated request, whichever route it came in on."""
@@ -103,6 +114,8 @@ class ChatRequest:
     layout_share: LayoutShare | None = field(default=None, compare=False, repr=False)
     # the client's `anthropic-beta` header (messages route), passed on to an Anthropic upstream
     anthropic_beta: str | None = None
+    # the request's ticket's note of where the backend sent it (one per request)
+    dispatch: Dispatch | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +162,12 @@ class TextDelta:
     `tokens`: the completion tokens generated since the previous delta, when the backend knows
     them (the engine); None for an upstream's chunk, which a request cut short counts as one
     (an estimate, and recorded as one: `gateway.progress`).
-    `replica`: the upstream replica serving the stream, on the delta that carries `usage`, so
-    the record of a stream that ends before its `Final` still names it.
     """
 
     text: str
     usage: Usage | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
     tokens: int | None = None
-    replica: str | None = None
     # Anthropic stream events (content_block_start / _delta / _stop) of blocks the neutral
     # stream has no field for (thinking, redacted_thinking), as an Anthropic upstream sent
     # them to an Anthropic client; rendered before `text`, re-indexed, by that route only

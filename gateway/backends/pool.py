@@ -209,6 +209,8 @@ class ReplicaPool:
         replica, ns, started = route.replica, req.namespace, prompt
         replica.inflight += 1
         answered = False  # a Final went out: the call is counted "ok" (PoolMetrics.final)
+        if req.dispatch is not None:  # the request's record names the replica, however it ends
+            req.dispatch.replica = replica.name
         try:
             if started is not None:
                 if isinstance(replica.shadow, SlotShadow):  # sent once a slot is free
@@ -236,8 +238,8 @@ class ReplicaPool:
                 if item is not None:  # the upstream has prefilled the prompt by now
                     after.append(functools.partial(replica.shadow.record, prompt, ns))
                     if not isinstance(item, Final):
-                        item = evolve(item, usage=head_usage(item.usage, prompt, predicted),
-                                      replica=replica.name)
+                        item = evolve(item, usage=head_usage(item.usage, prompt,
+                                                                          predicted))
                 try:
                     while item is not None:
                         if isinstance(item, Final):

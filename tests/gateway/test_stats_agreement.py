@@ -7,6 +7,7 @@ served every request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -239,4 +240,27 @@ def test_every_upstream_call_has_an_outcome_in_the_metrics(tmp_path: Path) -> No
                 for outcome in ("ok", "cancelled")}
     assert outcomes == {"ok": 1, "cancelled": 1}
     assert metrics.count("prefixgate_upstream_requests_total{") == 2  # no other outcome
+    app.state.store.close()
+
+
+def test_a_request_the_client_leaves_before_the_answer_is_filed_under_its_replica(
+        tmp_path: Path) -> None:
+    """A client that gives up on a whole answer while the upstream still works: the record
+    names the replica the request went to (it has no answer and no error to name it), as the
+    replica's "cancelled" call in /metrics does, so the two count the same calls."""
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3)
+        return httpx.Response(200, json={"id": "c1", "object": "chat.completion",
+                                         "created": 0, "model": "m", "choices": []})
+
+    app = gateway_app(tmp_path, pool_over_handler(handler))
+    body = {"model": "m", "messages": [{"role": "user", "content": "go " * 80}]}
+    with serving(app) as server:
+        with contextlib.suppress(httpx.TimeoutException):
+            httpx.post(server.url + "/v1/chat/completions", json=body, timeout=0.5)
+        (row,) = _settled_records(app, 1)
+        metrics = httpx.get(server.url + "/metrics").text
+    assert (row.status, row.replica) == (499, "up")
+    assert _metric(metrics, 'prefixgate_upstream_requests_total{outcome="cancelled",'
+                            'replica="up"}') == 1
     app.state.store.close()
