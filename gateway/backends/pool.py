@@ -51,6 +51,7 @@ from gateway.types import (
     LateUsage,
     TextDelta,
     TokenCount,
+    Usage,
 )
 from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
@@ -238,8 +239,8 @@ class ReplicaPool:
                 if item is not None:  # the upstream has prefilled the prompt by now
                     after.append(functools.partial(replica.shadow.record, prompt, ns))
                     if not isinstance(item, Final):
-                        item = evolve(item, usage=head_usage(item.usage, prompt,
-                                                                          predicted))
+                        item = evolve(item, usage=self._head_usage(item, replica, prompt,
+                                                                   predicted))
                 try:
                     while item is not None:
                         if isinstance(item, Final):
@@ -320,6 +321,15 @@ class ReplicaPool:
             _settle(after)
         except Exception:  # noqa: BLE001 - the answer is out; its bookkeeping must not fail it
             log.exception("the shadow cache's part of an answer failed")
+
+    @staticmethod
+    def _head_usage(item: TextDelta, replica: Replica, prompt: Prompt, predicted: int) -> Usage:
+        """What a stream's head says (`head_usage`), with the prefill time its hit saves on
+        the replica (llama.cpp's own rate; 0 where the upstream does not time its prefill),
+        so the head and the record of a stream cut after it claim what the final would."""
+        usage = head_usage(item.usage, prompt, predicted)
+        saved = replica.backend.prefill_saved_ms(usage.cached_tokens)
+        return evolve(usage, prefill_saved_ms=saved) if saved else usage
 
     def _count(self, route: Route) -> None:
         if self.metrics:

@@ -264,3 +264,31 @@ def test_a_request_the_client_leaves_before_the_answer_is_filed_under_its_replic
     assert _metric(metrics, 'prefixgate_upstream_requests_total{outcome="cancelled",'
                             'replica="up"}') == 1
     app.state.store.close()
+
+
+async def test_a_stream_head_through_llama_server_claims_the_prefill_its_hit_saves(
+        tmp_path: Path) -> None:
+    """Through a llama.cpp server a hit saves the server's own prefill time per token (the
+    fake's 0.5 ms): a stream's head, which carries the predicted hit, says that hit's saving
+    too (it said 0.0 ms beside hundreds of cached tokens), as the record of a stream cut
+    after its head keeps it; the final summary says the reported hit's."""
+    from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
+
+    server = create_fake_llama_server(FakeLlamaConfig(slots=1, prompt_ms_per_token=0.5))
+    app = gateway_app(tmp_path, pool_over([server], kind="llamacpp"))
+    client = _sdk(app)
+    history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    heads = []
+    for turn in range(3):
+        history.append({"role": "user", "content": f"step {turn}: run the tests"})
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=history, stream=True)
+        chunks = [c async for c in raw.parse()]
+        heads.append((int(raw.headers["x-prefixgate-cached-tokens"]),
+                      float(raw.headers["x-prefixgate-prefill-saved-ms"])))
+        history.append({"role": "assistant", "content": "".join(
+            c.choices[0].delta.content or "" for c in chunks if c.choices)})
+    assert heads[0] == (0, 0.0)  # nothing cached, nothing timed yet
+    assert all(cached > 0 for cached, _ in heads[1:])
+    assert [ms for _, ms in heads[1:]] == [round(0.5 * cached, 1) for cached, _ in heads[1:]]
+    app.state.store.close()
