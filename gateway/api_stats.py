@@ -6,7 +6,12 @@ totals, a time series (hit rate, tokens, prefill time and money saved per bucket
 per tenant / model / replica, predicted vs reported upstream hits, the most frequent lint
 findings and prompt families. The dashboard and `prefixgate stats` show exactly these numbers.
 
-Hit rate = cached prompt tokens / prompt tokens over successful requests (status < 400).
+Hit rate = cached prompt tokens / prompt tokens over every request (a request cut short or
+failed mid-stream keeps the work it was given, as /metrics counts it; one refused before any
+work has none). Predicted vs reported hits are summed over the answered requests (status <
+400) that have both (a stream cut before the upstream reported, or an upstream that reports no
+cached tokens, has a prediction with nothing to compare it to), as
+`prefixgate_upstream_*_cached_tokens_total` counts them.
 `errors` (status >= 400) splits into `client_errors` (4xx: validation, auth, limits, a client
 that went away) and `failures` (5xx: the gateway or its backend failed).
 """
@@ -18,7 +23,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, case, cast, func, literal_column, select
+from sqlalchemy import Integer, and_, case, cast, func, literal_column, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ColumnElement
 from starlette.concurrency import run_in_threadpool
@@ -62,6 +67,14 @@ def _ok() -> ColumnElement[Any]:
     return R.status < 400
 
 
+def _paired(column: Any, other: Any) -> ColumnElement[Any]:
+    """`column` on an answered row that has `other` too, else NULL: predicted and reported
+    hits are compared over the same requests, never a prediction against a report that never
+    came, and over the answered ones, as /metrics counts them (an Anthropic stream that fails
+    after its message_start has a report, but no answer)."""
+    return case((and_(_ok(), other.is_not(None)), column), else_=None)
+
+
 def _sums() -> list[ColumnElement[Any]]:
     ok = _ok()
     return [
@@ -74,8 +87,10 @@ def _sums() -> list[ColumnElement[Any]]:
         func.sum(R.prompt_tokens).label("prompt_tokens"),
         func.sum(R.cached_tokens).label("cached_tokens"),
         func.sum(R.completion_tokens).label("completion_tokens"),
-        func.sum(R.predicted_cached_tokens).label("predicted_cached_tokens"),
-        func.sum(R.reported_cached_tokens).label("reported_cached_tokens"),
+        func.sum(_paired(R.predicted_cached_tokens, R.reported_cached_tokens))
+        .label("predicted_cached_tokens"),
+        func.sum(_paired(R.reported_cached_tokens, R.predicted_cached_tokens))
+        .label("reported_cached_tokens"),
         func.count(R.predicted_cached_tokens).label("predicted_requests"),
         func.sum(R.prefill_saved_ms).label("prefill_saved_ms"),
         func.sum(R.latency_ms).label("latency_ms"),

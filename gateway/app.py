@@ -51,6 +51,10 @@ from gateway.usage_report import prefixgate_headers
 from prompt_lint.tokens import shared_counter
 
 log = logging.getLogger("prefixgate.gateway")
+# how long a shutdown waits for the requests it cancelled to write their records (each
+# closes its backend stream and queues its row: milliseconds, unless something hangs); small
+# beside the default graceful timeout, 25 s inside Kubernetes' 30 s before it kills the pod
+SHUTDOWN_RECORDS_S = 2.0
 
 
 def _chat_stream(req: ChatRequest, early: Usage | None) -> tuple[Any, bytes]:
@@ -260,6 +264,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
             await _warm_up(backend)
             yield
         finally:
+            if not await gw.records_written(SHUTDOWN_RECORDS_S):
+                log.warning("%d requests in flight at shutdown left no record", gw.unrecorded)
             if owns_backend:
                 await backend.aclose()
             store.close()

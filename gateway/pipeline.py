@@ -91,6 +91,7 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
     """Serve one request on `route`."""
     ticket = Ticket(route)
     gw.metrics.in_flight.inc()
+    gw.unrecorded += 1
     try:
         ticket.tenant = tenant_for(request, gw.config)
         assert gw.admission is not None
@@ -182,7 +183,7 @@ async def _prepare(gw: Gateway, request: Request, ticket: Ticket, raw: bytes
     if not _lint_fits(gw.config, body, len(raw)):
         mode = "off"
     if mode == "report" and _lint_can_wait(gw, req):
-        req = await _cpu_work(gw, len(raw), _prepare_only, gw, req)
+        req = await _cpu_work(gw, len(raw), _prepare_only, gw, req, ticket)
         ticket.req = req
         return req, _LintJob(body, len(raw))
     req = await _cpu_work(gw, len(raw), _lint_and_prepare, gw, body, req, ticket, mode)
@@ -238,16 +239,17 @@ def _lint_and_prepare(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticke
     learners and memos are process-wide and not thread-safe). Lint lays the body out for
     the shadow's tokens too (`LayoutShare`; a rewritten body is laid out again)."""
     linted = _lint(gw, body, evolve(req, layout_share=LayoutShare()), ticket, mode)
-    return _prepare_only(gw, linted)
+    return _prepare_only(gw, linted, ticket)
 
 
-def _prepare_only(gw: Gateway, req: ChatRequest) -> ChatRequest:
+def _prepare_only(gw: Gateway, req: ChatRequest, ticket: Ticket) -> ChatRequest:
     """The tenant's upstream salt and the backend's `prepare`, without lint; the request's
     token layout is shared by the shadow's tokens and lint, whichever comes first
-    (`LayoutShare`)."""
+    (`LayoutShare`); it carries its ticket's `Dispatch` for the backend to fill in."""
     assert gw.salter is not None
     share = req.layout_share if req.layout_share is not None else LayoutShare()
-    req = evolve(req, upstream_salt=gw.salter.salt(req.namespace), layout_share=share)
+    req = evolve(req, upstream_salt=gw.salter.salt(req.namespace), layout_share=share,
+                 dispatch=ticket.dispatch)
     return gw.preparing.prepare(req) if gw.preparing is not None else req
 
 

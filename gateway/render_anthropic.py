@@ -2,8 +2,9 @@
 
 Usage mapping: `cache_read_input_tokens` = tokens served from the prefix cache;
 `input_tokens` = the uncached rest of the prompt (Anthropic counts input after the cached part);
-`cache_creation_input_tokens` = 0 (the engine caches every full page at no extra price, so
-nothing is billed as a cache write).
+`cache_creation_input_tokens` = the tokens an Anthropic upstream says it wrote to its cache
+(billed apart, outside `input_tokens`); 0 elsewhere (the engine caches every full page at no
+extra price, so nothing is billed as a cache write).
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 
 
 def usage_body(usage: Usage | None, output_tokens: int | None = None) -> dict[str, Any]:
+    """Anthropic's usage object: the prompt split into uncached input, cache writes and
+    cache reads (the three add up to the prompt)."""
     prompt = usage.prompt_tokens if usage else 0
     cached = usage.cached_tokens if usage else 0
+    written = min(usage.cache_write_tokens, max(prompt - cached, 0)) if usage else 0
     out = usage.completion_tokens if usage and output_tokens is None else (output_tokens or 0)
     return {
-        "input_tokens": max(prompt - cached, 0),
-        "cache_creation_input_tokens": 0,
+        "input_tokens": max(prompt - cached - written, 0),
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
         "output_tokens": out,
     }

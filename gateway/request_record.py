@@ -18,13 +18,15 @@ def record(
     replica: str | None = None,
 ) -> None:
     """Store the one record of this request and update the metrics; `replica`: the one that
-    failed it, when no answer names one."""
+    failed it, when no answer names one; else the one the backend sent it to (a request cut
+    short is filed under the replica that had its work)."""
     if ticket.recorded:
         return
     ticket.recorded = True
     if ticket.slot is not None:
         ticket.slot.release()
     gw.metrics.in_flight.dec()
+    gw.unrecorded -= 1
     latency = time.perf_counter() - ticket.started
     usage = final.settled_usage() if final else ticket.progress.usage()  # cut short: so far
     backend = gw.backend.name
@@ -32,7 +34,7 @@ def record(
     gw.metrics.latency.observe(latency, route=ticket.route.name)
     if usage is not None:
         gw.metrics.observe_usage(usage, backend)
-    replica = final.replica if final else replica
+    replica = final.replica if final else (replica or ticket.dispatch.replica)
     gw.store.add(_make_record(gw, ticket, status, replica, usage, error, latency))
 
 

@@ -6,6 +6,7 @@ slot) for its one record and its headers; `Gateway` is the state every route sha
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from gateway.stats import RecordStore
 from gateway.types import (
     Backend,
     ChatRequest,
+    Dispatch,
     Final,
     PreparingBackend,
     Provider,
@@ -31,6 +33,7 @@ from gateway.types import (
 from gateway.validate import ParseContext
 
 CLIENT_CLOSED = 499  # the status recorded for a client that went away
+RECORD_POLL_S = 0.01  # how often a shutdown looks whether the last records are written
 
 
 class Chunks(Protocol):
@@ -64,6 +67,9 @@ class Gateway:
     salter: UpstreamSalter | None = None  # None: built from config
     _preparing: tuple[Backend, PreparingBackend | None] | None = field(
         init=False, default=None, repr=False)
+    # requests begun and not yet recorded: a shutdown waits for their records (see
+    # `records_written`)
+    unrecorded: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -74,6 +80,18 @@ class Gateway:
                 tenant_rate_per_s=c.tenant_rate_per_s, tenant_burst=c.tenant_burst))
         if self.salter is None:
             self.salter = UpstreamSalter(c.salt_secret)
+
+    async def records_written(self, timeout_s: float) -> bool:
+        """Wait until every request begun has written its record, at most `timeout_s`; False
+        when some still have not. A shutdown past its graceful timeout cancels the requests in
+        flight and goes straight on to the app's own shutdown: the cancelled requests write
+        their records only when the event loop next runs them, and the server then ends the
+        process at once (it re-raises SIGTERM), so the app waits here before it closes the
+        store, or their records are lost."""
+        deadline = time.monotonic() + timeout_s
+        while self.unrecorded > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(RECORD_POLL_S)
+        return self.unrecorded <= 0
 
     def parse_context(self, request_id: str, tenant: str) -> ParseContext:
         """What a parser needs for this backend: its models, and whether it is the embedded
@@ -117,3 +135,4 @@ class Ticket:
     recorded: bool = False
     slot: Slot | None = None
     progress: Progress = field(default_factory=Progress)  # what the backend stream delivered
+    dispatch: Dispatch = field(default_factory=Dispatch)  # where the backend sent it

@@ -75,6 +75,17 @@ class LayoutShare:
             self.body, self.layout = body, layout
 
 
+class Dispatch:
+    """Where one request was sent: the upstream replica the backend chose (the last one after
+    a failover), left here by the backend so that the request's record names it even when no
+    answer and no error does (a client that left mid-stream or before the answer)."""
+
+    __slots__ = ("replica",)
+
+    def __init__(self) -> None:
+        self.replica: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """One validated request, whichever route it came in on."""
@@ -103,6 +114,8 @@ class ChatRequest:
     layout_share: LayoutShare | None = field(default=None, compare=False, repr=False)
     # the client's `anthropic-beta` header (messages route), passed on to an Anthropic upstream
     anthropic_beta: str | None = None
+    # the request's ticket's note of where the backend sent it (one per request)
+    dispatch: Dispatch | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +132,9 @@ class Usage:
     prefill_saved_ms: float = 0.0
     cached_source: CachedSource = "reported"
     estimated: bool = False  # prompt/completion counts are the gateway's estimate (none sent)
+    # prompt tokens the provider wrote to its cache on this request, billed apart as cache
+    # writes (Anthropic's cache_creation_input_tokens): part of prompt_tokens, never cached
+    cache_write_tokens: int = 0
     # speculative decoding (embedded engine): draft tokens verified / accepted; None = unknown
     spec_draft_tokens: int | None = None
     spec_accepted_tokens: int | None = None

@@ -61,6 +61,7 @@ class AnthropicUsage(NamedTuple):
     prompt_tokens: int  # input + cache read + cache write
     completion_tokens: int
     reported_cached_tokens: int | None
+    cache_write_tokens: int = 0  # cache_creation_input_tokens: billed apart from input
 
 
 def read_usage(usage: Any, completion: int | None = None) -> AnthropicUsage:
@@ -73,7 +74,9 @@ def read_usage(usage: Any, completion: int | None = None) -> AnthropicUsage:
     out = completion if completion is not None else token_count(
         usage.get("output_tokens"), "usage.output_tokens")
     cached = None if read is None else token_count(read, "usage.cache_read_input_tokens")
-    return AnthropicUsage(prompt, out, cached)
+    written = token_count(usage.get("cache_creation_input_tokens"),
+                          "usage.cache_creation_input_tokens")
+    return AnthropicUsage(prompt, out, cached, written)
 
 
 def build_body(req: ChatRequest) -> dict[str, Any]:
@@ -108,7 +111,8 @@ def _early_usage(start_usage: dict[str, Any]) -> Usage | None:
         return None
     u = read_usage(start_usage, 0)
     return Usage(u.prompt_tokens, 0, u.reported_cached_tokens or 0,
-                 reported_cached_tokens=u.reported_cached_tokens)
+                 reported_cached_tokens=u.reported_cached_tokens,
+                 cache_write_tokens=u.cache_write_tokens)
 
 
 class _StreamState:
@@ -296,6 +300,7 @@ class AnthropicUpstream(UpstreamBackend):
             prompt_tokens=usage.prompt_tokens, completion_tokens=completion,
             cached_tokens=usage.reported_cached_tokens or 0,
             reported_cached_tokens=usage.reported_cached_tokens, ttft=ttft, tpot=tpot,
+            cache_write_tokens=usage.cache_write_tokens,
         ), replica=self.replica, stop_sequence=matched)
 
     def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:

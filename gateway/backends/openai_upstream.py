@@ -473,6 +473,11 @@ class OpenAIUpstream(UpstreamBackend):
             stop_sequence=state.stop_string if finish == "stop" and not tools else None,
             refusal="".join(state.refusal) or None, reasoning="".join(state.reasoning) or None)
 
+    def prefill_saved_ms(self, cached_tokens: int) -> float:
+        """`cached_tokens` times this server's own prefill ms per token, as learnt so far from
+        llama.cpp's timings (0 before one was timed, and for servers that do not time)."""
+        return cached_tokens * (self.prefill_ms_per_token or 0.0)
+
     def _learn_prefill_rate(self, sample: float | None) -> float:
         """Fold `sample` into this replica's prefill ms per prompt token (a moving average of
         llama.cpp's own timings) and return it; 0 until a server that reports them has timed

@@ -19,6 +19,7 @@ gateway.backends.providers builds the pools from the configuration.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -50,11 +51,13 @@ from gateway.types import (
     LateUsage,
     TextDelta,
     TokenCount,
+    Usage,
 )
 from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
 
 log = logging.getLogger("prefixgate.upstream")
+CANCELLED = "cancelled"  # the outcome of an upstream call the gateway stopped reading early
 
 
 class ReplicaPool:
@@ -206,6 +209,9 @@ class ReplicaPool:
     ) -> AsyncGenerator[TextDelta | Final, None]:
         replica, ns, started = route.replica, req.namespace, prompt
         replica.inflight += 1
+        answered = False  # a Final went out: the call is counted "ok" (PoolMetrics.final)
+        if req.dispatch is not None:  # the request's record names the replica, however it ends
+            req.dispatch.replica = replica.name
         try:
             if started is not None:
                 if isinstance(replica.shadow, SlotShadow):  # sent once a slot is free
@@ -220,6 +226,7 @@ class ReplicaPool:
                 if prompt is None:  # a whole answer with the upstream's own figures
                     assert isinstance(item, Final)
                     late, shadow = LateUsage(), replica.shadow
+                    answered = True
                     try:
                         yield self._answered(item, replica, late)
                     finally:  # the shadow's part, once the answer is on its way
@@ -232,8 +239,8 @@ class ReplicaPool:
                 if item is not None:  # the upstream has prefilled the prompt by now
                     after.append(functools.partial(replica.shadow.record, prompt, ns))
                     if not isinstance(item, Final):
-                        item = evolve(item, usage=head_usage(item.usage, prompt,
-                                                                          predicted))
+                        item = evolve(item, usage=self._head_usage(item, replica, prompt,
+                                                                   predicted))
                 try:
                     while item is not None:
                         if isinstance(item, Final):
@@ -243,6 +250,7 @@ class ReplicaPool:
                                 after.append(functools.partial(replica.shadow.finished,
                                                                started, ns))
                                 started = None
+                            answered = True
                         yield item
                         _settle(after)
                         item = await _next(upstream)
@@ -256,6 +264,12 @@ class ReplicaPool:
                 replica.mark_failed(self.router.config)
             if self.metrics:
                 self.metrics.requests.inc(replica=replica.name, outcome=err.kind)
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            # the gateway stopped reading before the answer (its client left, a shutdown):
+            # still a call the replica took, counted so every call has an outcome
+            if self.metrics and not answered:
+                self.metrics.requests.inc(replica=replica.name, outcome=CANCELLED)
             raise
         finally:
             replica.inflight -= 1
@@ -307,6 +321,15 @@ class ReplicaPool:
             _settle(after)
         except Exception:  # noqa: BLE001 - the answer is out; its bookkeeping must not fail it
             log.exception("the shadow cache's part of an answer failed")
+
+    @staticmethod
+    def _head_usage(item: TextDelta, replica: Replica, prompt: Prompt, predicted: int) -> Usage:
+        """What a stream's head says (`head_usage`), with the prefill time its hit saves on
+        the replica (llama.cpp's own rate; 0 where the upstream does not time its prefill),
+        so the head and the record of a stream cut after it claim what the final would."""
+        usage = head_usage(item.usage, prompt, predicted)
+        saved = replica.backend.prefill_saved_ms(usage.cached_tokens)
+        return evolve(usage, prefill_saved_ms=saved) if saved else usage
 
     def _count(self, route: Route) -> None:
         if self.metrics:

@@ -46,11 +46,15 @@ class PoolMetrics:
             gauge.set_function(_reader(pool, registry, read))
 
     def final(self, replica: str, final: Final) -> None:
+        """Count one answer; its predicted and reported hits only when it has both (an
+        upstream that reports no cached tokens leaves nothing to compare the prediction with,
+        and a report of 0 would read as a miss), as /api/stats sums them."""
         u = final.usage
         self.requests.inc(replica=replica, outcome="ok")
         self.prompt.inc(u.prompt_tokens, replica=replica)
-        self.predicted.inc(u.predicted_cached_tokens or 0, replica=replica)
-        self.reported.inc(u.reported_cached_tokens or 0, replica=replica)
+        if u.predicted_cached_tokens is not None and u.reported_cached_tokens is not None:
+            self.predicted.inc(u.predicted_cached_tokens, replica=replica)
+            self.reported.inc(u.reported_cached_tokens, replica=replica)
 
 
 _POOLS: weakref.WeakKeyDictionary[Registry, list[ReplicaPool]] = weakref.WeakKeyDictionary()

@@ -64,6 +64,10 @@ class ReplicaBackend(Protocol):
         """Whether the body sent for `req` depends on its prompt family."""
         ...
 
+    def prefill_saved_ms(self, cached_tokens: int) -> float:
+        """The prefill time `cached_tokens` cached prompt tokens save on this upstream (ms)."""
+        ...
+
     async def list_models(self) -> list[str]:
         """Configured model ids, else the ones the upstream lists."""
         ...

@@ -118,6 +118,11 @@ class UpstreamBackend(ABC):
         """Whether the body sent for `req` depends on its prompt family (see subclasses)."""
         return False
 
+    def prefill_saved_ms(self, cached_tokens: int) -> float:
+        """The prefill time `cached_tokens` cached prompt tokens save on this upstream, in ms:
+        0 for an upstream that does not time its prefill (prefixgate claims none)."""
+        return 0.0
+
     async def aclose(self) -> None:
         """Close the pooled HTTP client."""
         await self._client.aclose()

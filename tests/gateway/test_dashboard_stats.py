@@ -58,8 +58,11 @@ def naive_group(rows: list[RequestRecord]) -> dict[str, Any]:
             "client_errors": sum(1 for r in rows if 400 <= r.status < 500),
             "failures": sum(1 for r in rows if r.status >= 500), "prompt_tokens": prompt,
             "cached_tokens": cached, "hit_rate": round(cached / prompt, 4),
-            "predicted_cached_tokens": sum(r.predicted_cached_tokens or 0 for r in rows),
-            "reported_cached_tokens": sum(r.reported_cached_tokens or 0 for r in rows),
+            # predicted vs reported: over the answered rows that have both
+            "predicted_cached_tokens": sum(r.predicted_cached_tokens or 0 for r in ok
+                                           if r.reported_cached_tokens is not None),
+            "reported_cached_tokens": sum(r.reported_cached_tokens or 0 for r in ok
+                                          if r.predicted_cached_tokens is not None),
             "prefill_saved_ms": sum(r.prefill_saved_ms for r in rows), "cost_saved_usd": saved}
 
 

@@ -175,7 +175,7 @@ def test_breakpoint_rules_hold_for_any_body(messages: list[Any], system: Any, to
 def test_read_usage_sums_prompt() -> None:
     u = read_usage({"input_tokens": 10, "cache_read_input_tokens": 2000,
                     "cache_creation_input_tokens": 300, "output_tokens": 7})
-    assert u == (2310, 7, 2000)
+    assert u == (2310, 7, 2000, 300)
     assert read_usage({"input_tokens": 5, "output_tokens": 1}).reported_cached_tokens is None
 
 
@@ -215,6 +215,60 @@ async def test_agent_loop_reads_cache_reads_back(tmp_path: Path) -> None:
     assert _markers(sent) and all("x-api-key" not in json.dumps(b) for b in fake.bodies)
     app.state.store.close()
     await pool.aclose()
+
+
+class SpyAnthropic(FakeAnthropic):
+    """The fake upstream, keeping the usage object it sent each time (the reference)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.usages: list[dict[str, int]] = []
+
+    def usage(self, body: dict[str, Any]) -> dict[str, int]:
+        self.usages.append(super().usage(body))
+        return self.usages[-1]
+
+
+def _prompt_side(usage: Any) -> tuple[int, int, int]:
+    return (usage.input_tokens, usage.cache_read_input_tokens or 0,
+            usage.cache_creation_input_tokens or 0)
+
+
+async def test_an_anthropic_client_gets_the_upstreams_cache_writes(tmp_path: Path) -> None:
+    """Anthropic bills cache writes apart (`cache_creation_input_tokens`, outside
+    `input_tokens`): an Anthropic client gets the upstream's own three prompt figures, whole
+    and streamed (message_start and message_delta), not the writes folded into input_tokens
+    with cache_creation_input_tokens 0."""
+    fake = SpyAnthropic()
+    pool = pool_over_handler(fake, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    client = _sdk(app)
+    messages: list[dict[str, Any]] = []
+    for turn in range(3):
+        messages.append({"role": "user", "content": f"turn {turn}: check the notes " * 20})
+        ask: dict[str, Any] = dict(model="claude-test", max_tokens=64, system=SYSTEM,
+                                   messages=messages)
+        if turn == 2:
+            async with client.messages.stream(**ask) as stream:
+                events = [e async for e in stream]
+            start = next(e for e in events if e.type == "message_start").message.usage
+            delta = next(e for e in events if e.type == "message_delta").usage
+            got = [_prompt_side(start), _prompt_side(delta)]
+        else:
+            answer = await client.messages.create(**ask)
+            got = [_prompt_side(answer.usage)]
+        assert got == [_fields(fake.usages[-1])] * len(got), turn
+        messages.append({"role": "assistant", "content": "Shipped it."})
+    assert any(u["cache_creation_input_tokens"] > 0 for u in fake.usages)  # writes were made
+    rows = records(app)
+    assert [r.prompt_tokens for r in rows] == [sum(_fields(u)) for u in fake.usages]
+    app.state.store.close()
+    await pool.aclose()
+
+
+def _fields(usage: dict[str, int]) -> tuple[int, int, int]:
+    return (usage["input_tokens"], usage["cache_read_input_tokens"],
+            usage["cache_creation_input_tokens"])
 
 
 @pytest.mark.parametrize(("stop", "finish"), [
