@@ -489,6 +489,9 @@ class OpenAIUpstream(UpstreamBackend):
         return self.prefill_ms_per_token or 0.0
 
     def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
+        if isinstance(payload, dict) and not payload.get("choices") and "error" in payload:
+            # a 200 whose body is the upstream's error (some servers answer so): its message
+            raise stream_error_event(payload, self.replica)
         if not isinstance(payload, dict) or not payload.get("choices"):
             raise BackendError(502, "upstream sent no choices",
                                kind="upstream_error", replica=self.replica)

@@ -293,10 +293,15 @@ def loads_event(data: str, replica: str) -> dict[str, Any]:
 
 
 def stream_error_event(payload: dict[str, Any], replica: str) -> BackendError:
-    """An error the upstream itself reported inside its stream."""
+    """An error the upstream itself reported inside a 2xx answer (an SSE error event, or a
+    whole body that is `{"error": {...}}`): a 502 with the upstream's message, and its
+    `error.code` when that is text (as a refusal's is passed on), so the client learns what
+    the upstream said rather than that its answer was empty."""
     message = _upstream_message(payload) or "error event"
-    return BackendError(502, f"upstream stream error: {message[:500]}",
-                        kind="upstream_error", replica=replica)
+    err = BackendError(502, f"upstream stream error: {message[:500]}",
+                       kind="upstream_error", replica=replica)
+    err.code = _upstream_field(payload, "code")
+    return err
 
 
 Item = TextDelta | Final

@@ -398,6 +398,42 @@ async def test_the_providers_retry_after_reaches_the_client(
     await pool.aclose()
 
 
+def _error_answer(code: Any) -> Any:
+    """An upstream that answers 200 with an error body (streamed: its SSE error event)."""
+    error = {"message": "model is loading, try again", "type": "server_error", "code": code}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content).get("stream"):
+            return _sse([f"data: {json.dumps({'error': error})}"])
+        return httpx.Response(200, json={"error": error})
+    return handler
+
+
+@pytest.mark.parametrize(("code", "expected"), [("model_loading", "model_loading"),
+                                                (503, "upstream_error")])
+async def test_a_200_whose_body_is_an_error_is_the_upstreams_message(
+        tmp_path: Path, code: Any, expected: str) -> None:
+    """A 200 whose whole body is `{"error": {...}}` reaches the client as the same 502 its
+    in-stream error event would (the reference: the streamed request's error), with the
+    upstream's message and its text `code`; never "no choices"."""
+    pool = pool_over_handler(_error_answer(code))
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        whole = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        streamed = await client.post("/v1/chat/completions", json={
+            "model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert whole.status_code == streamed.status_code == 502
+    assert whole.json() == streamed.json()
+    assert "model is loading, try again" in whole.json()["error"]["message"]
+    assert whole.json()["error"]["code"] == expected
+    rows = records(app)
+    assert [(r.status, r.replica) for r in rows] == [(502, "up")] * 2
+    app.state.store.close()
+    await pool.aclose()
+
+
 def _cut_stream_handler(request: httpx.Request) -> httpx.Response:
     class Cut(httpx.AsyncByteStream):
         async def __aiter__(self) -> Any:
