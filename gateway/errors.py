@@ -49,6 +49,18 @@ def model_not_found(message: str) -> GatewayError:
     return GatewayError(404, message, kind="model_not_found", param="model")
 
 
+def client_status(err: ApiError, provider: Provider) -> int:
+    """The HTTP status `provider`'s client gets for `err`: its own, except that an upstream's
+    529 (Anthropic's `overloaded_error`, which only Anthropic's API and SDK know) is an OpenAI
+    client's 503. 503, not 429: OpenAI's API says "overloaded" with a 503, and its SDK retries
+    it as a server's fault; a 429 says the caller's own rate limit or quota is spent, which an
+    agent may act on (stop, switch keys) when the provider is merely busy. The gateway's own
+    full queue is a 503 as well."""
+    if err.status == 529 and provider != "anthropic":
+        return 503
+    return err.status
+
+
 def error_type(status: int, provider: Provider) -> str:
     """The provider's error type for an HTTP status."""
     table = ANTHROPIC_TYPES if provider == "anthropic" else OPENAI_TYPES
@@ -62,7 +74,7 @@ ANTHROPIC_KINDS = frozenset({"overloaded_error", "rate_limit_error"})
 
 def error_body(err: ApiError, provider: Provider) -> dict[str, Any]:
     """The JSON error body in the client's format."""
-    kind = error_type(err.status, provider)
+    kind = error_type(client_status(err, provider), provider)
     if provider == "anthropic":
         kind = err.kind if err.kind in ANTHROPIC_KINDS else kind
         message = err.message

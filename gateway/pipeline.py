@@ -41,7 +41,7 @@ from gateway.admission import Overloaded
 from gateway.auth import tenant_for
 from gateway.body import INLINE_BYTES, cap_max_tokens, media_chars, parse_body
 from gateway.config import GatewayConfig
-from gateway.errors import GatewayError, error_body
+from gateway.errors import GatewayError, client_status, error_body
 from gateway.evolve import evolve
 from gateway.lint_stage import MODE_HEADER, request_mode
 from gateway.overlap import cpu_work, first_while_sent
@@ -315,14 +315,15 @@ def _error_response(gw: Gateway, ticket: Ticket, err: ApiError) -> Response:
     """The error in the caller's format, with a `retry-after` when the refusal (the gateway's
     admission, or the provider's) says when to come back; its record names the replica."""
     replica = err.replica if isinstance(err, BackendError) else None
-    record(gw, ticket, err.status, None, error=err.message, replica=replica)
+    status = client_status(err, ticket.route.provider)
+    record(gw, ticket, status, None, error=err.message, replica=replica)
     lint_ids = ticket.req.lint_ids if ticket.req else ()
     headers = prefixgate_headers(None, lint_ids, ticket.request_id)
     retry_after = err.retry_after if isinstance(err, BackendError | Overloaded) else None
     if retry_after is not None:
         headers["retry-after"] = str(retry_after)
     body = error_body(err, ticket.route.provider)
-    return JSONResponse(body, status_code=err.status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _json_response(

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from starlette.responses import Response
 
 from gateway import render_anthropic, render_openai
-from gateway.errors import error_body
+from gateway.errors import client_status, error_body
 from gateway.request_record import record
 from gateway.request_state import CLIENT_CLOSED, Chunks, Gateway, Ticket
 from gateway.responses import FinishingStream
-from gateway.types import ApiError, BackendError, ChatRequest, Final, TextDelta
+from gateway.types import ApiError, BackendError, ChatRequest, Final, Provider, TextDelta
 from gateway.usage_report import prefixgate_headers
 
 log = logging.getLogger("prefixgate.gateway")
@@ -58,8 +58,8 @@ class _Outcome:
     error: str | None = "client disconnected"
     replica: str | None = None  # the one that failed the stream
 
-    def failed(self, err: ApiError) -> None:
-        self.status, self.error = err.status, err.message
+    def failed(self, err: ApiError, provider: Provider) -> None:
+        self.status, self.error = client_status(err, provider), err.message
         self.replica = err.replica if isinstance(err, BackendError) else None
 
 
@@ -88,7 +88,7 @@ async def _sse_body(
         err = exc
     except Exception as exc:  # noqa: BLE001
         err = internal_error(exc)
-    outcome.failed(err)
+    outcome.failed(err, ticket.route.provider)
     yield stream_error(ticket, err)
 
 

@@ -21,9 +21,14 @@ import orjson
 from gateway.backends.http1_transport import AnswerBody, AnswerFailed, Http1Transport
 from gateway.types import BackendError, Final, TextDelta
 
+# an overloaded provider (Anthropic's 529 `overloaded_error`) is a fault too: the replica is
+# backed off and the request tried on another, as for any answer the provider could not give
 REPLICA_FAULT_KINDS = frozenset(
-    {"upstream_timeout", "upstream_unavailable", "upstream_error", "upstream_stream_cut"}
+    {"upstream_timeout", "upstream_unavailable", "upstream_error", "upstream_stream_cut",
+     "overloaded_error"}
 )
+#: Anthropic's status for "overloaded" (its `overloaded_error`)
+OVERLOADED = 529
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +223,8 @@ def _status_error(status: int, body: bytes, replica: str) -> BackendError:
         payload = None
     message = _upstream_message(payload)
     detail = f": {message[:500]}" if message else ""
+    if status == OVERLOADED:
+        return overloaded(detail, replica)
     if status >= 500:
         return BackendError(502, f"upstream answered {status}{detail}",
                             kind="upstream_error", replica=replica)
@@ -235,6 +242,21 @@ def _status_error(status: int, body: bytes, replica: str) -> BackendError:
     err.code = _upstream_field(payload, "code")
     err.param = _upstream_field(payload, "param")
     return err
+
+
+def overloaded(detail: str, replica: str) -> BackendError:
+    """The provider's own "overloaded" (a 529, or an `overloaded_error` event): passed on as
+    Anthropic's 529 `overloaded_error`, which an Anthropic client's SDK knows to back off from
+    (`gateway.errors.client_status` makes it an OpenAI client's 503), not as a 502."""
+    return BackendError(OVERLOADED, f"upstream is overloaded{detail}",
+                        kind="overloaded_error", replica=replica)
+
+
+def _error_type(payload: Any) -> str | None:
+    """The provider's `error.type` of an error body or event (Anthropic's shape)."""
+    err = payload.get("error") if isinstance(payload, dict) else None
+    value = err.get("type") if isinstance(err, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _upstream_field(payload: Any, name: str) -> str | None:
@@ -298,6 +320,8 @@ def stream_error_event(payload: dict[str, Any], replica: str) -> BackendError:
     `error.code` when that is text (as a refusal's is passed on), so the client learns what
     the upstream said rather than that its answer was empty."""
     message = _upstream_message(payload) or "error event"
+    if _error_type(payload) == "overloaded_error":
+        return overloaded(f": {message[:500]}", replica)
     err = BackendError(502, f"upstream stream error: {message[:500]}",
                        kind="upstream_error", replica=replica)
     err.code = _upstream_field(payload, "code")

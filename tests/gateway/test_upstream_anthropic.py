@@ -362,10 +362,46 @@ async def test_upstream_error_event_mid_stream(tmp_path: Path) -> None:
         assert "Shipped " in r.text
         last = r.text.strip().split("\n\n")[-1]
         assert last.startswith("event: error")
-        assert json.loads(last.split("data: ", 1)[1])["type"] == "error"
+        event = json.loads(last.split("data: ", 1)[1])
+        assert event["type"] == "error" and event["error"]["type"] == "overloaded_error"
         assert (await client.get("/healthz")).status_code == 200
     [row] = records(app)
-    assert row.status == 502 and "Overloaded" in (row.error or "")
+    assert row.status == 529 and "Overloaded" in (row.error or "")
+    app.state.store.close()
+    await pool.aclose()
+
+
+def _overloaded(request: httpx.Request) -> httpx.Response:
+    """Anthropic's answer when it is overloaded: 529 `overloaded_error`, with a retry-after."""
+    return httpx.Response(529, headers={"retry-after": "11"}, json={
+        "type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+
+
+async def test_an_upstream_529_is_overload_to_either_client(tmp_path: Path) -> None:
+    """An Anthropic upstream's 529 reaches an Anthropic client as the provider sent it (the
+    SDK's OverloadedError, retry-after kept) and an OpenAI client as a 503 (the SDK's server
+    error, code `overloaded_error`); the replica is backed off, as for any replica fault."""
+    pool = pool_over_handler(_overloaded, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    with pytest.raises(anthropic.OverloadedError) as anth:
+        await _sdk(app).messages.create(model="c", max_tokens=9, messages=[
+            {"role": "user", "content": "go"}])
+    assert anth.value.status_code == 529
+    assert anth.value.response.headers["retry-after"] == "11"
+    assert anth.value.body["error"] == {"type": "overloaded_error",  # type: ignore[index]
+                                        "message": "upstream is overloaded: Overloaded"}
+    [replica] = pool.router.replicas
+    assert replica.failures == 1  # backed off
+    replica.retry_at = 0.0  # routable again, to serve the OpenAI client's request
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+    oai = openai.AsyncOpenAI(api_key="unused", base_url="http://gw/v1", http_client=http,
+                             max_retries=0)
+    with pytest.raises(openai.InternalServerError) as chat:
+        await oai.chat.completions.create(model="c", messages=[
+            {"role": "user", "content": "go"}])
+    assert chat.value.status_code == 503 and chat.value.code == "overloaded_error"
+    assert chat.value.response.headers["retry-after"] == "11"
+    assert [r.status for r in records(app)] == [529, 503]
     app.state.store.close()
     await pool.aclose()
 
