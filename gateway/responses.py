@@ -26,10 +26,16 @@ class _Finishing:
     """Mixed into a response class: `finish` runs after the response's own `__call__`."""
 
     _finish: Finish
+    #: True once the server cancelled the response (a shutdown past its graceful timeout): a
+    #: client that leaves ends the response's own task group instead, and nothing escapes
+    cancelled = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)  # type: ignore[misc]
+        except anyio.get_cancelled_exc_class():
+            self.cancelled = True
+            raise
         finally:
             with anyio.CancelScope(shield=True):
                 await self._finish()

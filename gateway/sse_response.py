@@ -42,11 +42,12 @@ def streaming_response(
     body = _sse_body(ticket, chunks, head, first, stream, outcome)
 
     async def cleanup() -> None:  # after the last byte, and even when the body never ran
-        record(gw, ticket, outcome.status, outcome.final, error=outcome.error,
-               replica=outcome.replica)
+        record(gw, ticket, outcome.status, outcome.final,
+               error=outcome.error_if(cancelled=response.cancelled), replica=outcome.replica)
         await close_stream(stream)
 
-    return FinishingStream(body, cleanup, media_type="text/event-stream", headers=headers)
+    response = FinishingStream(body, cleanup, media_type="text/event-stream", headers=headers)
+    return response
 
 
 @dataclass
@@ -57,6 +58,14 @@ class _Outcome:
     final: Final | None = None
     error: str | None = "client disconnected"
     replica: str | None = None  # the one that failed the stream
+
+    def error_if(self, *, cancelled: bool) -> str | None:
+        """The record's error: a stream that ended neither finished nor failed was cut by
+        the server ("cancelled", as a whole answer's record says) when `cancelled`, else its
+        client left."""
+        if cancelled and self.final is None and self.status == CLIENT_CLOSED:
+            return "cancelled"
+        return self.error
 
     def failed(self, err: ApiError, provider: Provider) -> None:
         self.status, self.error = client_status(err, provider), err.message

@@ -75,9 +75,33 @@ def _gateway(upstream: str, db: Path, port: int) -> subprocess.Popen[bytes]:
         time.sleep(0.1)
 
 
-def _rows(db: Path) -> list[tuple[str, int, int]]:
+def _rows(db: Path) -> list[tuple[str, int, int, str]]:
     with contextlib.closing(sqlite3.connect(db)) as conn:
-        return sorted(conn.execute("select request_id, status, prompt_tokens from requests"))
+        return sorted(conn.execute(
+            "select request_id, status, prompt_tokens, error from requests"))
+
+
+def _leave_mid_stream(url: str, body: dict[str, Any], heads: list[Any]) -> None:
+    """Read one stream to its first word, then hang up (a client that leaves)."""
+    with httpx.stream("POST", url, json=body, timeout=30) as response:
+        heads.append(response.headers)
+        for line in response.iter_lines():
+            if "w0" in line:
+                return
+
+
+def _wait_in_flight(base: str, count: int) -> None:
+    """Until the gateway serves `count` requests (the left stream's record is written), or
+    30 s pass (the test's own assertions then say what went wrong)."""
+    deadline = time.monotonic() + 30
+    gauge = "prefixgate_requests_in_flight "
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{base}/metrics", timeout=5).text
+        values = [line.removeprefix(gauge) for line in text.splitlines()
+                  if line.startswith(gauge)]
+        if values and float(values[0]) <= count:
+            return
+        time.sleep(0.05)
 
 
 def _read_stream(url: str, body: dict[str, Any], heads: list[Any], started: threading.Event
@@ -92,6 +116,8 @@ def _read_stream(url: str, body: dict[str, Any], heads: list[Any], started: thre
 
 
 def test_streams_cut_by_a_sigterm_shutdown_keep_their_records(tmp_path: Path) -> None:
+    """Each stream the shutdown cut is recorded 499 "cancelled" (as the README promises, and
+    as a whole answer's record says); one whose client left before is "client disconnected"."""
     db = tmp_path / "gw.db"
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -101,6 +127,10 @@ def test_streams_cut_by_a_sigterm_shutdown_keep_their_records(tmp_path: Path) ->
     with serve(_slow_upstream(), lifespan="off") as upstream:
         proc = _gateway(upstream.url, db, port)
         try:
+            left: list[Any] = []
+            _leave_mid_stream(url, body, left)
+            # the /metrics request itself is one in flight
+            _wait_in_flight(f"http://127.0.0.1:{port}", 1)
             started = [threading.Event() for _ in range(STREAMS)]
             clients = [threading.Thread(target=_read_stream, args=(url, body, heads, event))
                        for event in started]
@@ -115,6 +145,8 @@ def test_streams_cut_by_a_sigterm_shutdown_keep_their_records(tmp_path: Path) ->
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-    expected = sorted((h["x-request-id"], 499, int(h["x-prefixgate-prompt-tokens"]))
-                      for h in heads)
-    assert len(expected) == STREAMS and _rows(db) == expected
+    expected = sorted([(h["x-request-id"], 499, int(h["x-prefixgate-prompt-tokens"]),
+                        "cancelled") for h in heads]
+                      + [(h["x-request-id"], 499, int(h["x-prefixgate-prompt-tokens"]),
+                          "client disconnected") for h in left])
+    assert len(heads) == STREAMS and len(left) == 1 and _rows(db) == expected
