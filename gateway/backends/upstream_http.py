@@ -19,7 +19,7 @@ import httpx
 import orjson
 
 from gateway.backends.http1_transport import AnswerBody, AnswerFailed, Http1Transport
-from gateway.types import BackendError, Final, TextDelta
+from gateway.types import BackendError, Final, TextDelta, ToolCallDelta
 
 # an overloaded provider (Anthropic's 529 `overloaded_error`) is a fault too: the replica is
 # backed off and the request tried on another, as for any answer the provider could not give
@@ -352,6 +352,29 @@ async def fetch_json(transport: httpx.AsyncBaseTransport, request: httpx.Request
                            kind="upstream_error", replica=replica) from None
 
 
+def answered_whole(response: httpx.Response) -> bool:
+    """True when a streamed request was answered with one whole JSON body (a server that
+    ignores `"stream": true`), not with server-sent events."""
+    kind = str(response.headers.get("content-type", ""))
+    return kind.split(";", 1)[0].strip().lower() == "application/json"
+
+
+def whole_as_stream(final: Final) -> tuple[Item, ...]:
+    """A whole answer as the items a stream of it yields: one delta with its reasoning, text
+    and tool calls (each call's head, then its whole arguments), then the Final, so the
+    client of a streamed request still gets a proper stream."""
+    calls: list[ToolCallDelta] = []
+    for index, call in enumerate(final.tool_calls):
+        fn = call["function"]
+        calls.append(ToolCallDelta(index, "", id=call["id"], name=fn["name"]))
+        if fn["arguments"]:
+            calls.append(ToolCallDelta(index, fn["arguments"]))
+    if not (final.text or calls or final.reasoning):
+        return (final,)
+    return (TextDelta(final.text, tool_calls=tuple(calls), reasoning=final.reasoning or ""),
+            final)
+
+
 async def exchange(
     transport: httpx.AsyncBaseTransport,
     request: httpx.Request,
@@ -365,6 +388,8 @@ async def exchange(
 
     Both provider backends share this: an HTTP status >= 400, a transport failure, or a 2xx body
     that is not JSON becomes a `BackendError`, marked as mid-stream once anything was yielded.
+    A streamed request answered with a whole JSON body is read whole and yielded as a stream
+    (`whole_as_stream`), not taken for a stream cut before its end.
     """
     started = False
     try:
@@ -373,7 +398,12 @@ async def exchange(
             if response.status_code >= 400:
                 raise status_error(response.status_code, await response.aread(), replica,
                                    response.headers.get("retry-after"))
-            if stream:
+            if stream and answered_whole(response):
+                final = read_whole(orjson.loads(await whole_answer(response)))
+                for item in whole_as_stream(final):
+                    started = True
+                    yield item
+            elif stream:
                 async with aclosing(read_stream(response)) as items:
                     async for item in items:
                         started = True

@@ -614,3 +614,54 @@ async def test_a_reasoning_models_reasoning_reaches_an_openai_client(tmp_path: P
     assert [(b.type, getattr(b, "text", None)) for b in answer.content] == [("text", "Hello!")]
     app.state.store.close()
     await pool.aclose()
+
+
+def ignores_stream(request: httpx.Request) -> httpx.Response:
+    """A server that ignores `"stream": true`: every answer is one whole JSON body, text and
+    a tool call."""
+    return httpx.Response(200, json={"id": "u", "object": "chat.completion", "choices": [{
+        "index": 0, "message": {
+            "role": "assistant", "content": "Reading it now.",
+            "tool_calls": [{"id": "call_7", "type": "function", "function": {
+                "name": "read_file", "arguments": '{"path": "src/app.py"}'}}]},
+        "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 8, "total_tokens": 17}})
+
+
+async def test_a_whole_answer_to_a_streamed_request_is_streamed(tmp_path: Path) -> None:
+    """A server that answers a streamed request with a whole JSON body still gives the client
+    a proper stream: its text, tool calls and finish are those of the same request asked
+    whole (the reference), for an OpenAI client and an Anthropic one; never a stream cut."""
+    pool = pool_over_handler(ignores_stream)
+    app = gateway_app(tmp_path, pool)
+    client = openai_sdk(app)
+    whole = (await client.chat.completions.create(model="m", messages=MESSAGES)).choices[0]
+    text, calls, finish = "", dict[int, dict[str, str]](), None
+    async for chunk in await client.chat.completions.create(model="m", messages=MESSAGES,
+                                                            stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for piece in delta.tool_calls or ():
+            call = calls.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] += piece.id or ""
+            fn = piece.function
+            call["name"] += (fn.name or "") if fn else ""
+            call["arguments"] += (fn.arguments or "") if fn else ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert whole.message.tool_calls is not None
+    assert (text, finish) == (whole.message.content, whole.finish_reason) != ("", None)
+    assert list(calls.values()) == [
+        {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+        for c in whole.message.tool_calls]
+    anth = anthropic_sdk(app)
+    reference = await anth.messages.create(model="m", max_tokens=50, messages=MESSAGES)
+    async with anth.messages.stream(model="m", max_tokens=50, messages=MESSAGES) as stream:
+        streamed = await stream.get_final_message()
+    assert [b.model_dump() for b in streamed.content] == [
+        b.model_dump() for b in reference.content]
+    assert streamed.stop_reason == reference.stop_reason == "tool_use"
+    assert [r.status for r in records(app)] == [200] * 4
+    app.state.store.close()
+    await pool.aclose()
