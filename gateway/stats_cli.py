@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import httpx
 
 Column = tuple[str, str, Callable[[Any], str]]
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates that reorder a line
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _num(value: Any) -> str:
@@ -37,8 +40,17 @@ def _ms(value: Any) -> str:
     return f"{value / 1000:.1f} s" if value >= 1000 else f"{value:.1f} ms"
 
 
+def printable(text: str) -> str:
+    """`text` with control characters written as visible escapes (`\\x1b`, `\\r`, `\\u202e`).
+
+    Names reach the operator's terminal as they were stored, and a client chooses some of them
+    (a request's `model`): a raw ESC, BEL or CR would recolour, retitle or overwrite the
+    terminal, and a bidirectional override would show the name reversed."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def _text(value: Any) -> str:
-    return "-" if value is None else str(value)
+    return "-" if value is None else printable(str(value))
 
 
 GROUP_COLUMNS: list[Column] = [
@@ -99,7 +111,7 @@ def fetch(url: str, admin_key: str | None, window_s: int,
         response = client.get("/api/stats", params={"window": window_s}, headers=headers)
     if response.status_code != 200:
         raise RuntimeError(f"{url}/api/stats answered {response.status_code}: "
-                           f"{response.text[:200]}")
+                           f"{printable(response.text[:200])}")
     return response.json()  # type: ignore[no-any-return]
 
 

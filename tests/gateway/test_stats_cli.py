@@ -1,0 +1,38 @@
+"""`prefixgate stats` output as a terminal shows it: names that clients choose (a model id) or
+that carry wide characters must neither drive the operator's terminal nor skew the tables."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Any
+
+from gateway import stats_cli
+
+
+def _group(name: str, value: str, requests: int) -> dict[str, Any]:
+    """One breakdown row as /api/stats sends it."""
+    return {name: value, "requests": requests, "client_errors": 0, "failures": 0,
+            "prompt_tokens": 100, "cached_tokens": 50, "hit_rate": 0.5,
+            "predicted_cached_tokens": 50, "reported_cached_tokens": 50,
+            "prefill_saved_ms": 1.0, "cost_saved_usd": 0.0}
+
+
+def _stats(models: list[str], tenants: list[str]) -> dict[str, Any]:
+    """A minimal /api/stats answer whose model and tenant tables hold the given names."""
+    totals = _group("x", "", len(models)) | {"cost_usd": 0.0}
+    return {"generated_at": "2026-01-01T00:00:00+00:00", "window_s": 3600, "totals": totals,
+            "by_tenant": [_group("tenant", t, 1) for t in tenants],
+            "by_model": [_group("model", m, 1) for m in models], "by_replica": [],
+            "families": [], "lint": []}
+
+
+def test_control_characters_in_names_never_reach_the_terminal() -> None:
+    """A client picks its request's `model`; an ESC, BEL or CR in it printed raw would recolour,
+    retitle or overwrite the operator's terminal. They are shown as visible escapes instead."""
+    evil = "evil\x1b[31mRED\x1b]0;owned\x07\r\x1b[2K\x9b2J\u202egnp.exe"
+    out = stats_cli.render(_stats([evil, "gpt-4o"], ["acme"]))
+    control = [ch for ch in out if ch != "\n"
+               and (unicodedata.category(ch) == "Cc" or ch in "\u202a\u202b\u202c\u202d\u202e")]
+    assert control == []
+    assert "evil\\x1b[31mRED\\x1b]0;owned\\x07\\r\\x1b[2K\\x9b2J\\u202egnp.exe" in out
+    assert "gpt-4o" in out and "acme" in out
