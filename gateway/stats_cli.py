@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,23 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def display_width(text: str) -> int:
+    """Terminal columns `text` takes: two for an East Asian wide or fullwidth character (CJK,
+    most emoji), none for a combining mark, one otherwise."""
+    width = 0
+    for ch in text:
+        if unicodedata.combining(ch):
+            continue
+        width += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+    return width
+
+
+def _pad(text: str, width: int, *, left: bool) -> str:
+    """`text` padded with spaces to `width` terminal columns (not characters)."""
+    fill = " " * max(0, width - display_width(text))
+    return text + fill if left else fill + text
+
+
 def _text(value: Any) -> str:
     return "-" if value is None else printable(str(value))
 
@@ -66,11 +84,11 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> s
     """Rows as an aligned text table (first column left-aligned, numbers right-aligned)."""
     header = [title for title, _, _ in columns]
     cells = [[fmt(row.get(key)) for _, key, fmt in columns] for row in rows]
-    widths = [max(len(c) for c in col) for col in zip(header, *cells, strict=True)]
+    widths = [max(display_width(c) for c in col) for col in zip(header, *cells, strict=True)]
 
     def line(values: Sequence[str]) -> str:
-        first = values[0].ljust(widths[0])
-        rest = (v.rjust(w) for v, w in zip(values[1:], widths[1:], strict=True))
+        first = _pad(values[0], widths[0], left=True)
+        rest = (_pad(v, w, left=False) for v, w in zip(values[1:], widths[1:], strict=True))
         return "  ".join([first, *rest]).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
