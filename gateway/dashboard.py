@@ -12,6 +12,7 @@ than their panel) on `<body>` (tests read them).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
@@ -40,9 +41,21 @@ _SECURITY_HEADERS = {
 }
 _LOGIN = """<!doctype html><meta charset="utf-8"><title>prefixgate: sign in</title>
 <body style="font-family:system-ui;padding:2em">
-<form method="post" action="/dashboard/login" autocomplete="off">
+<form method="post" action="/dashboard/login{query}" autocomplete="off">
 <label>Admin key <input type="password" name="key" required autofocus></label>
 <button type="submit">Sign in</button></form>{error}</body>"""
+
+
+_WINDOW = re.compile(r"[0-9]{1,12}[smhd]?")  # the `?window=` forms the page itself reads
+
+
+def window_query(request: Request) -> str:
+    """`?window=VALUE` when the request asks for a window the page understands (seconds, or
+    6h / 7d / 90m style), else "": the sign-in form carries it through the login redirect, so
+    a bookmarked `/dashboard?window=6h` still shows six hours after signing in. Anything else
+    is dropped, never echoed into the page or the redirect."""
+    value = request.query_params.get("window", "")
+    return f"?window={value}" if _WINDOW.fullmatch(value) else ""
 
 
 STATIC_FILES: dict[str, str] = {
@@ -74,10 +87,11 @@ async def static_file(request: Request) -> Response:
     return Response(static_text(name), media_type=STATIC_FILES[name], headers=headers)
 
 
-def login_page(error: str = "", status: int = 401) -> HTMLResponse:
-    """The sign-in form (POSTs the key in the body, never in the URL)."""
+def login_page(error: str = "", status: int = 401, query: str = "") -> HTMLResponse:
+    """The sign-in form (POSTs the key in the body, never in the URL); `query` is
+    `window_query`'s, kept on the form's action."""
     note = f'<p role="alert" style="color:#b00">{error}</p>' if error else ""
-    return HTMLResponse(_LOGIN.format(error=note), status_code=status,
+    return HTMLResponse(_LOGIN.format(error=note, query=query), status_code=status,
                         headers=_SECURITY_HEADERS)
 
 
@@ -105,15 +119,17 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
 
     async def dashboard(request: Request) -> Response:
         if not is_admin(request, get_state(request).config):
-            return login_page()
+            return login_page(query=window_query(request))
         return HTMLResponse(page(), headers=_SECURITY_HEADERS)
 
     async def login(request: Request) -> Response:
         config = get_state(request).config
         key = await _form_key(request)
+        query = window_query(request)
         if config.admin_key is None or not is_admin_key(key, config):
-            return login_page("Wrong admin key.")
-        response = RedirectResponse("/dashboard", status_code=303, headers=_SECURITY_HEADERS)
+            return login_page("Wrong admin key.", query=query)
+        response = RedirectResponse(f"/dashboard{query}", status_code=303,
+                                    headers=_SECURITY_HEADERS)
         response.set_cookie(SESSION_COOKIE, session_token(config), max_age=SESSION_TTL_S,
                             path="/", httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")

@@ -136,6 +136,34 @@ async def test_admin_key_guards_stats_and_dashboard(admin_app: Any) -> None:
     assert "@import" not in html and "url(http" not in html
 
 
+async def _sign_in_through_the_form(client: httpx.AsyncClient, path: str) -> httpx.Response:
+    """What a browser does with a bookmarked dashboard URL: GET it, get the sign-in form,
+    submit the admin key to the form's own action, follow the redirect with the cookie."""
+    form = await client.get(path)
+    assert form.status_code == 401
+    action = re.search(r'<form method="post" action="([^"]*)"', form.text)
+    assert action, form.text
+    signed = await client.post(action.group(1), data={"key": ADMIN})
+    assert signed.status_code == 303 and SESSION_COOKIE in signed.cookies
+    page = await client.get(signed.headers["location"])
+    assert page.status_code == 200 and "<script>" in page.text
+    return page
+
+
+async def test_signing_in_keeps_the_window_the_url_asked_for(admin_app: Any) -> None:
+    """A bookmarked `/dashboard?window=6h` shows six hours after the sign-in form, not the
+    default day; a window the page cannot read is dropped, never echoed into the form."""
+    for asked, kept in (("6h", "6h"), ("7d", "7d"), ("3600", "3600"),
+                        ('"><script>alert(1)</script>', None), ("//evil.example", None)):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                     base_url="http://gw") as client:
+            form = await client.get("/dashboard", params={"window": asked})
+            assert "alert(1)" not in form.text and "evil.example" not in form.text
+            page = await _sign_in_through_the_form(client, str(form.url))
+        assert page.url.path == "/dashboard"
+        assert page.url.params.get("window") == kept, (asked, str(page.url))
+
+
 def test_stats_cli_prints_the_api_numbers(admin_app: Any, capsys: Any) -> None:
     seed_records(admin_app.state.store)
     with serving(admin_app) as server:
