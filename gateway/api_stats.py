@@ -154,6 +154,7 @@ def _series(engine: Engine, since: datetime, bucket_s: int, prices: PriceTable,
 
 
 def _lint_counts(engine: Engine, since: datetime) -> list[dict[str, Any]]:
+    """The TOP_N lint rule ids on the most requests since `since` (ties by id)."""
     query = (select(R.lint_ids, func.count().label("n")).where(R.ts >= since)
              .group_by(R.lint_ids))
     counts: Counter[str] = Counter()
@@ -161,7 +162,10 @@ def _lint_counts(engine: Engine, since: datetime) -> list[dict[str, Any]]:
         for row in conn.execute(query):
             for lint_id in filter(None, (row.lint_ids or "").split(",")):
                 counts[lint_id.strip()] += int(row.n)
-    return [{"id": k, "requests": n} for k, n in counts.most_common(TOP_N)]
+    # ties by rule id: Counter keeps first-seen order, i.e. the database's grouping order,
+    # which differs between SQLite and PostgreSQL (and picks which tied rules make the top N)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
+    return [{"id": k, "requests": n} for k, n in ranked]
 
 
 def _statuses(engine: Engine, since: datetime) -> list[dict[str, Any]]:
