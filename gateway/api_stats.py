@@ -18,6 +18,7 @@ that went away) and `failures` (5xx: the gateway or its backend failed).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import Integer, and_, case, cast, func, literal_column, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -36,6 +38,7 @@ from gateway.pricing import PriceTable
 from gateway.stats import RequestRecord
 
 StateGetter = Callable[[], Any]  # () -> app.state, as create_app passes it
+log = logging.getLogger("prefixgate.stats")
 R = RequestRecord
 BUCKETS_S = (10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 DEFAULT_WINDOW_S = 86400
@@ -238,6 +241,21 @@ def forbidden() -> JSONResponse:
                         status_code=401)
 
 
+def database_unavailable(exc: SQLAlchemyError, state: Any) -> JSONResponse:
+    """A 503 saying the stats database did not answer (an outage, not a gateway fault): the
+    dashboard and `prefixgate stats` show this message instead of a bare 500, and the log
+    gets one line instead of a traceback per dashboard refresh. Only the error's class is
+    named (its text may carry the database's address)."""
+    reason = type(exc.orig if isinstance(exc, DBAPIError) else exc).__name__
+    pending = state.store.pending()
+    log.warning("GET /api/stats: stats database unavailable (%s)", reason)
+    message = (f"stats database unavailable ({reason}); {pending} records wait to be written "
+               "and are counted once it answers")
+    return JSONResponse({"error": {"message": message, "type": "api_error", "param": None,
+                                   "code": "stats_database_unavailable"}},
+                        status_code=503, headers={"retry-after": "15", "cache-control": "no-store"})
+
+
 def _flushed_stats(state: Any, window_s: int, bucket_s: int | None) -> dict[str, Any]:
     state.store.flush(5.0)  # so a record added just before this call is counted
     return compute_stats(state.store.engine, price_table(state), window_s=window_s,
@@ -259,7 +277,11 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
         except ValueError as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error",
                                            "param": None, "code": None}}, status_code=400)
-        stats = await run_in_threadpool(_flushed_stats, state, window or DEFAULT_WINDOW_S, bucket)
+        try:
+            stats = await run_in_threadpool(_flushed_stats, state, window or DEFAULT_WINDOW_S,
+                                            bucket)
+        except SQLAlchemyError as exc:
+            return database_unavailable(exc, state)
         return JSONResponse(stats, headers={"cache-control": "no-store"})
 
     return [Route("/api/stats", api_stats, methods=["GET"])]

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import sqlite3
 import subprocess
 from collections import Counter
 from datetime import UTC, datetime
@@ -13,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event
 
 from gateway import bench, stats_cli
 from gateway.api_stats import compute_stats
@@ -282,3 +285,44 @@ def test_dashboard_at_1400px_clips_no_table_and_labels_replicas_whole(
     assert _png_size(shot) == (1400, 1800)
     assert lib.status_code == 200 and lib.text.startswith("/*! https://github.com/leeoniya/uPlot")
     assert other.status_code == 404
+
+
+def _database_down(store: RecordStore) -> None:
+    """Every statement on the store's engine fails from now on, as on a dead database."""
+    def refuse(*_: Any) -> None:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    event.listen(store.engine, "before_cursor_execute", refuse)
+
+
+async def test_stats_during_a_database_outage_say_so(admin_app: Any) -> None:
+    """While the stats database is down /api/stats is a 503 naming the outage (records wait
+    in the spill file), not a bare 500 "Internal Server Error"."""
+    store: RecordStore = admin_app.state.store
+    seed_records(store)
+    _database_down(store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        answer = await client.get("/api/stats", headers={"x-api-key": ADMIN})
+    assert answer.status_code == 503 and answer.headers["retry-after"].isdigit()
+    error = answer.json()["error"]
+    assert error["code"] == "stats_database_unavailable"
+    assert error["message"].startswith("stats database unavailable (OperationalError)")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_the_dashboard_shows_why_it_has_no_numbers(admin_app: Any, tmp_path: Path) -> None:
+    """The page's status line carries /api/stats' own error message, so an operator reads
+    "stats database unavailable" rather than a bare status code."""
+    store: RecordStore = admin_app.state.store
+    seed_records(store)
+    _database_down(store)
+    with serving(signed_in(admin_app)) as server:
+        dom = _chromium(f"{server.url}/dashboard", tmp_path, "--dump-dom").stdout
+        expected = httpx.get(f"{server.url}/api/stats", headers={"x-api-key": ADMIN})
+    assert expected.status_code == 503
+    status = re.search(r'<span id="status" class="err">([^<]*)</span>', dom)
+    assert status, dom[:800]
+    want = f"/api/stats answered 503: {expected.json()['error']['message']}"
+    assert html.unescape(status.group(1)) == want
