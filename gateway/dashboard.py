@@ -6,8 +6,9 @@ no CDN. It fetches `/api/stats` from the same origin, which sends the session co
 signs in with the form at `/dashboard` (`POST /dashboard/login`), which sets an HttpOnly,
 SameSite=Strict session cookie (Secure over HTTPS); the key never appears in a URL.
 `?window=` sets the time window (seconds, or 1h / 6h / 24h / 7d / 30d). When the charts are
-drawn the page sets `data-state="ready"`, `data-charts=N` and `data-clipped=N` (tables wider
-than their panel) on `<body>` (tests read them).
+drawn the page sets `data-state="ready"`, `data-charts=N`, `data-clipped=N` (tables wider
+than their panel) and `data-unfit=N` (charts not as wide as their panel; charts follow their
+panels' width) on `<body>` (tests read them).
 """
 
 from __future__ import annotations

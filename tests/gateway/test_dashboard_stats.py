@@ -277,6 +277,9 @@ def test_dashboard_at_1400px_clips_no_table_and_labels_replicas_whole(
     body = dict(re.findall(r'([\w-]+)="([^"]*)"', body_tag.group(0)))
     assert body.get("data-state") == "ready", body
     assert body["data-clipped"] == "0"  # no table wider than its panel at 1400 px
+    # every chart as wide as its panel: panels widen after the first draw (the scroll bar
+    # appears and the grid drops to two columns), and charts follow them
+    assert body["data-unfit"] == "0"
     assert body["data-window"] == "604800"  # ?window=7d
     found = re.search(r'data-labels="([^"]*)"', dom)
     assert found, "replica chart not drawn"
