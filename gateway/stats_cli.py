@@ -1,6 +1,6 @@
 """`prefixgate stats`: print a running gateway's cache statistics as terminal tables.
 
-    prefixgate stats --url http://127.0.0.1:8000 --admin-key KEY [--window 3600] [--json]
+    prefixgate stats --url http://127.0.0.1:8000 --admin-key KEY [--window 6h] [--json]
 
 It reads `GET /api/stats` (the same numbers as the dashboard). The admin key may also come
 from `PREFIXGATE_ADMIN_KEY`.
@@ -21,6 +21,7 @@ import httpx
 
 Column = tuple[str, str, Callable[[Any], str]]
 # C0 and C1 controls, DEL, and the bidirectional overrides and isolates that reorder a line
+_WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -121,6 +122,16 @@ def render(stats: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def window_seconds(text: str) -> int:
+    """`--window` in seconds: a number of seconds, or one with a unit (90m, 6h, 7d), the forms
+    the dashboard's `?window=` takes."""
+    match = re.fullmatch(r"([0-9]+)([smhd]?)", text.strip())
+    if match is None or int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(
+            f"expected seconds or a number with s, m, h or d (6h, 7d), got {text!r}")
+    return int(match[1]) * _WINDOW_UNITS[match[2] or "s"]
+
+
 def fetch(url: str, admin_key: str | None, window_s: int,
           transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
     """GET /api/stats from a running gateway."""
@@ -137,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prefixgate stats", description=__doc__.split("\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway's base URL")
     parser.add_argument("--admin-key", default=os.environ.get("PREFIXGATE_ADMIN_KEY"))
-    parser.add_argument("--window", type=int, default=86400, help="seconds of history")
+    parser.add_argument("--window", type=window_seconds, default=86400,
+                        help="history to show: seconds, or 90m / 6h / 7d (default 24h)")
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     args = parser.parse_args(argv)
     try:

@@ -185,6 +185,22 @@ def test_stats_cli_prints_the_api_numbers(admin_app: Any, capsys: Any) -> None:
     assert "PL004" in table
 
 
+def test_stats_cli_takes_the_windows_the_dashboard_takes(admin_app: Any, capsys: Any) -> None:
+    """`--window 6h` asks for the six hours `/dashboard?window=6h` shows; a window that is
+    neither seconds nor a number with a unit is a usage error (exit status 2)."""
+    with serving(admin_app) as server:
+        for text, seconds in (("6h", 6 * 3600), ("7d", 7 * 86400), ("90m", 5400),
+                              ("3600", 3600)):
+            argv = ["--url", server.url, "--admin-key", ADMIN, "--json", "--window", text]
+            assert stats_cli.main(argv) == 0
+            assert json.loads(capsys.readouterr().out)["window_s"] == seconds
+        for text in ("soon", "0", "-5", "1.5h"):
+            with pytest.raises(SystemExit) as exit_:
+                stats_cli.main(["--url", server.url, "--admin-key", ADMIN, "--window", text])
+            assert exit_.value.code == 2
+            assert "--window" in capsys.readouterr().err
+
+
 def test_bench_command_finds_benchmarks(capsys: Any) -> None:
     assert bench.find("gateway") is not None and bench.find("gateway").name == "bench_gateway.py"
     assert bench.find("../etc") is None
