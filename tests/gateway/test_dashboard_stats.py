@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 from collections import Counter
 from datetime import UTC, datetime
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +346,52 @@ def test_the_dashboard_shows_why_it_has_no_numbers(admin_app: Any, tmp_path: Pat
     assert status, dom[:800]
     want = f"/api/stats answered 503: {expected.json()['error']['message']}"
     assert html.unescape(status.group(1)) == want
+
+
+class _Cells(HTMLParser):
+    """Every table cell of a page: (its title attribute, its text), both as the browser has
+    them (entities decoded once)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.cells: list[tuple[str | None, str]] = []
+        self._open: list[str] | None = None
+        self._title: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "td":
+            self._open, self._title = [], dict(attrs).get("title")
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._open.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._open is not None:
+            self.cells.append((self._title, "".join(self._open)))
+            self._open = None
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_names_with_markup_and_entities_are_shown_as_sent(admin_app: Any, tmp_path: Path) -> None:
+    """A tenant or model named with HTML, quotes or character references is text, in the cell
+    and in its hover title alike (a title that decoded `&quot;` showed a different name)."""
+    store: RecordStore = admin_app.state.store
+    names = ['x&quot;y&lt;b&gt;', '<img src=x onerror=alert(1)>', 'q"\'<b>&amp;m']
+    for i, name in enumerate(names):
+        store.add(RequestRecord(
+            ts=datetime.now(UTC), request_id=f"n{i}", tenant=name, model=name,
+            backend="openai", replica="10.0.0.9:8000", provider="openai",
+            route="chat.completions", status=200, prompt_tokens=10, cached_tokens=5,
+            completion_tokens=1, latency_ms=1.0, lint_ids="", family=None, stream=False))
+    store.flush()
+    with serving(signed_in(admin_app)) as server:
+        dom = _chromium(f"{server.url}/dashboard", tmp_path, "--dump-dom").stdout
+    assert 'data-state="ready"' in dom, dom[:500]
+    parser = _Cells()
+    parser.feed(dom)
+    first = [text for title, text in parser.cells if text in names]
+    assert sorted(first) == sorted(names * 2)  # each name once per tenant and model table
+    assert "<img" not in re.sub(r"<td[^>]*>[^<]*</td>", "", dom.split("<main>")[1])
+    assert [(t, x) for t, x in parser.cells if t != x] == []
