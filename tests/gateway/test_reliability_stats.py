@@ -396,3 +396,33 @@ async def test_postgres_stopped_and_restarted_loses_no_record(tmp_path: Path) ->
     finally:
         store.close()
         cluster.destroy()
+
+
+def test_every_stats_query_on_sqlite_reads_only_its_window(tmp_path: Path) -> None:
+    """Each query /api/stats runs on SQLite finds its rows through the `ts` index, so a
+    one-hour window reads an hour of rows however large the table is (SQLite's planner
+    otherwise walks the whole `tenant` index to avoid sorting the GROUP BY)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    store = RecordStore(f"sqlite:///{tmp_path / 'plan.db'}", flush_interval_s=0.02)
+    statements: list[tuple[str, Any]] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, parameters))
+
+    try:
+        for i in range(40):
+            store.add(_record(i, now))
+        assert store.flush()
+        event.listen(store.engine, "before_cursor_execute", seen)
+        compute_stats(store.engine, window_s=3600, now=now)
+        event.remove(store.engine, "before_cursor_execute", seen)
+        plans = {}
+        with store.engine.connect() as conn:
+            for statement, parameters in statements:
+                rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)
+                plans[statement] = " / ".join(str(row[-1]) for row in rows)
+    finally:
+        store.close()
+    assert len(plans) >= 7
+    assert {s: p for s, p in plans.items() if "ix_requests_ts (ts>?)" not in p} == {}
