@@ -134,14 +134,26 @@ def window_seconds(text: str) -> int:
 
 def fetch(url: str, admin_key: str | None, window_s: int,
           transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
-    """GET /api/stats from a running gateway."""
+    """GET /api/stats from a running gateway; a RuntimeError naming the URL when it does not
+    answer or answers other than 200."""
     headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
     with httpx.Client(base_url=url, timeout=30.0, transport=transport) as client:
-        response = client.get("/api/stats", params={"window": window_s}, headers=headers)
+        try:
+            response = client.get("/api/stats", params={"window": window_s}, headers=headers)
+        except httpx.TransportError as exc:  # refused, timed out, no such host: say which
+            raise RuntimeError(f"cannot reach {url}/api/stats: {type(exc).__name__}: "
+                               f"{printable(str(exc))}") from exc
     if response.status_code != 200:
         raise RuntimeError(f"{url}/api/stats answered {response.status_code}: "
                            f"{printable(response.text[:200])}")
-    return response.json()  # type: ignore[no-any-return]
+    try:
+        stats = response.json()
+    except ValueError:  # another service on that port, or a proxy's page
+        stats = None
+    if not isinstance(stats, dict) or "totals" not in stats:
+        raise RuntimeError(f"{url}/api/stats answered 200 with no gateway stats: "
+                           f"{printable(response.text[:200])}")
+    return stats
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,11 @@ from __future__ import annotations
 import unicodedata
 from typing import Any
 
+import httpx
+import pytest
+
 from gateway import stats_cli
+from tests.support import free_port
 
 
 def _group(name: str, value: str, requests: int) -> dict[str, Any]:
@@ -62,3 +66,21 @@ def test_wide_and_combining_characters_keep_the_columns_aligned() -> None:
     assert len({_display_width(line) for line in lines}) == 1, lines
     for line, name in zip(lines[2:], names, strict=True):
         assert line.startswith(name)
+
+
+def test_a_gateway_that_does_not_answer_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """With several gateways in a script, "Connection refused" alone does not say which one:
+    the message names the URL that did not answer, and the exit status is 1."""
+    url = f"http://127.0.0.1:{free_port()}"
+    assert stats_cli.main(["--url", url, "--admin-key", "k"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"prefixgate stats: cannot reach {url}/api/stats: ConnectError")
+
+
+@pytest.mark.parametrize("body", ["<html>sign in to the proxy</html>", "[1, 2]", '{"ok": true}'])
+def test_an_answer_that_is_not_gateway_stats_is_an_error_not_a_traceback(body: str) -> None:
+    """A URL that reaches something else (a proxy's page, another service) answering 200 is
+    reported as such, not a JSONDecodeError or KeyError traceback."""
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body))
+    with pytest.raises(RuntimeError, match="answered 200 with no gateway stats"):
+        stats_cli.fetch("http://proxy", "k", 3600, transport=transport)
