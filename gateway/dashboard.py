@@ -96,6 +96,10 @@ def login_page(error: str = "", status: int = 401, query: str = "") -> HTMLRespo
                         headers=_SECURITY_HEADERS)
 
 
+NO_ADMIN_KEY = ("This gateway has no admin key, so no one can sign in: start it with "
+                "--admin-key (or PREFIXGATE_ADMIN_KEY).")
+
+
 async def _form_key(request: Request) -> str:
     """The form's `key` field; "" (a wrong key) for a form too large, too slow to arrive (an
     unauthenticated client must not hold the route open) or of too many fields."""
@@ -119,15 +123,20 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
         return state_getter() if state_getter is not None else request.app.state
 
     async def dashboard(request: Request) -> Response:
-        if not is_admin(request, get_state(request).config):
-            return login_page(query=window_query(request))
+        config = get_state(request).config
+        if not is_admin(request, config):
+            # tenant keys but no admin key: say why every key would be refused
+            note = NO_ADMIN_KEY if config.admin_key is None else ""
+            return login_page(note, query=window_query(request))
         return HTMLResponse(page(), headers=_SECURITY_HEADERS)
 
     async def login(request: Request) -> Response:
         config = get_state(request).config
         key = await _form_key(request)
         query = window_query(request)
-        if config.admin_key is None or not is_admin_key(key, config):
+        if config.admin_key is None:
+            return login_page(NO_ADMIN_KEY, query=query)
+        if not is_admin_key(key, config):
             return login_page("Wrong admin key.", query=query)
         response = RedirectResponse(f"/dashboard{query}", status_code=303,
                                     headers=_SECURITY_HEADERS)

@@ -168,6 +168,25 @@ async def test_signing_in_keeps_the_window_the_url_asked_for(admin_app: Any) -> 
         assert page.url.params.get("window") == kept, (asked, str(page.url))
 
 
+async def test_without_an_admin_key_the_sign_in_form_says_why_no_key_works(
+    tmp_path: Path,
+) -> None:
+    """Tenant keys but no admin key: the dashboard cannot be opened by anyone, and the form
+    says so (and how to fix it) instead of answering every key with "Wrong admin key."."""
+    app = gateway_app(tmp_path, pool_over(fake_replicas(1)), api_keys={"user-key": "acme"})
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://gw") as client:
+            form = await client.get("/dashboard")
+            tried = await client.post("/dashboard/login", data={"key": "user-key"})
+    finally:
+        app.state.store.close()
+    for page in (form, tried):
+        assert page.status_code == 401 and SESSION_COOKIE not in page.cookies
+        assert "Wrong admin key" not in page.text
+        assert "no admin key" in page.text and "--admin-key" in page.text
+
+
 def test_stats_cli_prints_the_api_numbers(admin_app: Any, capsys: Any) -> None:
     seed_records(admin_app.state.store)
     with serving(admin_app) as server:
