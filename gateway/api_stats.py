@@ -45,6 +45,7 @@ BUCKETS_S = (10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 DEFAULT_WINDOW_S = 86400
 MAX_WINDOW_S = 366 * 86400
 TOP_N = 10
+MAX_POINTS = 5000  # time-series points one answer may hold (the page draws at most 48)
 
 
 def pick_bucket(window_s: int, points: int = 48) -> int:
@@ -239,6 +240,14 @@ def _int_param(request: Request, name: str, default: int | None, high: int) -> i
     return value
 
 
+def _check_points(window_s: int, bucket_s: int | None) -> None:
+    """A ValueError for a `bucket` that splits the window into more than MAX_POINTS points:
+    `?window=31622400&bucket=1` took 10 s and answered 37 MB on 100k rows, one point a row."""
+    if bucket_s is not None and window_s / bucket_s > MAX_POINTS:
+        raise ValueError(f"bucket must be at least {-(-window_s // MAX_POINTS)} seconds for a "
+                         f"{window_s} s window (at most {MAX_POINTS} points), got {bucket_s}")
+
+
 def price_table(state: Any) -> PriceTable:
     """The app's price table, loaded once from `config.price_table`."""
     table = getattr(state, "prices", None)
@@ -288,6 +297,7 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
         try:
             window = _int_param(request, "window", DEFAULT_WINDOW_S, MAX_WINDOW_S)
             bucket = _int_param(request, "bucket", None, MAX_WINDOW_S)
+            _check_points(window or DEFAULT_WINDOW_S, bucket)
         except ValueError as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error",
                                            "param": None, "code": None}}, status_code=400)

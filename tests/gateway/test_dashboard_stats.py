@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import event
 
 from gateway import bench, stats_cli
-from gateway.api_stats import compute_stats
+from gateway.api_stats import MAX_POINTS, compute_stats
 from gateway.auth import SESSION_COOKIE, session_token
 from gateway.pricing import DEFAULT_PRICES, Price, PriceTable
 from gateway.stats import RecordStore, RequestRecord
@@ -185,6 +185,24 @@ async def test_without_an_admin_key_the_sign_in_form_says_why_no_key_works(
         assert page.status_code == 401 and SESSION_COOKIE not in page.cookies
         assert "Wrong admin key" not in page.text
         assert "no admin key" in page.text and "--admin-key" in page.text
+
+
+async def test_a_bucket_too_small_for_its_window_is_refused(admin_app: Any) -> None:
+    """`bucket` may not split the window into more than MAX_POINTS points (a year in 1 s
+    buckets answered one point per row, 37 MB); the largest allowed split still answers."""
+    seed_records(admin_app.state.store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        async def ask(window: int, bucket: int) -> httpx.Response:
+            return await client.get("/api/stats", params={"window": window, "bucket": bucket},
+                                    headers={"x-api-key": ADMIN})
+
+        refused = await ask(86400, 1)
+        assert refused.status_code == 400 and "bucket must be at least" in refused.text
+        assert (await ask(31622400, 10)).status_code == 400
+        fine = await ask(86400, 86400 // MAX_POINTS + 1)
+    assert fine.status_code == 200 and fine.json()["totals"]["requests"] == 60
+    assert len(fine.json()["series"]) <= MAX_POINTS
 
 
 def test_stats_cli_prints_the_api_numbers(admin_app: Any, capsys: Any) -> None:
