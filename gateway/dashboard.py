@@ -35,8 +35,11 @@ _SECURITY_HEADERS = {
     "content-security-policy": (
         "default-src 'none'; script-src 'self' 'unsafe-inline'; "
         "style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
-        "form-action 'self'"
+        # neither falls back to default-src: no site may frame the page (clickjacking the
+        # sign-in form) and no injected <base> may move the page's relative script URLs
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
+    "x-frame-options": "DENY",  # frame-ancestors for browsers that predate it
     "referrer-policy": "no-referrer",
     "x-content-type-options": "nosniff",
 }

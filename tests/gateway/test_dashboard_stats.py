@@ -205,6 +205,22 @@ async def test_a_bucket_too_small_for_its_window_is_refused(admin_app: Any) -> N
     assert len(fine.json()["series"]) <= MAX_POINTS
 
 
+async def test_no_other_site_may_frame_the_dashboard(admin_app: Any) -> None:
+    """The sign-in form, its answer and the signed-in page forbid framing (`frame-ancestors`
+    does not fall back to `default-src 'none'`) and a moved base URL."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        pages = [await client.get("/dashboard"),
+                 await client.post("/dashboard/login", data={"key": "wrong"}),
+                 await client.get("/dashboard", headers={"x-api-key": ADMIN})]
+    for page in pages:
+        policy = {d.split()[0]: d.split()[1:] for d in
+                  page.headers["content-security-policy"].split(";") if d.strip()}
+        assert policy.get("frame-ancestors") == ["'none'"], page.headers
+        assert policy.get("base-uri") == ["'none'"]
+        assert page.headers["x-frame-options"] == "DENY"
+
+
 def test_stats_cli_prints_the_api_numbers(admin_app: Any, capsys: Any) -> None:
     seed_records(admin_app.state.store)
     with serving(admin_app) as server:
