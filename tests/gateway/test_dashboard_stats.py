@@ -154,6 +154,20 @@ async def _sign_in_through_the_form(client: httpx.AsyncClient, path: str) -> htt
     return page
 
 
+async def test_the_dashboard_signs_out(admin_app: Any) -> None:
+    """The signed-in page has a sign-out button: its form ends the session cookie, and the
+    browser is back at the sign-in form (a shared screen need not wait 12 hours)."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        page = await _sign_in_through_the_form(client, "/dashboard")
+        form = re.search(r'<form id="signout" method="post" action="([^"]*)"', page.text)
+        assert form, "no sign-out form on the dashboard"
+        out = await client.post(form.group(1))
+        assert out.status_code == 303 and SESSION_COOKIE not in client.cookies
+        again = await client.get(out.headers["location"])
+    assert again.status_code == 401 and 'name="key"' in again.text
+
+
 async def test_signing_in_keeps_the_window_the_url_asked_for(admin_app: Any) -> None:
     """A bookmarked `/dashboard?window=6h` shows six hours after the sign-in form, not the
     default day; a window the page cannot read is dropped, never echoed into the form."""
