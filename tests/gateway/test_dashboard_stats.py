@@ -462,3 +462,24 @@ def test_names_with_markup_and_entities_are_shown_as_sent(admin_app: Any, tmp_pa
     assert sorted(first) == sorted(names * 2)  # each name once per tenant and model table
     assert "<img" not in re.sub(r"<td[^>]*>[^<]*</td>", "", dom.split("<main>")[1])
     assert [(t, x) for t, x in parser.cells if t != x] == []
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_a_window_the_page_cannot_read_is_named_not_silently_replaced(
+    admin_app: Any, tmp_path: Path,
+) -> None:
+    """`?window=1w` (or `1.5h`, or markup) is not a window the page reads: it shows the default
+    day and its status line says the asked window was not understood, as text."""
+    seed_records(admin_app.state.store)
+    with serving(signed_in(admin_app)) as server:
+        asked = "1w<b>x</b>"
+        url = str(httpx.URL(f"{server.url}/dashboard", params={"window": asked}))
+        dom = _chromium(url, tmp_path, "--dump-dom").stdout
+    body = re.search(r"<body[^>]*>", dom)
+    assert body, dom[:500]
+    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(0)))
+    assert attrs.get("data-state") == "ready" and attrs["data-window"] == "86400"
+    status = re.search(r'<span id="status" class="">([^<]*)</span>', dom)
+    assert status, dom[:800]
+    assert f'(window "{asked}" not understood' in html.unescape(status.group(1))
