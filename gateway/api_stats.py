@@ -18,6 +18,7 @@ that went away) and `failures` (5xx: the gateway or its backend failed).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,8 @@ from typing import Any
 
 from sqlalchemy import Integer, and_, case, cast, func, literal_column, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.sql.elements import ColumnElement
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -36,11 +39,13 @@ from gateway.pricing import PriceTable
 from gateway.stats import RequestRecord
 
 StateGetter = Callable[[], Any]  # () -> app.state, as create_app passes it
+log = logging.getLogger("prefixgate.stats")
 R = RequestRecord
 BUCKETS_S = (10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 DEFAULT_WINDOW_S = 86400
 MAX_WINDOW_S = 366 * 86400
 TOP_N = 10
+MAX_POINTS = 5000  # time-series points one answer may hold (the page draws at most 48)
 
 
 def pick_bucket(window_s: int, points: int = 48) -> int:
@@ -126,8 +131,21 @@ def _finish(acc: dict[str, float]) -> dict[str, Any]:
     return out
 
 
+def _unindexed(engine: Engine, key: Any) -> Any:
+    """`key` as SQLite may not read through an index of its own (`key || ''`, same values).
+
+    For `GROUP BY tenant` SQLite's planner walks the whole `tenant` index (rows come out
+    grouped, no sort) instead of the `ts` index that finds the window's rows, so a one-hour
+    window read every row of the table. Other databases plan by statistics and get the
+    column as it is."""
+    if engine.dialect.name == "sqlite" and isinstance(key, InstrumentedAttribute):
+        return key.concat(literal_column("''"))
+    return key
+
+
 def _grouped(engine: Engine, key: Any, since: datetime, prices: PriceTable,
              ) -> dict[Any, dict[str, float]]:
+    key = _unindexed(engine, key)
     query = (select(key.label("key"), R.model, *_sums()).where(R.ts >= since)
              .group_by(key, R.model))
     groups: dict[Any, dict[str, float]] = {}
@@ -154,6 +172,7 @@ def _series(engine: Engine, since: datetime, bucket_s: int, prices: PriceTable,
 
 
 def _lint_counts(engine: Engine, since: datetime) -> list[dict[str, Any]]:
+    """The TOP_N lint rule ids on the most requests since `since` (ties by id)."""
     query = (select(R.lint_ids, func.count().label("n")).where(R.ts >= since)
              .group_by(R.lint_ids))
     counts: Counter[str] = Counter()
@@ -161,7 +180,10 @@ def _lint_counts(engine: Engine, since: datetime) -> list[dict[str, Any]]:
         for row in conn.execute(query):
             for lint_id in filter(None, (row.lint_ids or "").split(",")):
                 counts[lint_id.strip()] += int(row.n)
-    return [{"id": k, "requests": n} for k, n in counts.most_common(TOP_N)]
+    # ties by rule id: Counter keeps first-seen order, i.e. the database's grouping order,
+    # which differs between SQLite and PostgreSQL (and picks which tied rules make the top N)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
+    return [{"id": k, "requests": n} for k, n in ranked]
 
 
 def _statuses(engine: Engine, since: datetime) -> list[dict[str, Any]]:
@@ -218,6 +240,14 @@ def _int_param(request: Request, name: str, default: int | None, high: int) -> i
     return value
 
 
+def _check_points(window_s: int, bucket_s: int | None) -> None:
+    """A ValueError for a `bucket` that splits the window into more than MAX_POINTS points:
+    `?window=31622400&bucket=1` took 10 s and answered 37 MB on 100k rows, one point a row."""
+    if bucket_s is not None and window_s / bucket_s > MAX_POINTS:
+        raise ValueError(f"bucket must be at least {-(-window_s // MAX_POINTS)} seconds for a "
+                         f"{window_s} s window (at most {MAX_POINTS} points), got {bucket_s}")
+
+
 def price_table(state: Any) -> PriceTable:
     """The app's price table, loaded once from `config.price_table`."""
     table = getattr(state, "prices", None)
@@ -232,6 +262,21 @@ def forbidden() -> JSONResponse:
     return JSONResponse({"error": {"message": "admin key required", "type":
                                    "authentication_error", "param": None, "code": None}},
                         status_code=401)
+
+
+def database_unavailable(exc: SQLAlchemyError, state: Any) -> JSONResponse:
+    """A 503 saying the stats database did not answer (an outage, not a gateway fault): the
+    dashboard and `prefixgate stats` show this message instead of a bare 500, and the log
+    gets one line instead of a traceback per dashboard refresh. Only the error's class is
+    named (its text may carry the database's address)."""
+    reason = type(exc.orig if isinstance(exc, DBAPIError) else exc).__name__
+    pending = state.store.pending()
+    log.warning("GET /api/stats: stats database unavailable (%s)", reason)
+    message = (f"stats database unavailable ({reason}); {pending} records wait to be written "
+               "and are counted once it answers")
+    return JSONResponse({"error": {"message": message, "type": "api_error", "param": None,
+                                   "code": "stats_database_unavailable"}},
+                        status_code=503, headers={"retry-after": "15", "cache-control": "no-store"})
 
 
 def _flushed_stats(state: Any, window_s: int, bucket_s: int | None) -> dict[str, Any]:
@@ -252,10 +297,15 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
         try:
             window = _int_param(request, "window", DEFAULT_WINDOW_S, MAX_WINDOW_S)
             bucket = _int_param(request, "bucket", None, MAX_WINDOW_S)
+            _check_points(window or DEFAULT_WINDOW_S, bucket)
         except ValueError as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error",
                                            "param": None, "code": None}}, status_code=400)
-        stats = await run_in_threadpool(_flushed_stats, state, window or DEFAULT_WINDOW_S, bucket)
+        try:
+            stats = await run_in_threadpool(_flushed_stats, state, window or DEFAULT_WINDOW_S,
+                                            bucket)
+        except SQLAlchemyError as exc:
+            return database_unavailable(exc, state)
         return JSONResponse(stats, headers={"cache-control": "no-store"})
 
     return [Route("/api/stats", api_stats, methods=["GET"])]

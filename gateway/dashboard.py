@@ -6,12 +6,14 @@ no CDN. It fetches `/api/stats` from the same origin, which sends the session co
 signs in with the form at `/dashboard` (`POST /dashboard/login`), which sets an HttpOnly,
 SameSite=Strict session cookie (Secure over HTTPS); the key never appears in a URL.
 `?window=` sets the time window (seconds, or 1h / 6h / 24h / 7d / 30d). When the charts are
-drawn the page sets `data-state="ready"`, `data-charts=N` and `data-clipped=N` (tables wider
-than their panel) on `<body>` (tests read them).
+drawn the page sets `data-state="ready"`, `data-charts=N`, `data-clipped=N` (tables wider
+than their panel) and `data-unfit=N` (charts not as wide as their panel; charts follow their
+panels' width) on `<body>` (tests read them).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
@@ -33,16 +35,31 @@ _SECURITY_HEADERS = {
     "content-security-policy": (
         "default-src 'none'; script-src 'self' 'unsafe-inline'; "
         "style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
-        "form-action 'self'"
+        # neither falls back to default-src: no site may frame the page (clickjacking the
+        # sign-in form) and no injected <base> may move the page's relative script URLs
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
+    "x-frame-options": "DENY",  # frame-ancestors for browsers that predate it
     "referrer-policy": "no-referrer",
     "x-content-type-options": "nosniff",
 }
 _LOGIN = """<!doctype html><meta charset="utf-8"><title>prefixgate: sign in</title>
 <body style="font-family:system-ui;padding:2em">
-<form method="post" action="/dashboard/login" autocomplete="off">
+<form method="post" action="/dashboard/login{query}" autocomplete="off">
 <label>Admin key <input type="password" name="key" required autofocus></label>
 <button type="submit">Sign in</button></form>{error}</body>"""
+
+
+_WINDOW = re.compile(r"[0-9]{1,12}[smhd]?")  # the `?window=` forms the page itself reads
+
+
+def window_query(request: Request) -> str:
+    """`?window=VALUE` when the request asks for a window the page understands (seconds, or
+    6h / 7d / 90m style), else "": the sign-in form carries it through the login redirect, so
+    a bookmarked `/dashboard?window=6h` still shows six hours after signing in. Anything else
+    is dropped, never echoed into the page or the redirect."""
+    value = request.query_params.get("window", "")
+    return f"?window={value}" if _WINDOW.fullmatch(value) else ""
 
 
 STATIC_FILES: dict[str, str] = {
@@ -74,11 +91,16 @@ async def static_file(request: Request) -> Response:
     return Response(static_text(name), media_type=STATIC_FILES[name], headers=headers)
 
 
-def login_page(error: str = "", status: int = 401) -> HTMLResponse:
-    """The sign-in form (POSTs the key in the body, never in the URL)."""
+def login_page(error: str = "", status: int = 401, query: str = "") -> HTMLResponse:
+    """The sign-in form (POSTs the key in the body, never in the URL); `query` is
+    `window_query`'s, kept on the form's action."""
     note = f'<p role="alert" style="color:#b00">{error}</p>' if error else ""
-    return HTMLResponse(_LOGIN.format(error=note), status_code=status,
+    return HTMLResponse(_LOGIN.format(error=note, query=query), status_code=status,
                         headers=_SECURITY_HEADERS)
+
+
+NO_ADMIN_KEY = ("This gateway has no admin key, so no one can sign in: start it with "
+                "--admin-key (or PREFIXGATE_ADMIN_KEY).")
 
 
 async def _form_key(request: Request) -> str:
@@ -104,16 +126,23 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
         return state_getter() if state_getter is not None else request.app.state
 
     async def dashboard(request: Request) -> Response:
-        if not is_admin(request, get_state(request).config):
-            return login_page()
+        config = get_state(request).config
+        if not is_admin(request, config):
+            # tenant keys but no admin key: say why every key would be refused
+            note = NO_ADMIN_KEY if config.admin_key is None else ""
+            return login_page(note, query=window_query(request))
         return HTMLResponse(page(), headers=_SECURITY_HEADERS)
 
     async def login(request: Request) -> Response:
         config = get_state(request).config
         key = await _form_key(request)
-        if config.admin_key is None or not is_admin_key(key, config):
-            return login_page("Wrong admin key.")
-        response = RedirectResponse("/dashboard", status_code=303, headers=_SECURITY_HEADERS)
+        query = window_query(request)
+        if config.admin_key is None:
+            return login_page(NO_ADMIN_KEY, query=query)
+        if not is_admin_key(key, config):
+            return login_page("Wrong admin key.", query=query)
+        response = RedirectResponse(f"/dashboard{query}", status_code=303,
+                                    headers=_SECURITY_HEADERS)
         response.set_cookie(SESSION_COOKIE, session_token(config), max_age=SESSION_TTL_S,
                             path="/", httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")

@@ -3,19 +3,23 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import sqlite3
 import subprocess
 from collections import Counter
 from datetime import UTC, datetime
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event
 
 from gateway import bench, stats_cli
-from gateway.api_stats import compute_stats
+from gateway.api_stats import MAX_POINTS, compute_stats
 from gateway.auth import SESSION_COOKIE, session_token
 from gateway.pricing import DEFAULT_PRICES, Price, PriceTable
 from gateway.stats import RecordStore, RequestRecord
@@ -136,6 +140,101 @@ async def test_admin_key_guards_stats_and_dashboard(admin_app: Any) -> None:
     assert "@import" not in html and "url(http" not in html
 
 
+async def _sign_in_through_the_form(client: httpx.AsyncClient, path: str) -> httpx.Response:
+    """What a browser does with a bookmarked dashboard URL: GET it, get the sign-in form,
+    submit the admin key to the form's own action, follow the redirect with the cookie."""
+    form = await client.get(path)
+    assert form.status_code == 401
+    action = re.search(r'<form method="post" action="([^"]*)"', form.text)
+    assert action, form.text
+    signed = await client.post(action.group(1), data={"key": ADMIN})
+    assert signed.status_code == 303 and SESSION_COOKIE in signed.cookies
+    page = await client.get(signed.headers["location"])
+    assert page.status_code == 200 and "<script>" in page.text
+    return page
+
+
+async def test_the_dashboard_signs_out(admin_app: Any) -> None:
+    """The signed-in page has a sign-out button: its form ends the session cookie, and the
+    browser is back at the sign-in form (a shared screen need not wait 12 hours)."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        page = await _sign_in_through_the_form(client, "/dashboard")
+        form = re.search(r'<form id="signout" method="post" action="([^"]*)"', page.text)
+        assert form, "no sign-out form on the dashboard"
+        out = await client.post(form.group(1))
+        assert out.status_code == 303 and SESSION_COOKIE not in client.cookies
+        again = await client.get(out.headers["location"])
+    assert again.status_code == 401 and 'name="key"' in again.text
+
+
+async def test_signing_in_keeps_the_window_the_url_asked_for(admin_app: Any) -> None:
+    """A bookmarked `/dashboard?window=6h` shows six hours after the sign-in form, not the
+    default day; a window the page cannot read is dropped, never echoed into the form."""
+    for asked, kept in (("6h", "6h"), ("7d", "7d"), ("3600", "3600"),
+                        ('"><script>alert(1)</script>', None), ("//evil.example", None)):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                     base_url="http://gw") as client:
+            form = await client.get("/dashboard", params={"window": asked})
+            assert "alert(1)" not in form.text and "evil.example" not in form.text
+            page = await _sign_in_through_the_form(client, str(form.url))
+        assert page.url.path == "/dashboard"
+        assert page.url.params.get("window") == kept, (asked, str(page.url))
+
+
+async def test_without_an_admin_key_the_sign_in_form_says_why_no_key_works(
+    tmp_path: Path,
+) -> None:
+    """Tenant keys but no admin key: the dashboard cannot be opened by anyone, and the form
+    says so (and how to fix it) instead of answering every key with "Wrong admin key."."""
+    app = gateway_app(tmp_path, pool_over(fake_replicas(1)), api_keys={"user-key": "acme"})
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://gw") as client:
+            form = await client.get("/dashboard")
+            tried = await client.post("/dashboard/login", data={"key": "user-key"})
+    finally:
+        app.state.store.close()
+    for page in (form, tried):
+        assert page.status_code == 401 and SESSION_COOKIE not in page.cookies
+        assert "Wrong admin key" not in page.text
+        assert "no admin key" in page.text and "--admin-key" in page.text
+
+
+async def test_a_bucket_too_small_for_its_window_is_refused(admin_app: Any) -> None:
+    """`bucket` may not split the window into more than MAX_POINTS points (a year in 1 s
+    buckets answered one point per row, 37 MB); the largest allowed split still answers."""
+    seed_records(admin_app.state.store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        async def ask(window: int, bucket: int) -> httpx.Response:
+            return await client.get("/api/stats", params={"window": window, "bucket": bucket},
+                                    headers={"x-api-key": ADMIN})
+
+        refused = await ask(86400, 1)
+        assert refused.status_code == 400 and "bucket must be at least" in refused.text
+        assert (await ask(31622400, 10)).status_code == 400
+        fine = await ask(86400, 86400 // MAX_POINTS + 1)
+    assert fine.status_code == 200 and fine.json()["totals"]["requests"] == 60
+    assert len(fine.json()["series"]) <= MAX_POINTS
+
+
+async def test_no_other_site_may_frame_the_dashboard(admin_app: Any) -> None:
+    """The sign-in form, its answer and the signed-in page forbid framing (`frame-ancestors`
+    does not fall back to `default-src 'none'`) and a moved base URL."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        pages = [await client.get("/dashboard"),
+                 await client.post("/dashboard/login", data={"key": "wrong"}),
+                 await client.get("/dashboard", headers={"x-api-key": ADMIN})]
+    for page in pages:
+        policy = {d.split()[0]: d.split()[1:] for d in
+                  page.headers["content-security-policy"].split(";") if d.strip()}
+        assert policy.get("frame-ancestors") == ["'none'"], page.headers
+        assert policy.get("base-uri") == ["'none'"]
+        assert page.headers["x-frame-options"] == "DENY"
+
+
 def test_stats_cli_prints_the_api_numbers(admin_app: Any, capsys: Any) -> None:
     seed_records(admin_app.state.store)
     with serving(admin_app) as server:
@@ -152,6 +251,22 @@ def test_stats_cli_prints_the_api_numbers(admin_app: Any, capsys: Any) -> None:
         line = next(x for x in table.splitlines() if x.startswith(row["tenant"] + " "))
         assert f"{100 * row['hit_rate']:.1f}%" in line and f"{row['requests']:,}" in line
     assert "PL004" in table
+
+
+def test_stats_cli_takes_the_windows_the_dashboard_takes(admin_app: Any, capsys: Any) -> None:
+    """`--window 6h` asks for the six hours `/dashboard?window=6h` shows; a window that is
+    neither seconds nor a number with a unit is a usage error (exit status 2)."""
+    with serving(admin_app) as server:
+        for text, seconds in (("6h", 6 * 3600), ("7d", 7 * 86400), ("90m", 5400),
+                              ("3600", 3600)):
+            argv = ["--url", server.url, "--admin-key", ADMIN, "--json", "--window", text]
+            assert stats_cli.main(argv) == 0
+            assert json.loads(capsys.readouterr().out)["window_s"] == seconds
+        for text in ("soon", "0", "-5", "1.5h"):
+            with pytest.raises(SystemExit) as exit_:
+                stats_cli.main(["--url", server.url, "--admin-key", ADMIN, "--window", text])
+            assert exit_.value.code == 2
+            assert "--window" in capsys.readouterr().err
 
 
 def test_bench_command_finds_benchmarks(capsys: Any) -> None:
@@ -246,6 +361,9 @@ def test_dashboard_at_1400px_clips_no_table_and_labels_replicas_whole(
     body = dict(re.findall(r'([\w-]+)="([^"]*)"', body_tag.group(0)))
     assert body.get("data-state") == "ready", body
     assert body["data-clipped"] == "0"  # no table wider than its panel at 1400 px
+    # every chart as wide as its panel: panels widen after the first draw (the scroll bar
+    # appears and the grid drops to two columns), and charts follow them
+    assert body["data-unfit"] == "0"
     assert body["data-window"] == "604800"  # ?window=7d
     found = re.search(r'data-labels="([^"]*)"', dom)
     assert found, "replica chart not drawn"
@@ -254,3 +372,114 @@ def test_dashboard_at_1400px_clips_no_table_and_labels_replicas_whole(
     assert _png_size(shot) == (1400, 1800)
     assert lib.status_code == 200 and lib.text.startswith("/*! https://github.com/leeoniya/uPlot")
     assert other.status_code == 404
+
+
+def _database_down(store: RecordStore) -> None:
+    """Every statement on the store's engine fails from now on, as on a dead database."""
+    def refuse(*_: Any) -> None:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    event.listen(store.engine, "before_cursor_execute", refuse)
+
+
+async def test_stats_during_a_database_outage_say_so(admin_app: Any) -> None:
+    """While the stats database is down /api/stats is a 503 naming the outage (records wait
+    in the spill file), not a bare 500 "Internal Server Error"."""
+    store: RecordStore = admin_app.state.store
+    seed_records(store)
+    _database_down(store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                 base_url="http://gw") as client:
+        answer = await client.get("/api/stats", headers={"x-api-key": ADMIN})
+    assert answer.status_code == 503 and answer.headers["retry-after"].isdigit()
+    error = answer.json()["error"]
+    assert error["code"] == "stats_database_unavailable"
+    assert error["message"].startswith("stats database unavailable (OperationalError)")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_the_dashboard_shows_why_it_has_no_numbers(admin_app: Any, tmp_path: Path) -> None:
+    """The page's status line carries /api/stats' own error message, so an operator reads
+    "stats database unavailable" rather than a bare status code."""
+    store: RecordStore = admin_app.state.store
+    seed_records(store)
+    _database_down(store)
+    with serving(signed_in(admin_app)) as server:
+        dom = _chromium(f"{server.url}/dashboard", tmp_path, "--dump-dom").stdout
+        expected = httpx.get(f"{server.url}/api/stats", headers={"x-api-key": ADMIN})
+    assert expected.status_code == 503
+    status = re.search(r'<span id="status" class="err">([^<]*)</span>', dom)
+    assert status, dom[:800]
+    want = f"/api/stats answered 503: {expected.json()['error']['message']}"
+    assert html.unescape(status.group(1)) == want
+
+
+class _Cells(HTMLParser):
+    """Every table cell of a page: (its title attribute, its text), both as the browser has
+    them (entities decoded once)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.cells: list[tuple[str | None, str]] = []
+        self._open: list[str] | None = None
+        self._title: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "td":
+            self._open, self._title = [], dict(attrs).get("title")
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._open.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._open is not None:
+            self.cells.append((self._title, "".join(self._open)))
+            self._open = None
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_names_with_markup_and_entities_are_shown_as_sent(admin_app: Any, tmp_path: Path) -> None:
+    """A tenant or model named with HTML, quotes or character references is text, in the cell
+    and in its hover title alike (a title that decoded `&quot;` showed a different name)."""
+    store: RecordStore = admin_app.state.store
+    names = ['x&quot;y&lt;b&gt;', '<img src=x onerror=alert(1)>', 'q"\'<b>&amp;m']
+    for i, name in enumerate(names):
+        store.add(RequestRecord(
+            ts=datetime.now(UTC), request_id=f"n{i}", tenant=name, model=name,
+            backend="openai", replica="10.0.0.9:8000", provider="openai",
+            route="chat.completions", status=200, prompt_tokens=10, cached_tokens=5,
+            completion_tokens=1, latency_ms=1.0, lint_ids="", family=None, stream=False))
+    store.flush()
+    with serving(signed_in(admin_app)) as server:
+        dom = _chromium(f"{server.url}/dashboard", tmp_path, "--dump-dom").stdout
+    assert 'data-state="ready"' in dom, dom[:500]
+    parser = _Cells()
+    parser.feed(dom)
+    first = [text for title, text in parser.cells if text in names]
+    assert sorted(first) == sorted(names * 2)  # each name once per tenant and model table
+    assert "<img" not in re.sub(r"<td[^>]*>[^<]*</td>", "", dom.split("<main>")[1])
+    assert [(t, x) for t, x in parser.cells if t != x] == []
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_a_window_the_page_cannot_read_is_named_not_silently_replaced(
+    admin_app: Any, tmp_path: Path,
+) -> None:
+    """`?window=1w` (or `1.5h`, or markup) is not a window the page reads: it shows the default
+    day and its status line says the asked window was not understood, as text."""
+    seed_records(admin_app.state.store)
+    with serving(signed_in(admin_app)) as server:
+        asked = "1w<b>x</b>"
+        url = str(httpx.URL(f"{server.url}/dashboard", params={"window": asked}))
+        dom = _chromium(url, tmp_path, "--dump-dom").stdout
+    body = re.search(r"<body[^>]*>", dom)
+    assert body, dom[:500]
+    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(0)))
+    assert attrs.get("data-state") == "ready" and attrs["data-window"] == "86400"
+    status = re.search(r'<span id="status" class="">([^<]*)</span>', dom)
+    assert status, dom[:800]
+    assert f'(window "{asked}" not understood' in html.unescape(status.group(1))

@@ -96,6 +96,27 @@ def test_every_stats_query_matches_a_naive_count(db_url: str) -> None:
         store.close()
 
 
+def test_top_lint_findings_are_ranked_the_same_on_every_database(db_url: str) -> None:
+    """Most requests first, ties by rule id: the list (and which rules make its top ten) must
+    not follow the order a database happens to group `lint_ids` strings in."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    ids = [f"PL{n:03d}" for n in range(1, 15)]
+    # every rule on one request, written in descending order; PL014 and PL013 on one more
+    lint = [",".join(reversed(ids)), "PL014,PL013", ""]
+    rows = [_record(i, now, lint_ids=text) for i, text in enumerate(lint)]
+    store = RecordStore(db_url, flush_interval_s=0.02)
+    try:
+        for row in rows:
+            store.add(row)
+        assert store.flush()
+        stats = compute_stats(store.engine, window_s=3600, now=now)
+    finally:
+        store.close()
+    counts = {i: sum(i in r["lint_ids"].split(",") for r in rows) for i in ids}
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+    assert [(x["id"], x["requests"]) for x in stats["lint"]] == ranked
+
+
 async def test_stats_api_and_dashboard_answer_on_the_database(db_url: str, tmp_path: Path) -> None:
     app = create_app(fake_config(tmp_path, db_url=db_url, admin_key=ADMIN), backend=FakeBackend())
     try:
@@ -375,3 +396,33 @@ async def test_postgres_stopped_and_restarted_loses_no_record(tmp_path: Path) ->
     finally:
         store.close()
         cluster.destroy()
+
+
+def test_every_stats_query_on_sqlite_reads_only_its_window(tmp_path: Path) -> None:
+    """Each query /api/stats runs on SQLite finds its rows through the `ts` index, so a
+    one-hour window reads an hour of rows however large the table is (SQLite's planner
+    otherwise walks the whole `tenant` index to avoid sorting the GROUP BY)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    store = RecordStore(f"sqlite:///{tmp_path / 'plan.db'}", flush_interval_s=0.02)
+    statements: list[tuple[str, Any]] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, parameters))
+
+    try:
+        for i in range(40):
+            store.add(_record(i, now))
+        assert store.flush()
+        event.listen(store.engine, "before_cursor_execute", seen)
+        compute_stats(store.engine, window_s=3600, now=now)
+        event.remove(store.engine, "before_cursor_execute", seen)
+        plans = {}
+        with store.engine.connect() as conn:
+            for statement, parameters in statements:
+                rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)
+                plans[statement] = " / ".join(str(row[-1]) for row in rows)
+    finally:
+        store.close()
+    assert len(plans) >= 7
+    assert {s: p for s, p in plans.items() if "ix_requests_ts (ts>?)" not in p} == {}
