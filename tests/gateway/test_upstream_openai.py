@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from gateway.app import create_app
-from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key, read_usage
+from gateway.backends.openai_answer import read_usage
+from gateway.backends.openai_upstream import build_body, derive_prompt_cache_key
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.config import GatewayConfig
 from gateway.fake_upstream import render_prompt

@@ -141,7 +141,7 @@ async def test_prefill_saved_through_llama_server_is_its_own_timing(tmp_path: Pa
     server's own prefill time per token (`timings.prompt_ms` / `prompt_n`, fake: 0.5 ms), in
     the header, the summary and the record; 0 until the server has timed a prefill of at
     least PREFILL_SAMPLE_TOKENS tokens, and never from an upstream that does not time."""
-    from gateway.backends.openai_upstream import PREFILL_SAMPLE_TOKENS
+    from gateway.backends.openai_answer import PREFILL_SAMPLE_TOKENS
     from gateway.fake_llama_server import FakeLlamaConfig, create_fake_llama_server
 
     server = create_fake_llama_server(FakeLlamaConfig(slots=1, prompt_ms_per_token=0.5))
