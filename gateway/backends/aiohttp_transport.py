@@ -17,7 +17,7 @@ interface and sends through one pooled `aiohttp.ClientSession`:
 - bodies stream through undecoded (httpx decodes `content-encoding` as it would for its own
   transport); the certificate store is certifi's, as httpx's;
 - aiohttp's failures are raised as the httpx exceptions the backends already map
-  (`gateway.backends.upstream_http.transport_error`);
+  (`gateway.backends.upstream_errors.transport_error`);
 - the gateway's `REQUEST_SENT` callback (gateway.types), when set, is called once the body is
   handed to the socket, so that work the body does not depend on (gateway.overlap) runs while
   the upstream works.

@@ -22,15 +22,8 @@ import httpx
 from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthropic_body
 from gateway.backends.http1_request import PostTemplate, post_template
 from gateway.backends.upstream import StreamClock, UpstreamBackend
-from gateway.backends.upstream_http import (
-    UpstreamOptions,
-    dumps_body,
-    fetch_json,
-    iter_sse,
-    loads_event,
-    stream_error_event,
-    token_count,
-)
+from gateway.backends.upstream_errors import loads_event, stream_error_event, token_count
+from gateway.backends.upstream_http import UpstreamOptions, dumps_body, fetch_json, iter_sse
 from gateway.evolve import evolve
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 

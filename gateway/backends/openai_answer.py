@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from gateway.backends.upstream_http import token_count
+from gateway.backends.upstream_errors import token_count
 from gateway.types import ToolCallDelta
 from prompt_lint.tokens import get_encoding
 

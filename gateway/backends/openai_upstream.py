@@ -30,13 +30,8 @@ from gateway.backends.openai_answer import (
     tool_call,
 )
 from gateway.backends.upstream import StreamClock, UpstreamBackend
-from gateway.backends.upstream_http import (
-    UpstreamOptions,
-    dumps_body,
-    iter_sse,
-    loads_event,
-    stream_error_event,
-)
+from gateway.backends.upstream_errors import loads_event, stream_error_event
+from gateway.backends.upstream_http import UpstreamOptions, dumps_body, iter_sse
 from gateway.salt import SaltMode, salt_upstream_body
 from gateway.types import (
     BackendError,

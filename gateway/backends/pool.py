@@ -34,7 +34,7 @@ from gateway.backends.pool_metrics import PoolMetrics
 from gateway.backends.predicted_usage import final_usage, head_usage, in_shadow_tokens
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
-from gateway.backends.upstream_http import is_replica_fault
+from gateway.backends.upstream_errors import is_replica_fault
 from gateway.body import INLINE_BYTES, text_chars
 from gateway.config import AUTO_KIND
 from gateway.count_tokens import estimate
