@@ -11,7 +11,6 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from .upstream_helpers import (
     pool_over_handler,
     records,
     serving,
+    slow_words,
 )
 
 SYSTEM = "You are a careful coding agent. Follow the repository conventions. " * 40
@@ -178,16 +178,9 @@ def test_a_stream_the_client_leaves_is_filed_under_its_replica(tmp_path: Path) -
     """A client that leaves an upstream stream mid-way: its record names the replica that
     served the head (the only one), so /api/stats' per-replica table holds its tokens rather
     than a '-' row of work no replica did."""
-    async def chunks() -> AsyncIterator[bytes]:
-        for i in range(200):
-            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                     "choices": [{"index": 0, "delta": {"content": f"w{i} "},
-                                  "finish_reason": None}]}
-            yield f"data: {json.dumps(chunk)}\n\n".encode()
-            await asyncio.sleep(0.02)
-
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, content=slow_words(),
+                              headers={"content-type": "text/event-stream"})
 
     app = gateway_app(tmp_path, pool_over_handler(handler))
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go " * 80}]}
@@ -207,17 +200,9 @@ def test_every_upstream_call_has_an_outcome_in_the_metrics(tmp_path: Path) -> No
     """`prefixgate_upstream_requests_total` by outcome adds up to the calls the replica took:
     an answered one is "ok", a stream its client left mid-way "cancelled" (it was counted
     nowhere, so a replica looked to have served fewer requests than /api/stats showed)."""
-    async def words() -> AsyncIterator[bytes]:
-        for i in range(200):
-            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                     "choices": [{"index": 0, "delta": {"content": f"w{i} "},
-                                  "finish_reason": None}]}
-            yield f"data: {json.dumps(chunk)}\n\n".encode()
-            await asyncio.sleep(0.02)
-
     def handler(request: httpx.Request) -> httpx.Response:
         if json.loads(request.content).get("stream"):
-            return httpx.Response(200, content=words(),
+            return httpx.Response(200, content=slow_words(),
                                   headers={"content-type": "text/event-stream"})
         return httpx.Response(200, json={
             "id": "c1", "object": "chat.completion", "created": 0, "model": "m",

@@ -7,11 +7,9 @@ openai and anthropic SDKs are the clients.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from .upstream_helpers import (
     pool_over_handler,
     records,
     serving,
+    slow_words,
 )
 
 
@@ -177,17 +176,9 @@ def test_an_upstream_stream_cut_short_is_recorded_with_its_estimate(tmp_path: Pa
     estimated, rather than zeros."""
     sent = [0]
 
-    async def chunks() -> AsyncIterator[bytes]:
-        for i in range(200):
-            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                     "choices": [{"index": 0, "delta": {"content": f"w{i} "},
-                                  "finish_reason": None}]}
-            sent[0] += 1
-            yield f"data: {json.dumps(chunk)}\n\n".encode()
-            await asyncio.sleep(0.02)
-
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, content=slow_words(sent),
+                              headers={"content-type": "text/event-stream"})
 
     app = gateway_app(tmp_path, pool_over_handler(handler))
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go " * 80}]}

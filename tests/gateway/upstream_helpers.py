@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +22,20 @@ from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream
 from gateway.stats import RecordStore, RequestRecord
 from gateway.types import ChatRequest, SamplingOptions
 from tests.support import ServerThread, serve
+
+
+async def slow_words(sent: list[int] | None = None, count: int = 200,
+                     pause_s: float = 0.02) -> AsyncIterator[bytes]:
+    """An OpenAI-compatible stream of `count` one-word chunks `pause_s` apart, slow enough for a
+    client to leave it mid-way; `sent[0]` counts the chunks yielded."""
+    for i in range(count):
+        chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "delta": {"content": f"w{i} "},
+                              "finish_reason": None}]}
+        if sent is not None:
+            sent[0] += 1
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+        await asyncio.sleep(pause_s)
 
 
 def fake_replicas(n: int, **config: Any) -> list[Any]:
