@@ -155,9 +155,9 @@ def _remembered(tracker: SessionTracker, key: str, values: list[str]) -> dict[st
     holds most of this request's values is emitted (a value-keyed one on a tie)."""
     found = [tracker.remembered(fingerprint(key, v)) for v in values]
     found.append(tracker.remembered(key))
-    candidates = [m for m in found if m is not None]
-    if not candidates:
-        return None
+    candidates = list({id(m): m for m in found if m is not None}.values())
+    if len(candidates) < 2:  # one message (usually all keys hold it): nothing to weigh
+        return candidates[0] if candidates else None
     return max(candidates, key=lambda m: _shared(m, values))
 
 
