@@ -3,12 +3,15 @@
 lint: exit 0 when no finding reaches `--fail-on`, 1 when one does, 2 on bad
 input or an output that cannot be written (one `file[:line]: problem` line on
 stderr, nothing else printed; never a traceback, whose exit status 1 would read
-as a finding). fix: writes the rewritten requests as JSONL, or as one JSON
-document when OUT ends in .json (the object for one request, else an array);
-a request read from an envelope (`{"request": {...}, "response": {...}}`) is
-written back in its envelope, with only the body rewritten. Both learn
-templates over the whole log first (two passes), unless `--online` asks for
-the one-pass behaviour a gateway has.
+as a finding). `lint --skip-invalid` lints what it can read instead: each record
+left out is one `file:line: problem (skipped)` line on stderr and a `skipped`
+entry in the JSON report (a tool notification in SARIF). fix: writes the
+rewritten requests as JSONL, or as one JSON document when OUT ends in .json
+(the object for one request, else an array); a request read from an envelope
+(`{"request": {...}, "response": {...}}`) is written back in its envelope, with
+only the body rewritten; it refuses bad input whole (a fixed log holds every
+record or none). Both learn templates over the whole log first (two passes),
+unless `--online` asks for the one-pass behaviour a gateway has.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from prompt_lint.lint import learn_request, lint_request
-from prompt_lint.loader import InputError, LoadedRequest, load_requests
+from prompt_lint.loader import InputError, LoadedRequest, Skipped, load_requests
 from prompt_lint.output import render
 from prompt_lint.rewrite import rewrite_request
 from prompt_lint.rules import SEVERITY_RANK
@@ -68,6 +71,9 @@ def _lint_parser() -> argparse.ArgumentParser:
                         default="error", help="exit 1 when a finding is at least this severe")
     parser.add_argument("--show-values", action="store_true", help="print raw values")
     parser.add_argument("-o", "--output", help="write the report here instead of stdout")
+    parser.add_argument("--skip-invalid", action="store_true",
+                        help="leave out records that are not valid requests (each named on "
+                             "stderr) and lint the rest, instead of refusing the whole input")
     return parser
 
 
@@ -113,19 +119,45 @@ def _lint_all(requests: list[LoadedRequest], args: argparse.Namespace,
             for req in _progress(requests, "linting")]
 
 
-def _prepare(parser: argparse.ArgumentParser, argv: list[str], report: bool
-             ) -> tuple[argparse.Namespace, list[LoadedRequest]] | int:
+class Prepared(NamedTuple):
+    """A command's parsed arguments, the requests it read and the records it left out (only
+    with `--skip-invalid`)."""
+
+    args: argparse.Namespace
+    requests: list[LoadedRequest]
+    skipped: list[Skipped]
+
+
+#: Left-out records named on stderr one by one; the rest are counted in one line.
+SKIPPED_SHOWN = 20
+
+
+def _prepare(parser: argparse.ArgumentParser, argv: list[str], report: bool) -> Prepared | int:
     """Parsed arguments and the loaded requests, or 2 after one error line. `report`: the
     output is a report, never to be written over an input."""
     args = parser.parse_args(argv)
+    skipped: list[Skipped] = []
     try:
         get_encoding(args.encoding)
         _check_output(args.output, args.inputs if report else [])
-        requests = load_requests(args.inputs, args.provider, skip=args.output)
+        requests = load_requests(args.inputs, args.provider, skip=args.output,
+                                 skipped=skipped if getattr(args, "skip_invalid", False) else None)
     except (InputError, ValueError) as exc:
+        _tell_skipped(parser.prog, skipped)
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
-    return args, requests
+    _tell_skipped(parser.prog, skipped)
+    return Prepared(args, requests, skipped)
+
+
+def _tell_skipped(prog: str, skipped: list[Skipped]) -> None:
+    """One stderr line per left-out record, the first `SKIPPED_SHOWN` of them, then a count
+    (a pretty-printed JSON file that does not parse is judged line by line: one per line)."""
+    for item in skipped[:SKIPPED_SHOWN]:
+        print(f"{prog}: {item.message} (skipped)", file=sys.stderr)
+    if len(skipped) > SKIPPED_SHOWN:
+        print(f"{prog}: ... and {len(skipped) - SKIPPED_SHOWN} more records skipped "
+              f"({len(skipped)} in all)", file=sys.stderr)
 
 
 def _check_output(path: str | None, inputs: list[str]) -> None:
@@ -189,10 +221,10 @@ def lint_main(argv: list[str]) -> int:
     prepared = _prepare(parser, argv, report=True)
     if isinstance(prepared, int):
         return prepared
-    args, requests = prepared
+    args, requests, skipped = prepared
     reports = _lint_all(requests, args, TemplateLearner(max_families=args.max_families))
     if not _write(parser.prog, args.output,
-                  render(args.format, requests, reports, args.show_values)):
+                  render(args.format, requests, reports, args.show_values, skipped)):
         return 2
     if args.fail_on == "never":
         return 0
@@ -207,7 +239,7 @@ def fix_main(argv: list[str]) -> int:
     prepared = _prepare(parser, argv, report=False)
     if isinstance(prepared, int):
         return prepared
-    args, requests = prepared
+    args, requests, _ = prepared
     learner = TemplateLearner(max_families=args.max_families)
     reports = _lint_all(requests, args, learner)
     results = [rewrite_request(req.body, req.provider, report=rep, learner=learner)

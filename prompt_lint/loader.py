@@ -9,7 +9,10 @@ the gateway refuses them too), JSON nested deeper than `MAX_DEPTH` levels, a lon
 UTF-16 surrogate escape (`"\ud800"`: not Unicode, so no encoder, upstream or
 report can carry it; the gateway refuses such a body too), or a record that is
 not a request. A log record may be the request body itself or an envelope
-holding it under `body` or `request`.
+holding it under `body` or `request`. A lenient load (`skipped=` a list; `prefixgate lint
+--skip-invalid`) leaves such a record out instead, noting where and why in that list, and
+reads the rest: a log still being written ends in a half line, and a log of what an agent
+sent may hold other records; an unreadable file or a missing path is still refused.
 """
 
 from __future__ import annotations
@@ -71,6 +74,22 @@ def _loads(text: str) -> Any:
                       parse_int=_bounded_int)
 
 
+class Skipped(NamedTuple):
+    """A record a lenient load left out: its file, its line and the problem (`message`: the
+    whole `file:line: problem` line)."""
+
+    source: str
+    line: int
+    message: str
+
+
+def _skip(skipped: list[Skipped] | None, source: str, line: int, exc: InputError) -> None:
+    """Note `exc` as a left-out record in `skipped`; re-raise it for a strict load (None)."""
+    if skipped is None:
+        raise exc
+    skipped.append(Skipped(source, line, str(exc)))
+
+
 class LoadedRequest(NamedTuple):
     """One request from a log: where it came from, its body and provider; for a body read
     from an envelope, the envelope (`record`) and the key holding the body (`key`), so that
@@ -92,37 +111,47 @@ class LoadedRequest(NamedTuple):
 
 
 def load_requests(paths: list[str], provider: str | None = None,
-                  skip: str | None = None) -> list[LoadedRequest]:
+                  skip: str | None = None, skipped: list[Skipped] | None = None
+                  ) -> list[LoadedRequest]:
     """All requests in `paths` ("-" is stdin), in order, validated. `skip`: a file that a
     directory's walk leaves out (the command's own output: a report or fixed log written
-    into the log directory was read back as input by the next run)."""
+    into the log directory was read back as input by the next run). `skipped`: a lenient
+    load, which leaves bad records out and notes each in this list (None: the first one
+    refuses the whole input)."""
     if provider is not None and provider not in PROVIDERS:
         raise InputError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
     out: list[LoadedRequest] = []
-    skipped = Path(skip).resolve() if skip is not None and skip != "-" else None
-    for path in paths:
-        for source, text in _texts(path, skipped):
-            for line, record in _records(source, text):
+    own = Path(skip).resolve() if skip is not None and skip != "-" else None
+    texts = [text for path in paths for text in _texts(path, own, skipped)]
+    for source, text in texts:
+        for line, record in _records(source, text, skipped):
+            try:
                 out.append(_request(source, line, record, provider))
+            except InputError as exc:
+                _skip(skipped, source, line, exc)
+    if skipped:  # in the order of the input (a file's lines not UTF-8 were noted first)
+        rank = {source: n for n, (source, _) in enumerate(texts)}
+        skipped.sort(key=lambda k: (rank[k.source], k.line))
     if not out:
         raise InputError(f"no requests found in {', '.join(paths)}")
     return out
 
 
-def _texts(path: str, skipped: Path | None = None) -> list[tuple[str, str]]:
+def _texts(path: str, own: Path | None = None, skipped: list[Skipped] | None = None
+           ) -> list[tuple[str, str]]:
     if path == "-":
-        return [("<stdin>", _read_stdin())]
+        return [("<stdin>", _read_stdin(skipped))]
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file()
-                       and (skipped is None or f.resolve() != skipped))
-        return [(str(f), _read(f)) for f in files]
+                       and (own is None or f.resolve() != own))
+        return [(str(f), _read(f, skipped)) for f in files]
     if not p.exists():
         raise InputError(f"{path}: no such file or directory")
-    return [(path, _read(p))]
+    return [(path, _read(p, skipped))]
 
 
-def _read_stdin() -> str:
+def _read_stdin(skipped: list[Skipped] | None = None) -> str:
     """stdin's text; an InputError when it cannot be read (started with its descriptor
     closed, `<&-`: an AttributeError traceback and exit 1 before)."""
     if sys.stdin is None:
@@ -132,18 +161,18 @@ def _read_stdin() -> str:
         raw = sys.stdin.read() if stdin is None else stdin.read()
     except OSError as exc:
         raise InputError(f"<stdin>: cannot read: {exc.strerror or exc}") from None
-    return raw.removeprefix(BOM) if isinstance(raw, str) else _decode("<stdin>", raw)
+    return raw.removeprefix(BOM) if isinstance(raw, str) else _decode("<stdin>", raw, skipped)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, skipped: list[Skipped] | None = None) -> str:
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    return _decode(str(path), raw)
+    return _decode(str(path), raw, skipped)
 
 
-def _decode(source: str, raw: bytes) -> str:
+def _decode(source: str, raw: bytes, skipped: list[Skipped] | None = None) -> str:
     """`raw` as UTF-8 text without a leading byte order mark (which editors and shells on
     Windows write, and which JSON parsers may ignore: it refused the whole file as "invalid
     JSON: Unexpected UTF-8 BOM"); else an InputError at the line and column of the first
@@ -151,33 +180,62 @@ def _decode(source: str, raw: bytes) -> str:
     try:
         return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        start = raw.rfind(b"\n", 0, exc.start) + 1
-        column = len(raw[start:exc.start].decode("utf-8", "replace")) + 1
-        raise InputError(f"{source}:{line}: not UTF-8: byte 0x{raw[exc.start]:02x} "
-                         f"(column {column})") from None
+        if skipped is None:
+            raise _not_utf8(source, raw, exc) from None
+    return "\n".join(_utf8_lines(source, raw, skipped)).removeprefix(BOM)
 
 
-def _records(source: str, text: str) -> list[tuple[int, Any]]:
+def _not_utf8(source: str, raw: bytes, exc: UnicodeDecodeError) -> InputError:
+    """The error for `raw`'s first byte that is not UTF-8, at its line and column."""
+    line = raw.count(b"\n", 0, exc.start) + 1
+    start = raw.rfind(b"\n", 0, exc.start) + 1
+    column = len(raw[start:exc.start].decode("utf-8", "replace")) + 1
+    return InputError(f"{source}:{line}: not UTF-8: byte 0x{raw[exc.start]:02x} "
+                      f"(column {column})")
+
+
+def _utf8_lines(source: str, raw: bytes, skipped: list[Skipped]) -> list[str]:
+    """`raw`'s lines as text for a lenient load: a line that is not UTF-8 is noted in
+    `skipped` and left empty (so every other line keeps its number)."""
+    lines: list[str] = []
+    for n, data in enumerate(raw.split(b"\n"), start=1):
+        try:
+            lines.append(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            where = f"{source}:{n}"
+            _skip(skipped, source, n, InputError(
+                f"{where}: not UTF-8: byte 0x{data[exc.start]:02x} (column "
+                f"{len(data[:exc.start].decode('utf-8', 'replace')) + 1})"))
+            lines.append("")
+    return lines
+
+
+def _records(source: str, text: str, skipped: list[Skipped] | None = None
+             ) -> list[tuple[int, Any]]:
     stripped = text.strip()
     if not stripped:
         return []
     if stripped[0] in "[{":
-        records = _document(source, text, stripped)
+        records = _document(source, text, stripped, skipped)
         if records is not None:
             return records
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
-            out.append((n, _parse(f"{source}:{n}", line)))
+            try:
+                out.append((n, _parse(f"{source}:{n}", line)))
+            except InputError as exc:
+                _skip(skipped, source, n, exc)
     return out
 
 
-def _document(source: str, text: str, stripped: str) -> list[tuple[int, Any]] | None:
+def _document(source: str, text: str, stripped: str, skipped: list[Skipped] | None = None
+              ) -> list[tuple[int, Any]] | None:
     """The input as one JSON document, as (line, record) pairs: the object, or each record
     of an array at the line where it starts (all were line 1 before: a SARIF result or an
-    error pointed at the top of a pretty-printed file), each checked like a line; None when
-    it is not one document (JSONL)."""
+    error pointed at the top of a pretty-printed file), each checked like a line (a lenient
+    load leaves out the records that fail); None when it is not one document (JSONL; for a
+    lenient load also one whose first value fails, so that its lines are judged one by one)."""
     lead = len(text) - len(text.lstrip())
     first = text.count("\n", 0, lead) + 1
     where = f"{source}:{first}"
@@ -185,16 +243,23 @@ def _document(source: str, text: str, stripped: str) -> list[tuple[int, Any]] | 
         whole = _loads(stripped)
     except json.JSONDecodeError:
         return None
-    except RecursionError:  # the first value (a document or a line) is too deep
-        raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:  # a value of the first record that is no JSON number
-        raise InputError(f"{where}: invalid JSON: {exc}") from None
+    except (RecursionError, ValueError) as exc:  # too deep, or a number that is not JSON
+        if skipped is not None:
+            return None
+        problem = f"JSON nested deeper than {MAX_DEPTH} levels" \
+            if isinstance(exc, RecursionError) else f"invalid JSON: {exc}"
+        raise InputError(f"{where}: {problem}") from None
     records = list(zip(_element_lines(text, lead, len(whole)), whole, strict=True)) \
         if isinstance(whole, list) else [(first, whole)]
     strings = _SURROGATE_ESCAPE.search(stripped) is not None
+    kept = []
     for line, record in records:
-        _check_value(f"{source}:{line}", record, strings)
-    return records
+        try:
+            _check_value(f"{source}:{line}", record, strings)
+            kept.append((line, record))
+        except InputError as exc:
+            _skip(skipped, source, line, exc)
+    return kept
 
 
 def _element_lines(text: str, at: int, count: int) -> list[int]:

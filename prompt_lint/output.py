@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from prompt_lint.loader import LoadedRequest
+from prompt_lint.loader import LoadedRequest, Skipped
 from prompt_lint.rules import RULES
 from prompt_lint.types import Finding, LintReport, mask_value
 
@@ -46,9 +47,12 @@ def summarize(reports: list[LintReport]) -> Summary:
 
 
 def to_json(requests: list[LoadedRequest], reports: list[LintReport],
-            show_values: bool) -> dict[str, Any]:
-    """The `--format json` document (schema in the README)."""
+            show_values: bool, skipped: Sequence[Skipped] = ()) -> dict[str, Any]:
+    """The `--format json` document (schema in the README); `skipped` (records left out by
+    `--skip-invalid`) is there only when there are some."""
     s = summarize(reports)
+    left_out = {"skipped": [{"source": k.source, "line": k.line, "problem": k.message}
+                            for k in skipped]} if skipped else {}
     return {
         "requests": [_request_json(i, req, rep, show_values)
                      for i, (req, rep) in enumerate(zip(requests, reports, strict=True))],
@@ -58,6 +62,7 @@ def to_json(requests: list[LoadedRequest], reports: list[LintReport],
                     "cacheable_tokens_after_fix": s.cacheable_tokens_after_fix,
                     "hit_rate_now": round(s.hit_rate_now, 4),
                     "hit_rate_after_fix": round(s.hit_rate_after_fix, 4)},
+        **left_out,
     }
 
 
@@ -100,8 +105,9 @@ def _finding_line(f: Finding, show: bool) -> str:
 
 
 def to_sarif(requests: list[LoadedRequest], reports: list[LintReport],
-             show_values: bool) -> dict[str, Any]:
-    """A SARIF 2.1.0 log: one result per finding, located at the log line."""
+             show_values: bool, skipped: Sequence[Skipped] = ()) -> dict[str, Any]:
+    """A SARIF 2.1.0 log: one result per finding, located at the log line; records left out
+    by `--skip-invalid` are the invocation's error notifications, at their lines."""
     rules = [{"id": r.id, "name": r.name, "shortDescription": {"text": r.name},
               "fullDescription": {"text": r.explanation}, "help": {"text": r.fix},
               "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]},
@@ -111,8 +117,14 @@ def to_sarif(requests: list[LoadedRequest], reports: list[LintReport],
                for f in rep.findings]
     driver = {"name": "prefixgate-lint", "informationUri": "https://example.invalid/prefixgate",
               "rules": rules}
-    return {"$schema": SARIF_SCHEMA, "version": "2.1.0",
-            "runs": [{"tool": {"driver": driver}, "results": results}]}
+    run: dict[str, Any] = {"tool": {"driver": driver}, "results": results}
+    if skipped:
+        run["invocations"] = [{"executionSuccessful": True, "toolExecutionNotifications": [
+            {"level": "error", "message": {"text": k.message},
+             "locations": [{"physicalLocation": {"artifactLocation": {"uri": k.source},
+                                                 "region": {"startLine": k.line}}}]}
+            for k in skipped]}]
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
 
 
 def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[str, Any]:
@@ -129,10 +141,11 @@ def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[st
 
 
 def render(fmt: str, requests: list[LoadedRequest], reports: list[LintReport],
-           show_values: bool) -> str:
-    """The report in format `fmt` (text, json or sarif)."""
+           show_values: bool, skipped: Sequence[Skipped] = ()) -> str:
+    """The report in format `fmt` (text, json or sarif); a text report leaves the skipped
+    records to stderr (`prefixgate lint` names them there)."""
     if fmt == "text":
         return to_text(requests, reports, show_values)
-    doc = to_json(requests, reports, show_values) if fmt == "json" else \
-        to_sarif(requests, reports, show_values)
+    doc = to_json(requests, reports, show_values, skipped) if fmt == "json" else \
+        to_sarif(requests, reports, show_values, skipped)
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
