@@ -2,8 +2,9 @@
 `BackendError` whose `kind` says what went wrong (`upstream_timeout`, `upstream_unavailable`,
 `upstream_error`, `upstream_stream_cut`, an overload, or the upstream's own 4xx passed through,
 with the provider's code and param). `is_replica_fault` tells the pool which of them take a
-replica out of routing. No message names the replica or carries a credential: the error's
-`replica` does, for the record.
+replica out of routing, `fails_over` which of them may send the request to another replica (not
+an `AnswerTimeout`: that replica took the request, which would run, and be billed, twice). No
+message names the replica or carries a credential: the error's `replica` does, for the record.
 """
 
 from __future__ import annotations
@@ -26,9 +27,17 @@ REPLICA_FAULT_KINDS = frozenset(
 OVERLOADED = 529
 
 
+class AnswerTimeout(BackendError):
+    """The upstream timed out waiting for the answer to a request it was sent whole (httpx's
+    `ReadTimeout`): the replica may be running it, so it is never sent to another one."""
+
+
 def transport_error(exc: httpx.HTTPError, replica: str, *, started: bool) -> BackendError:
     """Map an httpx exception to a client-facing error (no URL secrets, no headers)."""
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx.ReadTimeout):
+        return AnswerTimeout(504, "upstream timed out", kind="upstream_timeout",
+                             replica=replica)
+    if isinstance(exc, httpx.TimeoutException):  # connecting, a free connection: not sent
         return BackendError(504, "upstream timed out", kind="upstream_timeout", replica=replica)
     if started:
         return BackendError(
@@ -120,6 +129,12 @@ def _upstream_field(payload: Any, name: str) -> str | None:
 def is_replica_fault(err: BackendError) -> bool:
     """True for errors that say the replica is unhealthy (not the request's fault)."""
     return err.kind in REPLICA_FAULT_KINDS
+
+
+def fails_over(err: BackendError) -> bool:
+    """True for a replica's fault that may send the request to another replica: not one
+    whose replica took it and timed out on its answer (`AnswerTimeout`)."""
+    return is_replica_fault(err) and not isinstance(err, AnswerTimeout)
 
 
 class MalformedAnswer(ValueError):
