@@ -262,7 +262,7 @@ class ReplicaPool:
             if is_replica_fault(err):  # the client's message does not name it; the log does
                 log.warning("upstream replica %s failed request %s: %s", replica.name,
                             req.request_id, err.message)
-                replica.mark_failed(self.router.config)
+                replica.mark_failed(self.router.config, self.router.clock(), err.wait_s)
             if self.metrics:
                 self.metrics.requests.inc(replica=replica.name, outcome=err.kind)
             raise

@@ -10,6 +10,9 @@ message names the replica or carries a credential: the error's `replica` does, f
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -63,14 +66,49 @@ def _upstream_message(payload: Any) -> str:
     return ""
 
 
-def status_error(status: int, body: bytes, replica: str, retry_after: str | None = None
-                 ) -> BackendError:
+def status_error(status: int, body: bytes, replica: str,
+                 headers: Mapping[str, str] | None = None) -> BackendError:
     """Map a non-2xx upstream answer to the error the client should see, with the provider's
-    `retry-after` (whole seconds) passed on, so a client's SDK backs off as the provider asked."""
+    `retry-after` (whole seconds) passed on, so a client's SDK backs off as the provider asked;
+    a refusal's or a server error's wait in any form (`provider_wait`) is the error's `wait_s`,
+    how long the pool keeps the replica out of routing."""
     err = _status_error(status, body, replica)
+    retry_after = headers.get("retry-after") if headers is not None else None
     if retry_after is not None and retry_after.strip().isdigit():
         err.retry_after = int(retry_after)
+    if headers is not None and (status == 429 or status >= 500):
+        err.wait_s = provider_wait(headers)
     return err
+
+
+def provider_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The seconds a provider asked to wait before its next request: OpenAI's `retry-after-ms`
+    (the more precise), else `retry-after` in seconds or as an HTTP date (`now`: the wall
+    clock, time.time()); None when it asked for none, or in no form that can be read."""
+    millis = _seconds(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _seconds(value)
+    if seconds is not None:
+        return seconds
+    try:
+        due = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    wait = due - (time.time() if now is None else now)
+    return wait if wait > 0 else None
+
+
+def _seconds(value: str | None) -> float | None:
+    """A header's non-negative number (a count of seconds or ms), else None."""
+    try:
+        number = float(value) if value is not None else -1.0
+    except ValueError:
+        return None
+    return number if 0 <= number < float("inf") else None
 
 
 def _status_error(status: int, body: bytes, replica: str) -> BackendError:
@@ -127,8 +165,10 @@ def _upstream_field(payload: Any, name: str) -> str | None:
 
 
 def is_replica_fault(err: BackendError) -> bool:
-    """True for errors that say the replica is unhealthy (not the request's fault)."""
-    return err.kind in REPLICA_FAULT_KINDS
+    """True for errors that say the replica cannot serve now (not the request's fault): it is
+    unhealthy, or its provider refused with a wait (a 429 with `retry-after`: the replica is
+    kept out of routing that long and the request, which ran nowhere, goes to another)."""
+    return err.kind in REPLICA_FAULT_KINDS or (err.status == 429 and err.wait_s is not None)
 
 
 def fails_over(err: BackendError) -> bool:

@@ -186,8 +186,7 @@ async def fetch_json(transport: httpx.AsyncBaseTransport, request: httpx.Request
     except httpx.HTTPError as exc:
         raise transport_error(exc, replica, started=False) from None
     if response.status_code >= 400:
-        raise status_error(response.status_code, data, replica,
-                           response.headers.get("retry-after"))
+        raise status_error(response.status_code, data, replica, response.headers)
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -240,7 +239,7 @@ async def exchange(
         try:
             if response.status_code >= 400:
                 raise status_error(response.status_code, await response.aread(), replica,
-                                   response.headers.get("retry-after"))
+                                   response.headers)
             if stream and answered_whole(response):
                 final = read_whole(orjson.loads(await whole_answer(response)))
                 for item in whole_as_stream(final):

@@ -4,7 +4,10 @@ stays out of routing (its own back-off, or the wait its provider asked for)."""
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import pytest
 
 from gateway.backends.pool import ReplicaPool
 from gateway.backends.providers import make_upstream
+from gateway.backends.upstream_errors import provider_wait
 from gateway.backends.upstream_http import UpstreamOptions
 from gateway.types import BackendError
 
@@ -141,3 +145,63 @@ async def test_only_failures_before_the_request_was_sent_fail_over(
         assert (info.value.status, info.value.kind) == (504, "upstream_timeout")
     assert len(calls) == 1 and not r0.healthy and r1.healthy
     await pool.aclose()
+
+
+def _in_s(seconds: float) -> str:
+    """An HTTP date `seconds` from now (whole seconds, rounded down)."""
+    return email.utils.formatdate(time.time() + seconds, usegmt=True)
+
+
+@pytest.mark.parametrize(("status", "headers", "back_at"), [
+    (429, {"retry-after": "30"}, 30),
+    (503, {"retry-after": "30"}, 30),
+    (529, {"retry-after": "30"}, 30),
+    (429, {"retry-after-ms": "30000"}, 30),
+    (503, {"retry-after": "date +31"}, 31),  # an HTTP date 30 to 31 s ahead
+    (429, {"retry-after": "3600"}, 60),  # at most the back-off's cap (max_retry_after_s: 60)
+])
+async def test_a_replica_stays_out_of_routing_as_long_as_its_provider_asked(
+        status: int, headers: dict[str, str], back_at: float) -> None:
+    """A replica whose provider refuses with a `retry-after` (seconds, an HTTP date, or
+    OpenAI's `retry-after-ms`) is not sent requests until then, the other replica takes them
+    (the refused request too: the provider ran nothing), and after it the replica is tried
+    again. The pool's clock is injected: time passes only when the test says so."""
+    calls = [0, 0]
+    if headers.get("retry-after") == "date +31":
+        headers = {"retry-after": _in_s(31)}
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        calls[0] += 1
+        return httpx.Response(status, headers=headers, json={"error": {"message": "wait"}})
+
+    def answering(request: httpx.Request) -> httpx.Response:
+        calls[1] += 1
+        return _ok(request)
+
+    pool = _pool("openai", ["http://r0.test/v1", "http://r1.test/v1"],
+                 transports=[httpx.MockTransport(refusing), httpx.MockTransport(answering)])
+    now = [1000.0]
+    pool.router.clock = lambda: now[0]
+    pool.router.replicas[1].inflight = 1  # r0, the least loaded, is chosen when routable
+    req = chat_request([{"role": "user", "content": "hi"}])
+    for at, expected in [(0.0, [1, 1]), (back_at - 2, [1, 2]), (back_at + 1, [2, 3])]:
+        now[0] = 1000.0 + at
+        items = [item async for item in pool.stream(req)]
+        assert items[-1].text == "fine"  # type: ignore[union-attr]
+        assert calls == expected, at
+    await pool.aclose()
+
+
+def test_the_providers_wait_in_each_form() -> None:
+    """`retry-after` in seconds or as an HTTP date, OpenAI's `retry-after-ms` (preferred: it
+    is the more precise); nothing for a date past, a negative or unreadable value."""
+    now = datetime(2015, 10, 21, 7, 27, 30, tzinfo=UTC).timestamp()
+    date = "Wed, 21 Oct 2015 07:28:00 GMT"
+    assert provider_wait(httpx.Headers({"retry-after": "120"}), now) == 120.0
+    assert provider_wait(httpx.Headers({"retry-after": date}), now) == 30.0
+    assert provider_wait(httpx.Headers({"retry-after-ms": "1500"}), now) == 1.5
+    assert provider_wait(httpx.Headers({"retry-after": "9", "retry-after-ms": "8500"}),
+                         now) == 8.5
+    for value in ("Wed, 21 Oct 2015 07:27:00 GMT", "-5", "soon", ""):
+        assert provider_wait(httpx.Headers({"retry-after": value}), now) is None, value
+    assert provider_wait(httpx.Headers(), now) is None
