@@ -22,7 +22,7 @@ import httpx
 from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthropic_body
 from gateway.backends.http1_request import PostTemplate, post_template
 from gateway.backends.upstream import StreamClock, UpstreamBackend
-from gateway.backends.upstream_errors import loads_event, stream_error_event, token_count
+from gateway.backends.upstream_errors import error_object, loads_event, token_count
 from gateway.backends.upstream_http import UpstreamOptions, dumps_body, fetch_json, iter_sse
 from gateway.evolve import evolve
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, ToolCallDelta, Usage
@@ -262,7 +262,7 @@ class AnthropicUpstream(UpstreamBackend):
             payload = loads_event(event.data, self.replica)
             kind = event.event or str(payload.get("type", ""))
             if kind == "error":
-                raise stream_error_event(payload, self.replica)
+                raise error_object(payload, self.replica)
             text = state.take(kind, payload)
             if text or state.events or state.calls:
                 early = None if clock.first else _early_usage(state.start_usage)
@@ -297,6 +297,8 @@ class AnthropicUpstream(UpstreamBackend):
         ), replica=self.replica, stop_sequence=matched)
 
     def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
+        if isinstance(payload, dict) and payload.get("type") == "error":  # a 200 that is one
+            raise error_object(payload, self.replica)
         if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
             raise BackendError(502, "upstream sent no content",
                                kind="upstream_error", replica=self.replica)

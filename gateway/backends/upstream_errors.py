@@ -116,6 +116,11 @@ def _status_error(status: int, body: bytes, replica: str) -> BackendError:
         payload = json.loads(body) if body else None
     except ValueError:
         payload = None
+    return _refusal(status, payload, replica)
+
+
+def _refusal(status: int, payload: Any, replica: str) -> BackendError:
+    """The error for an upstream's HTTP status and its decoded error body."""
     message = _upstream_message(payload)
     detail = f": {message[:500]}" if message else ""
     if status == OVERLOADED:
@@ -215,6 +220,26 @@ def loads_event(data: str, replica: str) -> dict[str, Any]:
         raise BackendError(502, "upstream sent a malformed stream event",
                            kind="upstream_stream_cut", replica=replica)
     return payload
+
+
+#: the HTTP status of each error type of Anthropic's API (its error objects name the type only
+#: when they come inside a 200: a stream's `error` event, or a whole body)
+ANTHROPIC_ERROR_STATUS = {
+    "invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
+    "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+    "rate_limit_error": 429, "api_error": 500, "timeout_error": 504, "overloaded_error": OVERLOADED,
+}
+
+
+def error_object(payload: dict[str, Any], replica: str) -> BackendError:
+    """An Anthropic error object (`{"type": "error", "error": {"type", "message"}}`) sent
+    inside a 200, as a whole body or a stream's `error` event: a refusal's type is the error its
+    HTTP status would be (`status_error`: a 429 a rate limit, a 404 a 404, with the provider's
+    message); a server's, or a type not known, is `stream_error_event`'s 502 (overload its 529)."""
+    status = ANTHROPIC_ERROR_STATUS.get(_error_type(payload) or "", 500)
+    if status >= 500:
+        return stream_error_event(payload, replica)
+    return _refusal(status, payload, replica)
 
 
 def stream_error_event(payload: dict[str, Any], replica: str) -> BackendError:
