@@ -245,7 +245,9 @@ class ApiError(Exception):
 class BackendError(ApiError):
     """A backend failure with the HTTP status and error kind the client should see; an
     upstream's names its `replica` (for the request's record) and passes on the provider's
-    `retry_after` (seconds, for the response's header). The message never names the replica:
+    `retry_after` (seconds, for the response's header); `wait_s` is how long the provider asked
+    not to be sent another request (the pool keeps the replica out of routing that long, up
+    to its back-off cap). The message never names the replica:
     a tenant learns nothing of the deployment's hosts from it (the record and the gateway's log
     do name it)."""
 
@@ -254,6 +256,7 @@ class BackendError(ApiError):
         super().__init__(status, message, kind=kind, param=param)
         self.replica = replica
         self.retry_after: int | None = None
+        self.wait_s: float | None = None
 
 
 class Backend(Protocol):

@@ -22,8 +22,15 @@ import httpx
 from gateway.backends.anthropic_format import place_cache_breakpoints, to_anthropic_body
 from gateway.backends.http1_request import PostTemplate, post_template
 from gateway.backends.upstream import StreamClock, UpstreamBackend
-from gateway.backends.upstream_errors import loads_event, stream_error_event, token_count
-from gateway.backends.upstream_http import UpstreamOptions, dumps_body, fetch_json, iter_sse
+from gateway.backends.upstream_errors import error_object, loads_event, token_count
+from gateway.backends.upstream_http import (
+    Item,
+    UpstreamOptions,
+    dumps_body,
+    fetch_json,
+    iter_sse,
+    whole_as_stream,
+)
 from gateway.evolve import evolve
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 
@@ -46,6 +53,54 @@ def passed_block(block: Any) -> bool:
     kind = block.get("type")
     return kind in PASSED_BLOCKS or (kind == "text" and block.get("citations") is not None)
 _BETA_TEMPLATES = 32  # distinct anthropic-beta values whose request templates are kept
+# a passed block's first event: its fields empty, as the Messages API starts it (the deltas
+# fill them in); a block not named here starts whole (redacted_thinking, as the API sends it)
+_EMPTY_START: dict[str, dict[str, Any]] = {"thinking": {"thinking": "", "signature": ""},
+                                           "text": {"text": "", "citations": []}}  # cited text
+
+
+def block_events(block: dict[str, Any], index: int) -> tuple[dict[str, Any], ...]:
+    """A whole answer's passed block (`passed_block`) as the stream events the Messages API
+    sends for it: its start, its deltas (thinking and signature; text and one per citation),
+    its stop."""
+    kind = block.get("type")
+    deltas: list[dict[str, Any]] = []
+    if kind == "thinking":
+        deltas = [{"type": "thinking_delta", "thinking": str(block.get("thinking") or "")},
+                  {"type": "signature_delta", "signature": str(block.get("signature") or "")}]
+    elif kind == "text":
+        deltas = [{"type": "text_delta", "text": str(block.get("text") or "")}] + [
+            {"type": "citations_delta", "citation": c} for c in block.get("citations") or ()]
+    return (
+        {"type": "content_block_start", "index": index,
+         "content_block": {**block, **_EMPTY_START.get(str(kind), {})}},
+        *({"type": "content_block_delta", "index": index, "delta": d} for d in deltas),
+        {"type": "content_block_stop", "index": index})
+
+
+def restream_blocks(final: Final) -> tuple[Item, ...]:
+    """A whole answer with blocks passed to an Anthropic client as they came (thinking,
+    citations: `Final.provider_content`) as the items its stream yields: every block in its
+    place, a passed one as its events, text as text, tool_use as its call's pieces, then the
+    Final; another answer as `whole_as_stream` yields it."""
+    if final.provider_content is None:
+        return whole_as_stream(final)
+    items: list[Item] = []
+    calls = 0
+    for index, block in enumerate(final.provider_content):
+        kind = block.get("type")
+        if kind == "tool_use":
+            call = _tool_call(block)
+            items.append(TextDelta("", tool_calls=(
+                ToolCallDelta(calls, "", id=call["id"], name=call["function"]["name"]),
+                ToolCallDelta(calls, call["function"]["arguments"]))))
+            calls += 1
+        elif kind == "text" and not passed_block(block):
+            if block.get("text"):
+                items.append(TextDelta(str(block["text"])))
+        else:  # thinking, cited text, a block the neutral stream has no field for
+            items.append(TextDelta("", provider_events=block_events(block, index)))
+    return (*items, final)
 
 
 class AnthropicUsage(NamedTuple):
@@ -262,7 +317,7 @@ class AnthropicUpstream(UpstreamBackend):
             payload = loads_event(event.data, self.replica)
             kind = event.event or str(payload.get("type", ""))
             if kind == "error":
-                raise stream_error_event(payload, self.replica)
+                raise error_object(payload, self.replica)
             text = state.take(kind, payload)
             if text or state.events or state.calls:
                 early = None if clock.first else _early_usage(state.start_usage)
@@ -296,7 +351,12 @@ class AnthropicUpstream(UpstreamBackend):
             cache_write_tokens=usage.cache_write_tokens,
         ), replica=self.replica, stop_sequence=matched)
 
+    def _restream(self, final: Final) -> tuple[Item, ...]:
+        return restream_blocks(final)
+
     def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
+        if isinstance(payload, dict) and payload.get("type") == "error":  # a 200 that is one
+            raise error_object(payload, self.replica)
         if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
             raise BackendError(502, "upstream sent no content",
                                kind="upstream_error", replica=self.replica)

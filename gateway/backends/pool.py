@@ -3,7 +3,8 @@
 `ReplicaPool` tokenizes each request once (prompt_lint's token layout, for the shadow caches),
 asks the `Router` for a replica, streams the answer from it, and completes the `Final` with the
 shadow cache's prediction beside the upstream's own report (gateway.backends.predicted_usage).
-A replica fault before any text was sent fails over to another replica; after that it reaches
+A replica fault before any text was sent fails over to another replica (not a timeout waiting
+for an answer to a request the replica was sent: it may be running it); after that it reaches
 the client as an error (an SSE error event when streaming). A one-replica pool whose cache
 model steers nothing sends first and tokenizes while the upstream works
 (`sends_before_tokens`); its whole (non-streaming) answers, once the replica has shown that it
@@ -34,7 +35,7 @@ from gateway.backends.pool_metrics import PoolMetrics
 from gateway.backends.predicted_usage import final_usage, head_usage, in_shadow_tokens
 from gateway.backends.router import Replica, Route, Router, RouterConfig
 from gateway.backends.upstream import UpstreamBackend
-from gateway.backends.upstream_errors import is_replica_fault
+from gateway.backends.upstream_errors import fails_over, is_replica_fault
 from gateway.body import INLINE_BYTES, text_chars
 from gateway.config import AUTO_KIND
 from gateway.count_tokens import estimate
@@ -170,7 +171,7 @@ class ReplicaPool:
                         yield item
                 return
             except BackendError as err:
-                if emitted or not is_replica_fault(err) or len(tried) >= len(self.router.replicas):
+                if emitted or not fails_over(err) or len(tried) >= len(self.router.replicas):
                     raise
 
     async def _probe(self) -> None:
@@ -261,7 +262,7 @@ class ReplicaPool:
             if is_replica_fault(err):  # the client's message does not name it; the log does
                 log.warning("upstream replica %s failed request %s: %s", replica.name,
                             req.request_id, err.message)
-                replica.mark_failed(self.router.config)
+                replica.mark_failed(self.router.config, self.router.clock(), err.wait_s)
             if self.metrics:
                 self.metrics.requests.inc(replica=replica.name, outcome=err.kind)
             raise

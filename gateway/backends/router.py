@@ -6,15 +6,16 @@ many, the least loaded replica wins. Otherwise the replica whose shadow cache ho
 prefix of the prompt wins when that prefix covers at least `cache_threshold` of it; else the
 least loaded (then emptiest, then next in rotation) replica takes the new prefix.
 
-A replica that fails (timeout, 5xx, refused connection, cut stream) leaves routing until its
-back-off expires (doubling per consecutive failure up to a cap); then it is tried again, and
+A replica that fails (timeout, 5xx, refused connection, cut stream), or whose provider refuses
+with a wait (a 429 with `retry-after`), leaves routing until its back-off expires (doubling per
+consecutive failure, at least the provider's wait, up to a cap); then it is tried again, and
 one success makes it healthy.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
@@ -102,9 +103,14 @@ class Replica:
         self.failures = 0
         self.retry_at = 0.0
 
-    def mark_failed(self, config: RouterConfig, now: float | None = None) -> None:
+    def mark_failed(self, config: RouterConfig, now: float | None = None,
+                    wait_s: float | None = None) -> None:
+        """Out of routing for the back-off (doubling per consecutive failure), or for
+        `wait_s`, the wait its provider asked for, when that is longer: either at most
+        `max_retry_after_s`."""
         self.failures += 1
-        delay = min(config.retry_after_s * 2 ** (self.failures - 1), config.max_retry_after_s)
+        backoff = config.retry_after_s * 2 ** (self.failures - 1)
+        delay = min(max(backoff, wait_s or 0.0), config.max_retry_after_s)
         self.retry_at = (time.monotonic() if now is None else now) + delay
 
 
@@ -124,11 +130,12 @@ class Router:
             raise ValueError("a router needs at least one replica")
         self.replicas = replicas
         self.config = config or RouterConfig()
+        self.clock: Callable[[], float] = time.monotonic  # back-offs' time (tests set theirs)
         self._turn = 0
 
     def candidates(self, exclude: set[str], now: float | None = None) -> list[Replica]:
         """Replicas to consider: routable ones, else the one whose back-off ends first."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         pool = [r for r in self.replicas if r.name not in exclude]
         ready = [r for r in pool if r.routable(now)]
         if ready or not pool:

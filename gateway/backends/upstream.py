@@ -27,6 +27,7 @@ from gateway.backends.upstream_http import (
     fetch_json,
     make_client,
     make_transport,
+    whole_as_stream,
 )
 from gateway.body import INLINE_BYTES, text_chars
 from gateway.types import ChatRequest, Final
@@ -162,6 +163,10 @@ class UpstreamBackend(ABC):
     def _read_whole(self, payload: Any, clock: StreamClock, req: ChatRequest) -> Final:
         """The Final of a whole (non-streamed) JSON answer."""
 
+    def _restream(self, final: Final) -> tuple[Item, ...]:
+        """A whole answer to a streamed request as the items a stream of it yields."""
+        return whole_as_stream(final)
+
     async def stream(self, req: ChatRequest) -> AsyncGenerator[Item, None]:
         """Text deltas, then exactly one Final. Raises BackendError on failure. A large
         body is serialised in a worker thread (the event loop only routes)."""
@@ -173,7 +178,8 @@ class UpstreamBackend(ABC):
         items = exchange(
             self._transport, request, self.replica, stream=req.stream,
             read_stream=lambda response: self._read_stream(response, clock, req),
-            read_whole=lambda payload: self._read_whole(payload, clock, req))
+            read_whole=lambda payload: self._read_whole(payload, clock, req),
+            restream=self._restream)
         async with aclosing(items):
             async for item in items:
                 yield item

@@ -2,13 +2,17 @@
 `BackendError` whose `kind` says what went wrong (`upstream_timeout`, `upstream_unavailable`,
 `upstream_error`, `upstream_stream_cut`, an overload, or the upstream's own 4xx passed through,
 with the provider's code and param). `is_replica_fault` tells the pool which of them take a
-replica out of routing. No message names the replica or carries a credential: the error's
-`replica` does, for the record.
+replica out of routing, `fails_over` which of them may send the request to another replica (not
+an `AnswerTimeout`: that replica took the request, which would run, and be billed, twice). No
+message names the replica or carries a credential: the error's `replica` does, for the record.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -26,9 +30,17 @@ REPLICA_FAULT_KINDS = frozenset(
 OVERLOADED = 529
 
 
+class AnswerTimeout(BackendError):
+    """The upstream timed out waiting for the answer to a request it was sent whole (httpx's
+    `ReadTimeout`): the replica may be running it, so it is never sent to another one."""
+
+
 def transport_error(exc: httpx.HTTPError, replica: str, *, started: bool) -> BackendError:
     """Map an httpx exception to a client-facing error (no URL secrets, no headers)."""
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx.ReadTimeout):
+        return AnswerTimeout(504, "upstream timed out", kind="upstream_timeout",
+                             replica=replica)
+    if isinstance(exc, httpx.TimeoutException):  # connecting, a free connection: not sent
         return BackendError(504, "upstream timed out", kind="upstream_timeout", replica=replica)
     if started:
         return BackendError(
@@ -54,14 +66,49 @@ def _upstream_message(payload: Any) -> str:
     return ""
 
 
-def status_error(status: int, body: bytes, replica: str, retry_after: str | None = None
-                 ) -> BackendError:
+def status_error(status: int, body: bytes, replica: str,
+                 headers: Mapping[str, str] | None = None) -> BackendError:
     """Map a non-2xx upstream answer to the error the client should see, with the provider's
-    `retry-after` (whole seconds) passed on, so a client's SDK backs off as the provider asked."""
+    `retry-after` (whole seconds) passed on, so a client's SDK backs off as the provider asked;
+    a refusal's or a server error's wait in any form (`provider_wait`) is the error's `wait_s`,
+    how long the pool keeps the replica out of routing."""
     err = _status_error(status, body, replica)
+    retry_after = headers.get("retry-after") if headers is not None else None
     if retry_after is not None and retry_after.strip().isdigit():
         err.retry_after = int(retry_after)
+    if headers is not None and (status == 429 or status >= 500):
+        err.wait_s = provider_wait(headers)
     return err
+
+
+def provider_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The seconds a provider asked to wait before its next request: OpenAI's `retry-after-ms`
+    (the more precise), else `retry-after` in seconds or as an HTTP date (`now`: the wall
+    clock, time.time()); None when it asked for none, or in no form that can be read."""
+    millis = _seconds(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _seconds(value)
+    if seconds is not None:
+        return seconds
+    try:
+        due = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    wait = due - (time.time() if now is None else now)
+    return wait if wait > 0 else None
+
+
+def _seconds(value: str | None) -> float | None:
+    """A header's non-negative number (a count of seconds or ms), else None."""
+    try:
+        number = float(value) if value is not None else -1.0
+    except ValueError:
+        return None
+    return number if 0 <= number < float("inf") else None
 
 
 def _status_error(status: int, body: bytes, replica: str) -> BackendError:
@@ -69,6 +116,11 @@ def _status_error(status: int, body: bytes, replica: str) -> BackendError:
         payload = json.loads(body) if body else None
     except ValueError:
         payload = None
+    return _refusal(status, payload, replica)
+
+
+def _refusal(status: int, payload: Any, replica: str) -> BackendError:
+    """The error for an upstream's HTTP status and its decoded error body."""
     message = _upstream_message(payload)
     detail = f": {message[:500]}" if message else ""
     if status == OVERLOADED:
@@ -118,8 +170,16 @@ def _upstream_field(payload: Any, name: str) -> str | None:
 
 
 def is_replica_fault(err: BackendError) -> bool:
-    """True for errors that say the replica is unhealthy (not the request's fault)."""
-    return err.kind in REPLICA_FAULT_KINDS
+    """True for errors that say the replica cannot serve now (not the request's fault): it is
+    unhealthy, or its provider refused with a wait (a 429 with `retry-after`: the replica is
+    kept out of routing that long and the request, which ran nowhere, goes to another)."""
+    return err.kind in REPLICA_FAULT_KINDS or (err.status == 429 and err.wait_s is not None)
+
+
+def fails_over(err: BackendError) -> bool:
+    """True for a replica's fault that may send the request to another replica: not one
+    whose replica took it and timed out on its answer (`AnswerTimeout`)."""
+    return is_replica_fault(err) and not isinstance(err, AnswerTimeout)
 
 
 class MalformedAnswer(ValueError):
@@ -160,6 +220,26 @@ def loads_event(data: str, replica: str) -> dict[str, Any]:
         raise BackendError(502, "upstream sent a malformed stream event",
                            kind="upstream_stream_cut", replica=replica)
     return payload
+
+
+#: the HTTP status of each error type of Anthropic's API (its error objects name the type only
+#: when they come inside a 200: a stream's `error` event, or a whole body)
+ANTHROPIC_ERROR_STATUS = {
+    "invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
+    "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+    "rate_limit_error": 429, "api_error": 500, "timeout_error": 504, "overloaded_error": OVERLOADED,
+}
+
+
+def error_object(payload: dict[str, Any], replica: str) -> BackendError:
+    """An Anthropic error object (`{"type": "error", "error": {"type", "message"}}`) sent
+    inside a 200, as a whole body or a stream's `error` event: a refusal's type is the error its
+    HTTP status would be (`status_error`: a 429 a rate limit, a 404 a 404, with the provider's
+    message); a server's, or a type not known, is `stream_error_event`'s 502 (overload its 529)."""
+    status = ANTHROPIC_ERROR_STATUS.get(_error_type(payload) or "", 500)
+    if status >= 500:
+        return stream_error_event(payload, replica)
+    return _refusal(status, payload, replica)
 
 
 def stream_error_event(payload: dict[str, Any], replica: str) -> BackendError:

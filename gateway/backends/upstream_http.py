@@ -186,8 +186,7 @@ async def fetch_json(transport: httpx.AsyncBaseTransport, request: httpx.Request
     except httpx.HTTPError as exc:
         raise transport_error(exc, replica, started=False) from None
     if response.status_code >= 400:
-        raise status_error(response.status_code, data, replica,
-                           response.headers.get("retry-after"))
+        raise status_error(response.status_code, data, replica, response.headers)
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -226,13 +225,14 @@ async def exchange(
     stream: bool,
     read_stream: Callable[[httpx.Response], AsyncGenerator[Item, None]],
     read_whole: Callable[[dict[str, Any]], Final],
+    restream: Callable[[Final], tuple[Item, ...]] = whole_as_stream,
 ) -> AsyncGenerator[Item, None]:
     """Send one request and yield what the upstream answers, as deltas then one Final.
 
     Both provider backends share this: an HTTP status >= 400, a transport failure, or a 2xx body
     that is not JSON becomes a `BackendError`, marked as mid-stream once anything was yielded.
     A streamed request answered with a whole JSON body is read whole and yielded as a stream
-    (`whole_as_stream`), not taken for a stream cut before its end.
+    (`restream`: by default `whole_as_stream`), not taken for a stream cut before its end.
     """
     started = False
     try:
@@ -240,10 +240,10 @@ async def exchange(
         try:
             if response.status_code >= 400:
                 raise status_error(response.status_code, await response.aread(), replica,
-                                   response.headers.get("retry-after"))
+                                   response.headers)
             if stream and answered_whole(response):
                 final = read_whole(orjson.loads(await whole_answer(response)))
-                for item in whole_as_stream(final):
+                for item in restream(final):
                     started = True
                     yield item
             elif stream:
