@@ -61,6 +61,7 @@ async def test_the_eleventh_wrong_key_is_refused_in_each_callers_format(make_fak
     `retry-after`, an OpenAI-shaped error for OpenAI routes (the SDK raises RateLimitError),
     an Anthropic-shaped one for /v1/messages; the right key is refused too from there."""
     app = make_fake_app(api_keys=KEYS)
+    with_clock(app)  # retry-after counts from the lock, not from a slow test machine
     async with at(app, GUESSER) as http:
         for attempt in range(10):
             answer = await chat(http, f"guess-{attempt}")
@@ -171,6 +172,7 @@ async def test_other_addresses_and_keys_known_at_the_address_keep_working(
 
 async def test_the_sign_in_form_locks_with_a_readable_page(make_fake_app) -> None:
     app = make_fake_app(api_keys=KEYS, admin_key=ADMIN, auth_max_failures=3)
+    with_clock(app)  # retry-after counts from the lock, not from a slow test machine
     async with at(app, GUESSER) as http:
         for _ in range(3):
             wrong = await http.post("/dashboard/login", data={"key": "hunter2"})
@@ -190,6 +192,7 @@ async def test_the_sign_in_form_locks_with_a_readable_page(make_fake_app) -> Non
 
 async def test_admin_json_doors_lock_and_metrics_count_the_refusals(make_fake_app) -> None:
     app = make_fake_app(api_keys=KEYS, admin_key=ADMIN, auth_max_failures=2)
+    with_clock(app)  # retry-after counts from the lock, not from a slow test machine
     async with at(app, GUESSER) as http:
         statuses = [(await http.get("/api/stats", headers={"x-api-key": k})).status_code
                     for k in ("x", "key-alice")]  # a tenant's key is a wrong admin key
