@@ -34,7 +34,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import is_admin
+from gateway.admission import Overloaded
+from gateway.errors import error_body
 from gateway.pricing import PriceTable
 from gateway.stats import RequestRecord
 
@@ -264,6 +265,12 @@ def forbidden() -> JSONResponse:
                         status_code=401)
 
 
+def locked_out(err: Overloaded) -> JSONResponse:
+    """The 429 for an address locked out after repeated wrong keys (gateway.auth_limit)."""
+    return JSONResponse(error_body(err, "openai"), status_code=err.status,
+                        headers={"retry-after": str(err.retry_after), "cache-control": "no-store"})
+
+
 def database_unavailable(exc: SQLAlchemyError, state: Any) -> JSONResponse:
     """A 503 saying the stats database did not answer (an outage, not a gateway fault): the
     dashboard and `prefixgate stats` show this message instead of a bare 500, and the log
@@ -292,8 +299,11 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
 
     async def api_stats(request: Request) -> Response:
         state = get_state(request)
-        if not is_admin(request, state.config):
-            return forbidden()
+        try:
+            if not await state.auth.is_admin(request):
+                return forbidden()
+        except Overloaded as err:
+            return locked_out(err)
         try:
             window = _int_param(request, "window", DEFAULT_WINDOW_S, MAX_WINDOW_S)
             bucket = _int_param(request, "bucket", None, MAX_WINDOW_S)

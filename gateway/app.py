@@ -29,7 +29,7 @@ from gateway import (
     render_anthropic,
     render_openai,
 )
-from gateway.auth import may_scrape_metrics, tenant_for
+from gateway.admission import Overloaded
 from gateway.config import GatewayConfig
 from gateway.count_tokens import count_tokens
 from gateway.errors import GatewayError, error_body, model_not_found
@@ -98,6 +98,12 @@ async def messages(request: Request) -> Response:
     return await handle(_gateway(request), request, MESSAGES)
 
 
+def openai_error(err: GatewayError) -> JSONResponse:
+    """`err` as an OpenAI-shaped error, with its `retry-after` when it is a timed refusal."""
+    headers = {"retry-after": str(err.retry_after)} if isinstance(err, Overloaded) else None
+    return JSONResponse(error_body(err, "openai"), status_code=err.status, headers=headers)
+
+
 def _model_card(model: str) -> dict[str, Any]:
     """One model as `GET /v1/models` lists it."""
     return {"id": model, "object": "model", "created": 0, "owned_by": "prefixgate"}
@@ -114,9 +120,9 @@ async def _listed_models(gw: Gateway) -> list[str]:
 async def list_models(request: Request) -> Response:
     gw = _gateway(request)
     try:
-        tenant_for(request, gw.config)
+        gw.auth.tenant(request)
     except GatewayError as err:
-        return JSONResponse(error_body(err, "openai"), status_code=err.status)
+        return openai_error(err)
     data = [_model_card(m) for m in await _listed_models(gw)]
     return JSONResponse({"object": "list", "data": data})
 
@@ -126,12 +132,12 @@ async def retrieve_model(request: Request) -> Response:
     lists it, else OpenAI's 404 (`model_not_found`)."""
     gw = _gateway(request)
     try:
-        tenant_for(request, gw.config)
+        gw.auth.tenant(request)
         model = str(request.path_params["model"])
         if model not in await _listed_models(gw):
             raise model_not_found(f"model {model!r} does not exist")
     except GatewayError as err:
-        return JSONResponse(error_body(err, "openai"), status_code=err.status)
+        return openai_error(err)
     return JSONResponse(_model_card(model))
 
 
@@ -147,10 +153,14 @@ async def healthz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     gw = _gateway(request)
-    if not may_scrape_metrics(request, gw.config):
+    try:
+        allowed = await gw.auth.may_scrape_metrics(request)
+    except Overloaded as err:
+        return openai_error(err)
+    if not allowed:
         needed = "the admin key" if gw.config.admin_key is not None else "an API key"
-        err = GatewayError(401, f"/metrics needs {needed}", kind="authentication_error")
-        return JSONResponse(error_body(err, "openai"), status_code=401)
+        return openai_error(GatewayError(401, f"/metrics needs {needed}",
+                                         kind="authentication_error"))
     _refresh_kv_gauges(gw)
     request.app.state.store_metrics.refresh()
     registry: Registry = request.app.state.metrics
@@ -291,6 +301,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
     app.state.gateway_metrics = gw.metrics
     app.state.store_metrics = StoreMetrics(registry, store)
     app.state.gateway = gw
+    app.state.auth = gw.auth
     app.state.learners = gw.lint.learners
     return app
 

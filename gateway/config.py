@@ -109,6 +109,11 @@ class GatewayConfig:
     # (lint_learner_bytes), one shadow per upstream replica (ShadowConfig.max_bytes: 16 MiB).
     lint_learner_bytes: int = 20 << 20
     malloc_threshold_bytes: int | None = None
+    # Failed authentication (gateway.auth_limit): a client address whose presented keys were
+    # wrong this many times within the window of the first is refused (429) for a window;
+    # 0: no limit.
+    auth_max_failures: int = 10
+    auth_failure_window_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.lint_mode not in LINT_MODES:
@@ -120,6 +125,9 @@ class GatewayConfig:
                   "graceful_timeout_s")
         _positive(self, "max_tokens_cap", "max_concurrency", "max_queue", "lint_max_messages",
                   "lint_max_bytes", "max_json_depth", "lint_learner_bytes")
+        if self.auth_max_failures < 0:
+            raise ValueError(f"auth_max_failures must be >= 0, got {self.auth_max_failures}")
+        _positive(self, "auth_failure_window_s")
         if self.inline_prepare_bytes < 0:
             raise ValueError(f"inline_prepare_bytes must be >= 0, got {self.inline_prepare_bytes}")
         threshold = self.malloc_threshold_bytes
@@ -322,6 +330,8 @@ ENV_VARS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "PREFIXGATE_INLINE_PREPARE_BYTES": ("inline_prepare_bytes", int),
     "PREFIXGATE_LINT_LEARNER_BYTES": ("lint_learner_bytes", int),
     "PREFIXGATE_MALLOC_THRESHOLD_BYTES": ("malloc_threshold_bytes", int),
+    "PREFIXGATE_AUTH_MAX_FAILURES": ("auth_max_failures", int),
+    "PREFIXGATE_AUTH_FAILURE_WINDOW_S": ("auth_failure_window_s", float),
 }
 """The gateway's own PREFIXGATE_* variables: name -> (GatewayConfig field, parser). The engine's
 are `engine_env_vars()`."""

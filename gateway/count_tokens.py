@@ -19,7 +19,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.admission import Overloaded
-from gateway.auth import tenant_for
 from gateway.body import parse_body, text_chars
 from gateway.errors import error_body
 from gateway.overlap import cpu_work
@@ -52,7 +51,7 @@ async def count_tokens(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     assert gw.admission is not None
     try:
-        tenant = tenant_for(request, gw.config)
+        tenant = gw.auth.tenant(request)
         with gw.admission.reading_body(tenant):
             raw = await read_body(request, gw.config.max_body_bytes)
         slot = await gw.admission.acquire(tenant)

@@ -25,7 +25,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import SESSION_COOKIE, SESSION_TTL_S, is_admin, is_admin_key, session_token
+from gateway.admission import Overloaded
+from gateway.sessions import SESSION_COOKIE, SESSION_TTL_S, session_token
 
 StateGetter = Callable[[], Any]  # () -> app.state, as create_app passes it
 MAX_LOGIN_BODY = 4096
@@ -99,6 +100,16 @@ def login_page(error: str = "", status: int = 401, query: str = "") -> HTMLRespo
                         headers=_SECURITY_HEADERS)
 
 
+def locked_out_page(err: Overloaded, query: str = "") -> HTMLResponse:
+    """The sign-in form, refused (429) for an address locked out after repeated wrong keys."""
+    minutes = max(1, -(-err.retry_after // 60))
+    note = (f"Too many wrong keys from your address: signing in is refused for "
+            f"{err.retry_after} more seconds (about {minutes} min).")
+    page = login_page(note, status=429, query=query)
+    page.headers["retry-after"] = str(err.retry_after)
+    return page
+
+
 NO_ADMIN_KEY = ("This gateway has no admin key, so no one can sign in: start it with "
                 "--admin-key (or PREFIXGATE_ADMIN_KEY).")
 
@@ -126,21 +137,30 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
         return state_getter() if state_getter is not None else request.app.state
 
     async def dashboard(request: Request) -> Response:
-        config = get_state(request).config
-        if not is_admin(request, config):
+        state = get_state(request)
+        config = state.config
+        try:
+            admitted = await state.auth.is_admin(request)
+        except Overloaded as err:
+            return locked_out_page(err, window_query(request))
+        if not admitted:
             # tenant keys but no admin key: say why every key would be refused
             note = NO_ADMIN_KEY if config.admin_key is None else ""
             return login_page(note, query=window_query(request))
         return HTMLResponse(page(), headers=_SECURITY_HEADERS)
 
     async def login(request: Request) -> Response:
-        config = get_state(request).config
+        state = get_state(request)
+        config = state.config
         key = await _form_key(request)
         query = window_query(request)
         if config.admin_key is None:
             return login_page(NO_ADMIN_KEY, query=query)
-        if not is_admin_key(key, config):
-            return login_page("Wrong admin key.", query=query)
+        try:
+            if not state.auth.admin_key_matches(request, key):
+                return login_page("Wrong admin key.", query=query)
+        except Overloaded as err:
+            return locked_out_page(err, query)
         response = RedirectResponse(f"/dashboard{query}", status_code=303,
                                     headers=_SECURITY_HEADERS)
         response.set_cookie(SESSION_COOKIE, session_token(config), max_age=SESSION_TTL_S,
@@ -149,6 +169,7 @@ def routes(state_getter: StateGetter | None = None) -> list[Route]:
         return response
 
     async def logout(request: Request) -> Response:
+        await get_state(request).auth.sign_out(request)  # a copy of the cookie stops working
         response = RedirectResponse("/dashboard", status_code=303, headers=_SECURITY_HEADERS)
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
         return response

@@ -291,6 +291,10 @@ class GatewayMetrics:
         self.prompt_tokens = registry.histogram(
             "prefixgate_prompt_tokens", "Prompt length in tokens.", ("backend",),
             buckets=TOKEN_BUCKETS)
+        self.auth_refused = registry.counter(
+            "prefixgate_auth_refused_total",
+            "Authentication attempts refused (429) from client addresses locked out after "
+            "repeated wrong keys.")
         self.in_flight = registry.gauge(
             "prefixgate_requests_in_flight", "Requests being served now.")
         self.kv_pages_used = registry.gauge(

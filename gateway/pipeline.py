@@ -38,7 +38,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.admission import Overloaded
-from gateway.auth import tenant_for
 from gateway.body import INLINE_BYTES, cap_max_tokens, media_chars, parse_body
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError, client_status, error_body
@@ -93,7 +92,7 @@ async def handle(gw: Gateway, request: Request, route: RouteSpec) -> Response:
     gw.metrics.in_flight.inc()
     gw.unrecorded += 1
     try:
-        ticket.tenant = tenant_for(request, gw.config)
+        ticket.tenant = gw.auth.tenant(request)
         assert gw.admission is not None
         with gw.admission.reading_body(ticket.tenant):  # slow bodies count toward its limit
             raw = await read_body(request, gw.config.max_body_bytes)

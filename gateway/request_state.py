@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.admission import Admission, AdmissionConfig, Slot
+from gateway.auth import Auth
+from gateway.auth_limit import AuthLimiter
 from gateway.config import GatewayConfig
 from gateway.lint_stage import LintStage
 from gateway.metrics import GatewayMetrics
 from gateway.progress import Progress
 from gateway.salt import UpstreamSalter
+from gateway.sessions import Revocations
 from gateway.stats import RecordStore
 from gateway.types import (
     Backend,
@@ -65,6 +68,8 @@ class Gateway:
     lint: LintStage = field(default_factory=LintStage)
     admission: Admission | None = None  # None: built from config
     salter: UpstreamSalter | None = None  # None: built from config
+    # built from config; its sign-outs are kept in `store`'s database
+    auth: Auth = field(init=False, repr=False)
     _preparing: tuple[Backend, PreparingBackend | None] | None = field(
         init=False, default=None, repr=False)
     # requests begun and not yet recorded: a shutdown waits for their records (see
@@ -80,6 +85,9 @@ class Gateway:
                 tenant_rate_per_s=c.tenant_rate_per_s, tenant_burst=c.tenant_burst))
         if self.salter is None:
             self.salter = UpstreamSalter(c.salt_secret)
+        limiter = AuthLimiter(c.auth_max_failures, c.auth_failure_window_s,
+                              refused=self.metrics.auth_refused)
+        self.auth = Auth(c, limiter, Revocations(self.store.engine))
 
     async def records_written(self, timeout_s: float) -> bool:
         """Wait until every request begun has written its record, at most `timeout_s`; False

@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant-rate", dest="tenant_rate_per_s", type=float,
                    help="requests per second per tenant; then 429 (unlimited)")
     p.add_argument("--tenant-burst", type=int, help="burst of the per-tenant rate limit")
+    p.add_argument("--auth-max-failures", type=int,
+                   help="wrong keys from one client address within the window before its "
+                        "attempts are refused (429) for a window; 0: no limit (10)")
+    p.add_argument("--auth-failure-window", dest="auth_failure_window_s", type=float,
+                   help="seconds of that window and of the lockout (300)")
     p.add_argument("--stats-spill-path", help="file that holds records during a DB outage")
     p.add_argument("--graceful-timeout", dest="graceful_timeout_s", type=int,
                    help="seconds requests in flight get to finish on SIGTERM or Ctrl+C; then "
@@ -74,7 +79,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         for name in ("host", "port", "db_url", "admin_key", "lint_mode", "store_prompts",
                      "model_name", "max_tokens_cap", "max_concurrency", "max_queue",
                      "tenant_max_concurrency", "tenant_rate_per_s", "tenant_burst",
-                     "stats_spill_path", "graceful_timeout_s")
+                     "stats_spill_path", "graceful_timeout_s", "auth_max_failures",
+                     "auth_failure_window_s")
     }
     overrides["api_keys"] = keys
     if args.upstream:

@@ -20,8 +20,8 @@ from sqlalchemy import event
 
 from gateway import bench, stats_cli
 from gateway.api_stats import MAX_POINTS, compute_stats
-from gateway.auth import SESSION_COOKIE, session_token
 from gateway.pricing import DEFAULT_PRICES, Price, PriceTable
+from gateway.sessions import SESSION_COOKIE, session_token
 from gateway.stats import RecordStore, RequestRecord
 
 from .upstream_helpers import fake_replicas, gateway_app, pool_over, seed_records, serving

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from gateway import access_log, dashboard
 from gateway.admission import Admission, AdmissionConfig, Overloaded
-from gateway.auth import SESSION_COOKIE
+from gateway.sessions import SESSION_COOKIE
 from gateway.stats import RequestRecord
 from gateway.types import ChatRequest, Final, TextDelta, Usage
 from tests.support import ServerThread, free_port
