@@ -157,12 +157,12 @@ class EmbeddedBackend:
         filt: ToolCallStream | None,
     ) -> tuple[str, Final]:
         tail = ""
+        finish = FINISH_REASONS.get(out.finish_reason, "stop")
         if filt is not None:
-            tail, parsed = filt.finish(out.text)
+            tail, parsed = filt.finish(out.text, cut=finish == "length")
             text, calls = parsed.text, parsed.tool_calls
         else:
             text, calls = out.text, ()
-        finish = FINISH_REASONS.get(out.finish_reason, "stop")
         if calls and finish == "stop":
             finish = "tool_calls"
         usage = Usage(

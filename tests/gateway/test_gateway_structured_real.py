@@ -208,13 +208,14 @@ def test_streamed_tool_calls_reassemble_to_the_same_calls(make_real_app):
     assert uses == expected
 
 
-@pytest.mark.parametrize(("max_tokens", "head_sent"), [(14, False), (20, True)])
+@pytest.mark.parametrize(("max_tokens", "head_sent"), [(3, False), (14, False), (20, True)])
 def test_a_call_cut_by_max_tokens_never_becomes_text(make_real_app, max_tokens, head_sent):
-    """The forced call of the test above cut by max_tokens inside its name (14) or its
-    arguments (20): the stream sends the call's head and argument fragments once the name is
-    complete, then finish_reason "length", and no content (before, the raw `<tool_call>` block
-    followed as content); the whole answer says the same: no content, no call that cannot
-    parse. Anthropic: no text."""
+    """The forced call of the test above cut by max_tokens inside its opening tag (3: the
+    output is `<tool_`, which came back as content, whole and streamed, before the fix), its
+    name (14) or its arguments (20): the stream sends the call's head and argument fragments
+    once the name is complete, then finish_reason "length", and no content (before, the raw
+    `<tool_call>` block followed as content); the whole answer says the same: no content, no
+    call that cannot parse. Anthropic: no text."""
     app = make_real_app()
     prompt, extra = "What's the weather in Paris?", {"cache_salt": salt()}
     with serve(app) as server:
