@@ -43,6 +43,9 @@ from prompt_lint.memo import LRU, text_bytes
 ToolMode = Literal["none", "auto", "required"]
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+#: a function tool without `parameters`: "an empty parameter list" (OpenAI's reference)
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {},
+                                 "additionalProperties": False}
 #: tool_choice none with tools: text that does not open with a tag (after blanks) and never
 #: writes `<tool`/`</tool` (llguidance's lexeme `&` and `~`): what a call looks like in any
 #: spelling the model invents (`<tool_call>`, `<tool_check>`, `<tool_call id=.. />`)
@@ -194,7 +197,7 @@ def tool_schemas(tools: tuple[dict[str, Any], ...], paths: list[str]) -> list[To
     out = []
     for tool, path in zip(tools, paths, strict=True):
         fn = tool["function"]
-        schema = fn.get("parameters") or {"type": "object", "properties": {}}
+        schema = fn.get("parameters") or NO_PARAMETERS
         out.append(ToolSchema(fn["name"], schema, path))
     return out
 

@@ -319,3 +319,21 @@ def test_tool_choice_none_never_returns_call_markup(make_real_app):
     for text in texts:
         assert text.strip() and "<tool" not in text and not text.lstrip().startswith("<"), text
     assert streamed == texts[0] and claude_streamed == texts[2]
+
+
+def test_a_function_without_parameters_is_called_with_no_arguments(make_real_app):
+    """OpenAI's reference: "Omitting `parameters` defines a function with an empty parameter
+    list". A forced call of such a tool has the arguments `{}` (before: any object, e.g.
+    `{"function": {"description": ..., "type": "function"}}`, which a client's zero-argument
+    function cannot take)."""
+    ping = {"type": "function", "function": {"name": "ping", "description": "Ping the server"}}
+    with serve(make_real_app()) as server, openai.OpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0
+    ) as client:
+        whole = client.chat.completions.create(
+            model=MODEL, messages=messages("Is the server up?"), tools=[ping],
+            tool_choice="required", max_tokens=24, temperature=0,
+            extra_body={"cache_salt": salt()})
+    calls = whole.choices[0].message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("ping", {})]
+    assert whole.choices[0].finish_reason == "tool_calls"
