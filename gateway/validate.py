@@ -167,8 +167,9 @@ def tool_round_trip_break(messages: Sequence[Mapping[str, Any]]) -> tuple[int, s
     OpenAI and Anthropic refuse: (index of a `tool` message, its tool_call_id) when the id
     names no call of the assistant message that its run of tool messages follows, or (index
     of an assistant message, a call id) when the message after its run of tool messages comes
-    before that call was answered. None when every round trip closes; the calls of a last
-    assistant message need no answers yet."""
+    before that call was answered, or when the conversation ends on a run of tool messages
+    that leaves one of its calls unanswered. None when every round trip closes; the calls of
+    a last assistant message need no answers yet."""
     calls: tuple[str, ...] = ()  # the ids of the assistant message the tool messages answer
     owner, answered = -1, set[str]()
     for i, msg in enumerate(messages):
@@ -183,7 +184,8 @@ def tool_round_trip_break(messages: Sequence[Mapping[str, Any]]) -> tuple[int, s
             return owner, missing[0]
         calls = _call_ids(msg) if msg.get("role") == "assistant" else ()
         owner, answered = i, set()
-    return None
+    missing = [call_id for call_id in calls if call_id not in answered]
+    return (owner, missing[0]) if answered and missing else None
 
 
 def _call_ids(msg: Mapping[str, Any]) -> tuple[str, ...]:
