@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -30,6 +31,8 @@ class ParseContext:
 
 
 SALT_CHARS = 128  # a longer client salt is named in the namespace by its SHA-256
+#: an OpenAI name (response_format.json_schema.name): a-z, A-Z, 0-9, _ and -, at most 64
+OPENAI_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def namespace_for(tenant: str, salt: str | None) -> str:
@@ -71,6 +74,15 @@ def opt_str(body: dict[str, Any], name: str, path: str | None = None) -> str | N
         return None
     if not isinstance(value, str):
         raise invalid(f"'{path or name}' must be a string", path or name)
+    return value
+
+
+def req_openai_name(body: dict[str, Any], name: str, path: str) -> str:
+    """A required name as OpenAI's reference defines one (`OPENAI_NAME`)."""
+    value = body.get(name)
+    if not isinstance(value, str) or OPENAI_NAME.fullmatch(value) is None:
+        raise invalid(f"'{path}' is required: 1 to 64 characters of a-z, A-Z, 0-9, _ and -",
+                      path)
     return value
 
 

@@ -187,6 +187,12 @@ OPENAI_BAD = [
                           "json_schema": {"name": "x", "schema": UNSUPPORTED}}},
      "response_format.json_schema.schema", "dependentSchemas"),
     ({"response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
+    # OpenAI's reference: `name` is required, a-z, A-Z, 0-9, _ and -, at most 64 characters
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": WEATHER}}},
+     "response_format.json_schema.name", "required"),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "my schema", "schema": WEATHER}}},
+     "response_format.json_schema.name", "64"),
     ({"tool_choice": "required"}, "tool_choice", "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}},
