@@ -190,7 +190,9 @@ def _openai_call(call: tuple[str, dict[str, Any], str], request_id: str, index: 
 
 @dataclass
 class ToolCallFilter:
-    """Streams visible text, holding back everything from a `<tool_call>` opening onwards."""
+    """Streams visible text, holding back everything from a `<tool_call>` opening onwards, and
+    the blanks before it until text follows them (the whole answer drops the blanks between
+    its text and a call, so the streamed text is the same)."""
 
     held: str = ""
     in_call: bool = False
@@ -206,10 +208,11 @@ class ToolCallFilter:
         if start >= 0:
             self.in_call = True
             self.held = buffer[start:]
-            return self._emit(buffer[:start])
-        keep = _partial_open_suffix(buffer)
-        self.held = buffer[len(buffer) - keep:] if keep else ""
-        return self._emit(buffer[: len(buffer) - keep])
+            return self._emit(buffer[:start].rstrip())
+        before = buffer[: len(buffer) - _partial_open_suffix(buffer)]
+        safe = len(before.rstrip())
+        self.held = buffer[safe:]
+        return self._emit(buffer[:safe])
 
     def _emit(self, text: str) -> str:
         self.emitted.append(text)
