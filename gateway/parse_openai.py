@@ -305,8 +305,8 @@ def _check_content(content: Any, path: str, role: str | None = None) -> None:
     and file parts OpenAI takes there."""
     if isinstance(content, str):
         return
-    if not isinstance(content, list):
-        raise invalid(f"'{path}' must be a string or an array of content parts", path)
+    if not isinstance(content, list) or not content:  # OpenAI refuses an empty array too
+        raise invalid(f"'{path}' must be a string or a non-empty array of content parts", path)
     for j, part in enumerate(content):
         part_path = f"{path}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None

@@ -205,6 +205,9 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
      "messages[0].role"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": 5}]}, 400,
      "messages[0].content"),
+    # OpenAI refuses an empty array of parts (served as an empty turn before)
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": []}]}, 400,
+     "messages[0].content"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
      400, "temperature"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3},
