@@ -134,19 +134,25 @@ def _styled(schema: dict[str, Any]) -> str:
         return json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
 
 
-def _call_schema(tool: ToolSchema) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.schema},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+def _lark_string(text: str) -> str:
+    """`text` as a Lark string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _call_rule(rule: str, tool: ToolSchema) -> list[str]:
+    """One tool's call object, `{"name": NAME, "arguments": ARGS}` in JSON_STYLE: the name is
+    fixed text and ARGS the tool's schema as a root of its own, so the schema's `$ref`s
+    (`#/$defs/...`, `#`) resolve in it, as in the schema the client wrote."""
+    head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": '
+    return [f'{rule}: {_lark_string(head)} {rule}_args "}}"',
+            f"{rule}_args: %json {_styled(tool.schema)}"]
 
 
 def _call_rules(tools: list[ToolSchema], parallel: bool) -> list[str]:
     names = [f"call_{i}" for i in range(len(tools))]
     rules = [f"call_obj: {' | '.join(names)}"]
-    rules += [f"{n}: %json {_styled(_call_schema(t))}" for n, t in zip(names, tools, strict=True)]
+    for name, tool in zip(names, tools, strict=True):
+        rules += _call_rule(name, tool)
     rules.append('call_body: "\\n" call_obj "\\n</tool_call>"')
     more = " (\"<tool_call>\" call_body)*" if parallel else ""
     rules.append(f"calls_rest: call_body{more}")

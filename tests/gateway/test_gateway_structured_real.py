@@ -337,3 +337,30 @@ def test_a_function_without_parameters_is_called_with_no_arguments(make_real_app
     calls = whole.choices[0].message.tool_calls or []
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("ping", {})]
     assert whole.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_pydantic_tool_with_a_nested_model_is_called(make_real_app):
+    """The SDK's `pydantic_function_tool` of a model with a nested model writes `$defs` and
+    `$ref`s, as agent frameworks do: the forced call validates as that model (the SDK parses
+    it into `parsed_arguments`); before, every such request was a 400 (the refs named
+    nothing once the schema sat inside the call's schema)."""
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+
+    class Forecast(BaseModel):
+        city: City
+
+    tool = openai.pydantic_function_tool(Forecast, name="forecast")
+    assert "$defs" in tool["function"]["parameters"]  # what makes this case
+    with serve(make_real_app()) as server, openai.OpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0
+    ) as client:
+        whole = client.chat.completions.parse(
+            model=MODEL, messages=messages("What's the forecast for Paris?"), tools=[tool],
+            tool_choice="required", parallel_tool_calls=False, max_tokens=40, temperature=0,
+            extra_body={"cache_salt": salt()})
+    calls = whole.choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls] == ["forecast"]
+    assert isinstance(calls[0].function.parsed_arguments, Forecast)
