@@ -41,6 +41,7 @@ from gateway.validate import (
     opt_number,
     opt_str,
     req_list,
+    req_openai_name,
     stop_strings,
     tool_round_trip_break,
 )
@@ -304,8 +305,8 @@ def _check_content(content: Any, path: str, role: str | None = None) -> None:
     and file parts OpenAI takes there."""
     if isinstance(content, str):
         return
-    if not isinstance(content, list):
-        raise invalid(f"'{path}' must be a string or an array of content parts", path)
+    if not isinstance(content, list) or not content:  # OpenAI refuses an empty array too
+        raise invalid(f"'{path}' must be a string or a non-empty array of content parts", path)
     for j, part in enumerate(content):
         part_path = f"{path}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
@@ -386,7 +387,7 @@ def _response_format(body: dict[str, Any], grammar: bool) -> dict[str, Any] | No
     if spec is None:
         raise invalid("'response_format.json_schema' is required for type json_schema",
                       "response_format.json_schema")
-    opt_str(spec, "name", "response_format.json_schema.name")
+    req_openai_name(spec, "name", "response_format.json_schema.name")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
         raise invalid("'response_format.json_schema.strict' must be a boolean",
                       "response_format.json_schema.strict")

@@ -43,6 +43,9 @@ from prompt_lint.memo import LRU, text_bytes
 ToolMode = Literal["none", "auto", "required"]
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+#: a function tool without `parameters`: "an empty parameter list" (OpenAI's reference)
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {},
+                                 "additionalProperties": False}
 #: tool_choice none with tools: text that does not open with a tag (after blanks) and never
 #: writes `<tool`/`</tool` (llguidance's lexeme `&` and `~`): what a call looks like in any
 #: spelling the model invents (`<tool_call>`, `<tool_check>`, `<tool_call id=.. />`)
@@ -131,19 +134,25 @@ def _styled(schema: dict[str, Any]) -> str:
         return json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
 
 
-def _call_schema(tool: ToolSchema) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.schema},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+def _lark_string(text: str) -> str:
+    """`text` as a Lark string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _call_rule(rule: str, tool: ToolSchema) -> list[str]:
+    """One tool's call object, `{"name": NAME, "arguments": ARGS}` in JSON_STYLE: the name is
+    fixed text and ARGS the tool's schema as a root of its own, so the schema's `$ref`s
+    (`#/$defs/...`, `#`) resolve in it, as in the schema the client wrote."""
+    head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": '
+    return [f'{rule}: {_lark_string(head)} {rule}_args "}}"',
+            f"{rule}_args: %json {_styled(tool.schema)}"]
 
 
 def _call_rules(tools: list[ToolSchema], parallel: bool) -> list[str]:
     names = [f"call_{i}" for i in range(len(tools))]
     rules = [f"call_obj: {' | '.join(names)}"]
-    rules += [f"{n}: %json {_styled(_call_schema(t))}" for n, t in zip(names, tools, strict=True)]
+    for name, tool in zip(names, tools, strict=True):
+        rules += _call_rule(name, tool)
     rules.append('call_body: "\\n" call_obj "\\n</tool_call>"')
     more = " (\"<tool_call>\" call_body)*" if parallel else ""
     rules.append(f"calls_rest: call_body{more}")
@@ -194,7 +203,7 @@ def tool_schemas(tools: tuple[dict[str, Any], ...], paths: list[str]) -> list[To
     out = []
     for tool, path in zip(tools, paths, strict=True):
         fn = tool["function"]
-        schema = fn.get("parameters") or {"type": "object", "properties": {}}
+        schema = fn.get("parameters") or NO_PARAMETERS
         out.append(ToolSchema(fn["name"], schema, path))
     return out
 

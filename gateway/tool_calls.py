@@ -105,13 +105,14 @@ class ParsedOutput:
     tool_calls: tuple[dict[str, Any], ...]
 
 
-def parse_output(text: str, request_id: str) -> ParsedOutput:
+def parse_output(text: str, request_id: str, cut: bool = False) -> ParsedOutput:
     """Split generated text into text and tool calls; unparseable blocks stay text, except an
     unterminated last block: a call cut short by max_tokens (with tools, the engine's grammar
     makes every block the model opens a call), which a stream may already have begun to send as
-    a call; it is dropped, never turned into text."""
+    a call; it is dropped, never turned into text. So is, in an output `cut` by max_tokens, an
+    opening tag the cut left unfinished (`<tool_`)."""
     if OPEN not in text:
-        return ParsedOutput(text, ())
+        return ParsedOutput(text[: len(text) - _partial_open_suffix(text)] if cut else text, ())
     calls: list[dict[str, Any]] = []
     for match in _BLOCK.finditer(text):
         call = _parse_call(match.group(1))
@@ -189,7 +190,9 @@ def _openai_call(call: tuple[str, dict[str, Any], str], request_id: str, index: 
 
 @dataclass
 class ToolCallFilter:
-    """Streams visible text, holding back everything from a `<tool_call>` opening onwards."""
+    """Streams visible text, holding back everything from a `<tool_call>` opening onwards, and
+    the blanks before it until text follows them (the whole answer drops the blanks between
+    its text and a call, so the streamed text is the same)."""
 
     held: str = ""
     in_call: bool = False
@@ -205,18 +208,20 @@ class ToolCallFilter:
         if start >= 0:
             self.in_call = True
             self.held = buffer[start:]
-            return self._emit(buffer[:start])
-        keep = _partial_open_suffix(buffer)
-        self.held = buffer[len(buffer) - keep:] if keep else ""
-        return self._emit(buffer[: len(buffer) - keep])
+            return self._emit(buffer[:start].rstrip())
+        before = buffer[: len(buffer) - _partial_open_suffix(buffer)]
+        safe = len(before.rstrip())
+        self.held = buffer[safe:]
+        return self._emit(buffer[:safe])
 
     def _emit(self, text: str) -> str:
         self.emitted.append(text)
         return text
 
-    def finish(self, full_text: str, request_id: str) -> tuple[str, ParsedOutput]:
-        """(visible text not yet sent, the parsed whole output)."""
-        parsed = parse_output(full_text, request_id)
+    def finish(self, full_text: str, request_id: str, cut: bool = False
+               ) -> tuple[str, ParsedOutput]:
+        """(visible text not yet sent, the parsed whole output; `cut`: by max_tokens)."""
+        parsed = parse_output(full_text, request_id, cut)
         sent = "".join(self.emitted)
         tail = parsed.text[len(sent):] if parsed.text.startswith(sent) else ""
         return tail, parsed

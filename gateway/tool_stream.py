@@ -125,9 +125,10 @@ class ToolCallStream:
         rest, self.buffer, self.state = self.buffer[start + len(OPEN) :], "", "head"
         return rest
 
-    def finish(self, full_text: str) -> tuple[str, ParsedOutput]:
-        """(visible text not yet sent, the whole output parsed into text and calls)."""
-        return self.text_filter.finish(full_text, self.request_id)
+    def finish(self, full_text: str, cut: bool = False) -> tuple[str, ParsedOutput]:
+        """(visible text not yet sent, the whole output parsed into text and calls; `cut`: the
+        output ended at max_tokens)."""
+        return self.text_filter.finish(full_text, self.request_id, cut)
 
 
 def streamed_calls(pieces: list[ToolCallDelta]) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -30,6 +31,8 @@ class ParseContext:
 
 
 SALT_CHARS = 128  # a longer client salt is named in the namespace by its SHA-256
+#: an OpenAI name (response_format.json_schema.name): a-z, A-Z, 0-9, _ and -, at most 64
+OPENAI_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def namespace_for(tenant: str, salt: str | None) -> str:
@@ -71,6 +74,15 @@ def opt_str(body: dict[str, Any], name: str, path: str | None = None) -> str | N
         return None
     if not isinstance(value, str):
         raise invalid(f"'{path or name}' must be a string", path or name)
+    return value
+
+
+def req_openai_name(body: dict[str, Any], name: str, path: str) -> str:
+    """A required name as OpenAI's reference defines one (`OPENAI_NAME`)."""
+    value = body.get(name)
+    if not isinstance(value, str) or OPENAI_NAME.fullmatch(value) is None:
+        raise invalid(f"'{path}' is required: 1 to 64 characters of a-z, A-Z, 0-9, _ and -",
+                      path)
     return value
 
 
@@ -167,8 +179,9 @@ def tool_round_trip_break(messages: Sequence[Mapping[str, Any]]) -> tuple[int, s
     OpenAI and Anthropic refuse: (index of a `tool` message, its tool_call_id) when the id
     names no call of the assistant message that its run of tool messages follows, or (index
     of an assistant message, a call id) when the message after its run of tool messages comes
-    before that call was answered. None when every round trip closes; the calls of a last
-    assistant message need no answers yet."""
+    before that call was answered, or when the conversation ends on a run of tool messages
+    that leaves one of its calls unanswered. None when every round trip closes; the calls of
+    a last assistant message need no answers yet."""
     calls: tuple[str, ...] = ()  # the ids of the assistant message the tool messages answer
     owner, answered = -1, set[str]()
     for i, msg in enumerate(messages):
@@ -183,7 +196,8 @@ def tool_round_trip_break(messages: Sequence[Mapping[str, Any]]) -> tuple[int, s
             return owner, missing[0]
         calls = _call_ids(msg) if msg.get("role") == "assistant" else ()
         owner, answered = i, set()
-    return None
+    missing = [call_id for call_id in calls if call_id not in answered]
+    return (owner, missing[0]) if answered and missing else None
 
 
 def _call_ids(msg: Mapping[str, Any]) -> tuple[str, ...]:

@@ -36,15 +36,18 @@ log = logging.getLogger("prefixgate.embedded")
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 ABORTED = "the engine aborted the request before its answer was complete (it is shutting down)"
 REQUEST_PARAMS = {"prompt": "messages", "messages": "messages", "request_id": "request_id"}
-"""The client-facing field of each engine `InvalidRequest.field`."""
+"""The client-facing field of each engine `InvalidRequest.field` (a chat request's)."""
 
 
-def engine_error(exc: Exception) -> BackendError:
-    """The client-facing error of an engine error, chosen by its type (never by its text)."""
+def engine_error(exc: Exception, prompt_param: str = "messages") -> BackendError:
+    """The client-facing error of an engine error, chosen by its type (never by its text);
+    `prompt_param` is the field the client sent its prompt in ("prompt" on the legacy
+    route)."""
     if isinstance(exc, RequestTooLong):
-        return BackendError(400, str(exc), kind="context_length_exceeded", param="messages")
+        return BackendError(400, str(exc), kind="context_length_exceeded", param=prompt_param)
     if isinstance(exc, InvalidRequest):
-        return BackendError(400, str(exc), param=REQUEST_PARAMS.get(exc.field, exc.field))
+        param = REQUEST_PARAMS.get(exc.field, exc.field)
+        return BackendError(400, str(exc), param=prompt_param if param == "messages" else param)
     if isinstance(exc, RequestError):
         return BackendError(500, f"engine error: {exc}")
     if isinstance(exc, EngineUnavailable):
@@ -103,7 +106,7 @@ class EmbeddedBackend:
             return list(self.tokenizer.apply_chat_template(list(req.messages), tools=tools,
                                                            add_generation_prompt=True))
         except InvalidRequest as exc:  # template errors (role order, ...) are the client's input
-            raise engine_error(exc) from exc
+            raise engine_error(exc, _prompt_param(req)) from exc
 
     def sampling_params(self, req: ChatRequest) -> SamplingParams:
         o = req.options
@@ -150,19 +153,19 @@ class EmbeddedBackend:
                     yield final
                     return
         except (InvalidRequest, RequestError, EngineUnavailable) as exc:
-            raise engine_error(exc) from exc
+            raise engine_error(exc, _prompt_param(req)) from exc
 
     def _final(
         self, req: ChatRequest, saved_ms: float, out: RequestOutput,
         filt: ToolCallStream | None,
     ) -> tuple[str, Final]:
         tail = ""
+        finish = FINISH_REASONS.get(out.finish_reason, "stop")
         if filt is not None:
-            tail, parsed = filt.finish(out.text)
+            tail, parsed = filt.finish(out.text, cut=finish == "length")
             text, calls = parsed.text, parsed.tool_calls
         else:
             text, calls = out.text, ()
-        finish = FINISH_REASONS.get(out.finish_reason, "stop")
         if calls and finish == "stop":
             finish = "tool_calls"
         usage = Usage(
@@ -181,6 +184,11 @@ def _early_usage(prompt_tokens: int, delta: StreamDelta) -> Usage:
     cached = delta.output.cached_tokens if delta.output is not None else delta.cached_tokens
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=cached,
                  prefill_saved_ms=delta.prefill_saved_ms)
+
+
+def _prompt_param(req: ChatRequest) -> str:
+    """The field that holds the request's prompt: "prompt" (legacy route) or "messages"."""
+    return "messages" if req.prompt is None else "prompt"
 
 
 def _calls_possible(req: ChatRequest) -> bool:

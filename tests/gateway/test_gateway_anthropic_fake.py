@@ -118,6 +118,7 @@ ASK = {"role": "user", "content": "look up x and y"}
 @pytest.mark.parametrize(("history", "field"), [
     ([ASK, _uses("t1"), _results("zz")], "messages[2].content"),
     ([ASK, _uses("t1", "t2"), _results("t1", text="and?")], "messages[1].content"),
+    ([ASK, _uses("t1", "t2"), _results("t1")], "messages[1].content"),
     ([ASK, _uses("t1"), ASK], "messages[1].content"),
     ([ASK, _uses("t1"), _results("t1"), _uses("t2"), _results("t1")], "messages[4].content"),
     ([_results("t1")], "messages[0].content")])

@@ -176,6 +176,18 @@ async def test_prompt_over_the_context_is_a_400(make_real_app, real_backend):
     assert real_backend.engine.stats().running == 0
 
 
+def test_a_legacy_prompt_over_the_context_names_prompt(make_real_app, real_backend):
+    """The legacy route has no `messages`: its prompt over the context is a 400 whose `param`
+    is "prompt", the field the client sent (before: "messages"), with OpenAI's code."""
+    with serve(make_real_app()) as server, openai.OpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0
+    ) as client, pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="hello " * 9000, max_tokens=2)
+    assert caught.value.param == "prompt"
+    assert caught.value.code == "context_length_exceeded"
+    assert real_backend.engine.stats().running == 0
+
+
 async def _wait_idle(real_backend, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -113,13 +113,15 @@ ASK = {"role": "user", "content": "weather in Oslo and Rome?"}
     ([ASK, _calls("c1"), _result("zz")], "messages[2].tool_call_id"),
     ([ASK, _result("c1")], "messages[1].tool_call_id"),
     ([ASK, _calls("c1", "c2"), _result("c1"), ASK], "messages[1].tool_calls"),
+    ([ASK, _calls("c1", "c2"), _result("c1")], "messages[1].tool_calls"),
     ([ASK, _calls("c1"), ASK], "messages[1].tool_calls"),
     ([ASK, _calls("c1"), _result("c1"), ASK, _result("c1")], "messages[4].tool_call_id")])
 async def test_broken_tool_round_trips_are_refused(make_fake_app, history, param):
     """OpenAI's rule: a tool message answers a call of the assistant message its run of tool
     messages follows, and each call is answered before the conversation goes on. Both breaks
     were served (results are rendered by position, so the model read one as another call's
-    answer): a 400 naming the message; closed round trips, in any order, are served."""
+    answer), as was a conversation ending on the answer to one of two calls: a 400 naming the
+    message; closed round trips, in any order, are served."""
     client = async_sdk(make_fake_app())
     with pytest.raises(openai.BadRequestError) as refused:
         await client.chat.completions.create(model=FAKE_MODEL, messages=history, tools=TOOLS)
@@ -202,6 +204,9 @@ def test_sync_sdk_over_a_real_socket(make_fake_app):
     ({"model": FAKE_MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400,
      "messages[0].role"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": 5}]}, 400,
+     "messages[0].content"),
+    # OpenAI refuses an empty array of parts (served as an empty turn before)
+    ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": []}]}, 400,
      "messages[0].content"),
     ({"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
      400, "temperature"),

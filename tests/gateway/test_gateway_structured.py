@@ -73,6 +73,34 @@ def test_required_grammar_matches_schema_validation(compiler, text, valid):
                                 schemas[c["function"]["name"]])
 
 
+#: what pydantic writes for a nested model (the SDK's `pydantic_function_tool`, agent
+#: frameworks): `$defs` at the schema's root and `$ref`s to them; and a ref to the root itself
+NESTED = {"$defs": {"Loc": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"], "additionalProperties": False}},
+          "type": "object", "properties": {"to": {"$ref": "#/$defs/Loc"}},
+          "required": ["to"], "additionalProperties": False}
+TREE = {"type": "object", "properties": {"name": {"type": "string"},
+                                         "kids": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["name", "kids"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize(("schema", "good", "bad"), [
+    (NESTED, {"to": {"city": "Oslo"}}, {"to": {"town": "Oslo"}}),
+    (TREE, {"name": "a", "kids": [{"name": "b", "kids": []}]}, {"name": "a", "kids": [{}]}),
+])
+def test_tool_schemas_with_refs_constrain_their_calls(compiler, schema, good, bad):
+    """A tool schema's `$ref`s point into that schema: a forced call of it is constrained by
+    it (before, the schema sat inside the call's own schema, so `#/$defs/Loc` named nothing
+    and every such request was a 400 with the grammar's text)."""
+    jsonschema.validate(good, schema)  # the reference: jsonschema's reading of the schema
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    grammar = tool_grammar([ToolSchema("go", schema, "p0")], ToolChoice("required"))
+    assert grammar is not None
+    assert accepts(compiler, grammar, call("go", good))
+    assert not accepts(compiler, grammar, call("go", bad))
+
+
 def test_named_and_single_call_choices(compiler):
     named = tool_grammar(TOOLS, ToolChoice("required", "add"))
     assert named is not None
@@ -187,6 +215,12 @@ OPENAI_BAD = [
                           "json_schema": {"name": "x", "schema": UNSUPPORTED}}},
      "response_format.json_schema.schema", "dependentSchemas"),
     ({"response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
+    # OpenAI's reference: `name` is required, a-z, A-Z, 0-9, _ and -, at most 64 characters
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": WEATHER}}},
+     "response_format.json_schema.name", "required"),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "my schema", "schema": WEATHER}}},
+     "response_format.json_schema.name", "64"),
     ({"tool_choice": "required"}, "tool_choice", "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}},

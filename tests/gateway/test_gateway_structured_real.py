@@ -208,13 +208,14 @@ def test_streamed_tool_calls_reassemble_to_the_same_calls(make_real_app):
     assert uses == expected
 
 
-@pytest.mark.parametrize(("max_tokens", "head_sent"), [(14, False), (20, True)])
+@pytest.mark.parametrize(("max_tokens", "head_sent"), [(3, False), (14, False), (20, True)])
 def test_a_call_cut_by_max_tokens_never_becomes_text(make_real_app, max_tokens, head_sent):
-    """The forced call of the test above cut by max_tokens inside its name (14) or its
-    arguments (20): the stream sends the call's head and argument fragments once the name is
-    complete, then finish_reason "length", and no content (before, the raw `<tool_call>` block
-    followed as content); the whole answer says the same: no content, no call that cannot
-    parse. Anthropic: no text."""
+    """The forced call of the test above cut by max_tokens inside its opening tag (3: the
+    output is `<tool_`, which came back as content, whole and streamed, before the fix), its
+    name (14) or its arguments (20): the stream sends the call's head and argument fragments
+    once the name is complete, then finish_reason "length", and no content (before, the raw
+    `<tool_call>` block followed as content); the whole answer says the same: no content, no
+    call that cannot parse. Anthropic: no text."""
     app = make_real_app()
     prompt, extra = "What's the weather in Paris?", {"cache_salt": salt()}
     with serve(app) as server:
@@ -318,3 +319,48 @@ def test_tool_choice_none_never_returns_call_markup(make_real_app):
     for text in texts:
         assert text.strip() and "<tool" not in text and not text.lstrip().startswith("<"), text
     assert streamed == texts[0] and claude_streamed == texts[2]
+
+
+def test_a_function_without_parameters_is_called_with_no_arguments(make_real_app):
+    """OpenAI's reference: "Omitting `parameters` defines a function with an empty parameter
+    list". A forced call of such a tool has the arguments `{}` (before: any object, e.g.
+    `{"function": {"description": ..., "type": "function"}}`, which a client's zero-argument
+    function cannot take)."""
+    ping = {"type": "function", "function": {"name": "ping", "description": "Ping the server"}}
+    with serve(make_real_app()) as server, openai.OpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0
+    ) as client:
+        whole = client.chat.completions.create(
+            model=MODEL, messages=messages("Is the server up?"), tools=[ping],
+            tool_choice="required", max_tokens=24, temperature=0,
+            extra_body={"cache_salt": salt()})
+    calls = whole.choices[0].message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("ping", {})]
+    assert whole.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_pydantic_tool_with_a_nested_model_is_called(make_real_app):
+    """The SDK's `pydantic_function_tool` of a model with a nested model writes `$defs` and
+    `$ref`s, as agent frameworks do: the forced call validates as that model (the SDK parses
+    it into `parsed_arguments`); before, every such request was a 400 (the refs named
+    nothing once the schema sat inside the call's schema)."""
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+
+    class Forecast(BaseModel):
+        city: City
+
+    tool = openai.pydantic_function_tool(Forecast, name="forecast")
+    assert "$defs" in tool["function"]["parameters"]  # what makes this case
+    with serve(make_real_app()) as server, openai.OpenAI(
+        base_url=server.url + "/v1", api_key="none", max_retries=0
+    ) as client:
+        whole = client.chat.completions.parse(
+            model=MODEL, messages=messages("What's the forecast for Paris?"), tools=[tool],
+            tool_choice="required", parallel_tool_calls=False, max_tokens=40, temperature=0,
+            extra_body={"cache_salt": salt()})
+    calls = whole.choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls] == ["forecast"]
+    assert isinstance(calls[0].function.parsed_arguments, Forecast)
