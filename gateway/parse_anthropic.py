@@ -75,6 +75,10 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     document = _output_format(body, ctx.grammar)
     constraint = _constraint(body.get("tool_choice"), tools, document, ctx.grammar)
+    if document is not None and _prefill(messages, given):
+        raise invalid("'output_config.format' cannot be combined with a final assistant "
+                      "message (a prefill): the answer must be one whole JSON document",
+                      f"messages[{len(given) - 1}]")
     _thinking(body, ctx.embedded)
     if ctx.embedded:
         _check_round_trips(messages, origins)
@@ -136,6 +140,8 @@ def _message(msg: Any, i: int, *, final: bool, media: bool = False) -> list[dict
     if (content == "" or content == []) and not (final and role == "assistant"):
         raise invalid(f"'{path}.content' must not be empty (only a final assistant message, "
                       "the start of the answer, may be)", f"{path}.content")
+    if final and role == "assistant":
+        _check_prefill_end(content, path)
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -143,6 +149,23 @@ def _message(msg: Any, i: int, *, final: bool, media: bool = False) -> list[dict
     if role == "assistant":
         return [_assistant(content, f"{path}.content")]
     return _user(content, f"{path}.content", media)
+
+
+def _check_prefill_end(content: Any, path: str) -> None:
+    """A final assistant message is the start of the answer; as Anthropic, its text may not
+    end with whitespace (a 400)."""
+    last = content[-1] if isinstance(content, list) and content else content
+    text = last.get("text") if isinstance(last, dict) and last.get("type") == "text" else last
+    if isinstance(text, str) and text and text != text.rstrip():
+        raise invalid(f"'{path}.content' cannot end with trailing whitespace (a final "
+                      "assistant message is the start of the answer)", f"{path}.content")
+
+
+def _prefill(messages: list[dict[str, Any]], given: list[Any]) -> bool:
+    """Whether the body ends with an assistant message that has text (the answer's start)."""
+    last = given[-1] if given else None
+    return isinstance(last, dict) and last.get("role") == "assistant" and \
+        bool(messages[-1].get("content"))
 
 
 def _assistant(blocks: list[Any], path: str) -> dict[str, Any]:

@@ -95,13 +95,15 @@ class EmbeddedBackend:
         return TokenCount(len(ids), estimated=False)
 
     def prompt_ids(self, req: ChatRequest) -> list[int]:
-        """Token ids of the request: the raw prompt, or messages + tools through the template."""
+        """Token ids of the request: the raw prompt, or messages + tools through the template
+        (an Anthropic request's final assistant message is the start of the answer, which
+        continues it)."""
         try:
             if req.prompt is not None:
                 return list(self.tokenizer.encode(req.prompt))
             tools = list(req.tools) or None
-            return list(self.tokenizer.apply_chat_template(list(req.messages), tools=tools,
-                                                           add_generation_prompt=True))
+            return list(self.tokenizer.apply_chat_template(
+                list(req.messages), tools=tools, continue_final=_continues(req)))
         except InvalidRequest as exc:  # template errors (role order, ...) are the client's input
             raise engine_error(exc) from exc
 
@@ -181,6 +183,13 @@ def _early_usage(prompt_tokens: int, delta: StreamDelta) -> Usage:
     cached = delta.output.cached_tokens if delta.output is not None else delta.cached_tokens
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=cached,
                  prefill_saved_ms=delta.prefill_saved_ms)
+
+
+def _continues(req: ChatRequest) -> bool:
+    """Whether the answer continues the last message: Anthropic's prefill (a final assistant
+    message); OpenAI's chat completions always answer in a new turn."""
+    return req.provider == "anthropic" and bool(req.messages) and \
+        req.messages[-1].get("role") == "assistant"
 
 
 def _calls_possible(req: ChatRequest) -> bool:

@@ -6,6 +6,7 @@ import anthropic
 import httpx2
 import pytest
 
+from gateway.errors import GatewayError
 from gateway.parse_anthropic import parse_messages
 from gateway.validate import ParseContext
 from tests.support import serve
@@ -261,3 +262,39 @@ async def test_unknown_model_is_anthropics_not_found_error(make_fake_app):
     assert err.value.body["type"] == "error"
     assert err.value.body["error"]["type"] == "not_found_error"
     assert "claude-nope" in err.value.body["error"]["message"]
+
+
+async def test_a_prefill_ending_in_whitespace_is_anthropics_400(make_fake_app):
+    """Anthropic refuses a final assistant message whose text ends with whitespace ("final
+    assistant content cannot end with trailing whitespace"); as a string or as its last text
+    block. Before, the gateway served it. Whitespace inside it, or ending an earlier
+    assistant message, is fine."""
+    client = async_sdk(make_fake_app())
+    user = {"role": "user", "content": "a b"}
+    for prefill in ("The answer is ", [{"type": "text", "text": "x"},
+                                       {"type": "text", "text": "The answer is\n"}]):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            await client.messages.create(model=FAKE_MODEL, max_tokens=8, messages=[
+                user, {"role": "assistant", "content": prefill}])
+        assert "trailing whitespace" in err.value.body["error"]["message"]
+    served = await client.messages.create(model=FAKE_MODEL, max_tokens=8, messages=[
+        user, {"role": "assistant", "content": "ok \n"}, user,
+        {"role": "assistant", "content": "The answer is"}])
+    assert served.stop_reason is not None
+
+
+def test_a_prefill_cannot_start_a_json_document():
+    """`output_config.format` makes the whole answer one JSON document, which a prefill's text
+    would start outside the grammar: a 400 naming the message (before: served, the document
+    after the prefill). The same prefill without a format is served."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = {"model": FAKE_MODEL, "max_tokens": 8, "output_config": {
+        "format": {"type": "json_schema", "schema": schema}},
+        "messages": [{"role": "user", "content": "a b"},
+                     {"role": "assistant", "content": "{\"a\":"}]}
+    ctx = ParseContext("x", "default", (FAKE_MODEL,))
+    with pytest.raises(GatewayError) as err:
+        parse_messages(body, ctx)
+    assert err.value.status == 400 and err.value.param == "messages[1]"
+    del body["output_config"]
+    assert parse_messages(body, ctx).messages[-1]["content"] == "{\"a\":"
