@@ -165,6 +165,9 @@ class EmbeddedBackend:
         else:
             text, calls = out.text, ()
         finish = FINISH_REASONS.get(out.finish_reason, "stop")
+        asked = req.options.max_tokens or self.config.default_max_tokens
+        if finish == "length" and out.completion_tokens < asked:
+            finish = "context_window"  # the sequence reached the context's end first
         if calls and finish == "stop":
             finish = "tool_calls"
         usage = Usage(

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 
 import anthropic
+import openai
 import pytest
 
+from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
+from gateway.app import create_app
+from gateway.backends.embedded import EmbeddedBackend
+from gateway.config import GatewayConfig
 from tests.support import serve
 
 pytestmark = pytest.mark.slow
@@ -50,3 +56,47 @@ def test_a_final_assistant_message_is_the_start_of_the_answer(make_real_app, rea
         assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == len(ids)
         assert answer.content[0].text == reference.text
     assert counted.input_tokens == len(ids)
+
+
+@pytest.fixture(scope="module")
+def short_context_backend() -> Iterator[EmbeddedBackend]:
+    """An engine of its own whose context is 256 tokens, so an answer reaches its end fast."""
+    backend = EmbeddedBackend(GatewayConfig(engine=EngineConfig(num_pages=64,
+                                                                max_model_len=256)))
+    yield backend
+    asyncio.run(backend.aclose())
+
+
+def test_an_answer_cut_by_the_context_window_says_so(tmp_path, short_context_backend):
+    """max_tokens beyond what the context has left: the answer runs to the end of the context
+    and says `model_context_window_exceeded` (Anthropic's stop reason for it; before:
+    "max_tokens", which the client had not reached); OpenAI says "length". An answer cut by
+    max_tokens itself still says "max_tokens"."""
+    limit = 256
+    messages = [{"role": "user", "content": "hello " * (limit - 40)}]
+    extra = greedy()
+    app = create_app(GatewayConfig(db_url=f"sqlite:///{tmp_path / 'short.db'}", lint_mode="off"),
+                     backend=short_context_backend)
+    with serve(app) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        prompt = claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+        room = limit - prompt
+        assert 0 < room < 64
+        whole = claude.messages.create(model=MODEL, max_tokens=room + 50, messages=messages,
+                                       extra_body=extra)
+        with claude.messages.stream(model=MODEL, max_tokens=room + 50, messages=messages,
+                                    extra_body=extra) as stream:
+            streamed = stream.get_final_message()
+        short = claude.messages.create(model=MODEL, max_tokens=2, messages=messages,
+                                       extra_body=extra)
+        claude.close()
+        oai = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        choice = oai.chat.completions.create(model=MODEL, max_tokens=room + 50,
+                                             messages=messages, extra_body=extra).choices[0]
+        oai.close()
+    for answer in (whole, streamed):
+        assert answer.stop_reason == "model_context_window_exceeded"
+        assert answer.usage.output_tokens == room
+    assert (short.stop_reason, short.usage.output_tokens) == ("max_tokens", 2)
+    assert choice.finish_reason == "length"
+    app.state.store.close()
