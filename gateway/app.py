@@ -36,6 +36,7 @@ from gateway.errors import GatewayError, error_body, model_not_found
 from gateway.health import StoreMetrics, health_report
 from gateway.lint_stage import LintStage
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
+from gateway.model_cards import client_format, model_card, model_list
 from gateway.pipeline import handle
 from gateway.request_state import Gateway, RouteSpec
 from gateway.stats import RecordStore
@@ -98,11 +99,6 @@ async def messages(request: Request) -> Response:
     return await handle(_gateway(request), request, MESSAGES)
 
 
-def _model_card(model: str) -> dict[str, Any]:
-    """One model as `GET /v1/models` lists it."""
-    return {"id": model, "object": "model", "created": 0, "owned_by": "prefixgate"}
-
-
 async def _listed_models(gw: Gateway) -> list[str]:
     """The model ids the gateway lists: an upstream pool's from its replicas (or its
     configured ids), the embedded engine's own."""
@@ -112,27 +108,27 @@ async def _listed_models(gw: Gateway) -> list[str]:
 
 
 async def list_models(request: Request) -> Response:
-    gw = _gateway(request)
+    """`GET /v1/models`, in the client's format (`gateway.model_cards`)."""
+    gw, provider = _gateway(request), client_format(request.headers)
     try:
         tenant_for(request, gw.config)
     except GatewayError as err:
-        return JSONResponse(error_body(err, "openai"), status_code=err.status)
-    data = [_model_card(m) for m in await _listed_models(gw)]
-    return JSONResponse({"object": "list", "data": data})
+        return JSONResponse(error_body(err, provider), status_code=err.status)
+    return JSONResponse(model_list(await _listed_models(gw), provider))
 
 
 async def retrieve_model(request: Request) -> Response:
     """`GET /v1/models/{id}` (the SDKs' `models.retrieve`): the model's card when the gateway
-    lists it, else OpenAI's 404 (`model_not_found`)."""
-    gw = _gateway(request)
+    lists it, else a 404 (OpenAI's `model_not_found`, Anthropic's `not_found_error`)."""
+    gw, provider = _gateway(request), client_format(request.headers)
     try:
         tenant_for(request, gw.config)
         model = str(request.path_params["model"])
         if model not in await _listed_models(gw):
             raise model_not_found(f"model {model!r} does not exist")
     except GatewayError as err:
-        return JSONResponse(error_body(err, "openai"), status_code=err.status)
-    return JSONResponse(_model_card(model))
+        return JSONResponse(error_body(err, provider), status_code=err.status)
+    return JSONResponse(model_card(model, provider))
 
 
 async def healthz(request: Request) -> Response:

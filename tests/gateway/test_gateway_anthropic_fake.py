@@ -298,3 +298,26 @@ def test_a_prefill_cannot_start_a_json_document():
     assert err.value.status == 400 and err.value.param == "messages[1]"
     del body["output_config"]
     assert parse_messages(body, ctx).messages[-1]["content"] == "{\"a\":"
+
+
+async def test_models_are_listed_in_anthropics_shape(make_fake_app):
+    """The Anthropic SDK's models.list / retrieve get Anthropic's model objects (type
+    "model", display_name, created_at) and page fields (before: OpenAI's cards, so each of
+    those read None), and an unknown model is Anthropic's not_found_error. The OpenAI SDK
+    still gets OpenAI's cards."""
+    app = make_fake_app()
+    client = async_sdk(app)
+    page = await client.models.list()
+    assert [(m.type, m.id, m.display_name) for m in page.data] == [
+        ("model", FAKE_MODEL, FAKE_MODEL)]
+    assert page.data[0].created_at.year == 1970
+    assert (page.has_more, page.first_id, page.last_id) == (False, FAKE_MODEL, FAKE_MODEL)
+    assert [m.id async for m in client.models.list()] == [FAKE_MODEL]
+    one = await client.models.retrieve(FAKE_MODEL)
+    assert (one.type, one.id, one.display_name) == ("model", FAKE_MODEL, FAKE_MODEL)
+    with pytest.raises(anthropic.NotFoundError) as err:
+        await client.models.retrieve("claude-nope")
+    assert err.value.body["error"]["type"] == "not_found_error"
+    async with asgi_client(app) as http:
+        cards = (await http.get("/v1/models")).json()
+    assert cards["object"] == "list" and cards["data"][0]["object"] == "model"
