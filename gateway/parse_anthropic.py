@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.anthropic_media import MEDIA_SOURCES, media_block
 from gateway.errors import invalid
 from gateway.structured import (
     ToolChoice,
@@ -73,6 +74,9 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
         messages.extend(converted)
         origins.extend([i] * len(converted))
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) < len(names):
+        raise invalid("'tools' names a tool twice (tool names must be unique)", "tools")
     document = _output_format(body, ctx.grammar)
     constraint = _constraint(body.get("tool_choice"), tools, document, ctx.grammar)
     if document is not None and _prefill(messages, given):
@@ -129,6 +133,16 @@ def _text_block(block: Any, path: str) -> str:
     return text
 
 
+def _message_text(block: Any, path: str) -> str:
+    """A message's text block, whose text is never empty (Anthropic: "text content blocks must
+    be non-empty")."""
+    text = _text_block(block, path)
+    if not text:
+        raise invalid(f"'{path}.text' must not be empty (text content blocks must be "
+                      "non-empty)", f"{path}.text")
+    return text
+
+
 def _message(msg: Any, i: int, *, final: bool, media: bool = False) -> list[dict[str, Any]]:
     path = f"messages[{i}]"
     if not isinstance(msg, dict):
@@ -178,7 +192,7 @@ def _assistant(blocks: list[Any], path: str) -> dict[str, Any]:
         elif kind in ("thinking", "redacted_thinking"):
             continue
         else:
-            texts.append(_text_block(block, f"{path}[{j}]"))
+            texts.append(_message_text(block, f"{path}[{j}]"))
     msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         msg["tool_calls"] = calls
@@ -207,7 +221,10 @@ def _user(blocks: list[Any], path: str, media: bool = False) -> list[dict[str, A
         if kind == "tool_result":
             out.append(_tool_result(block, f"{path}[{j}]", media))
         else:
-            parts.append(_part(block, f"{path}[{j}]", media))
+            part = _part(block, f"{path}[{j}]", media)
+            if part["type"] == "text":
+                _message_text(block, f"{path}[{j}]")
+            parts.append(part)
     if parts or not out:
         out.append({"role": "user", "content": _joined(parts)})
     return out
@@ -217,7 +234,7 @@ def _part(block: Any, path: str, media: bool) -> dict[str, Any]:
     """A user block as a neutral (OpenAI) part: text, and for an upstream (`media`) an image
     or a document (`_media_block`)."""
     if media and isinstance(block, dict) and block.get("type") in MEDIA_SOURCES:
-        return _media_block(block, path)
+        return media_block(block, path)
     return {"type": "text", "text": _text_block(block, path)}
 
 
@@ -228,38 +245,6 @@ def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     if all(part["type"] == "text" for part in parts):
         return "\n".join(part["text"] for part in parts)
     return parts
-
-
-#: the source types Anthropic takes for an image and for a document
-MEDIA_SOURCES = {"image": ("base64", "url", "file"),
-                 "document": ("base64", "url", "text", "content", "file")}
-_SOURCE_FIELDS = {"base64": ("media_type", "data"), "url": ("url",), "text": ("data",),
-                  "file": ("file_id",), "content": ()}
-
-
-def _media_block(block: dict[str, Any], path: str) -> dict[str, Any]:
-    """An image or document block, checked as Anthropic checks its source, as a neutral part:
-    an image from base64 or a URL becomes OpenAI's image_url part (a data URL for base64); any
-    other (a document, an image by file id) stays as it came, for an Anthropic upstream (an
-    OpenAI-compatible one refuses it: gateway.backends.openai_upstream)."""
-    kind, source = block["type"], block.get("source")
-    if not isinstance(source, dict) or source.get("type") not in MEDIA_SOURCES[kind]:
-        field = f"{path}.source"
-        raise invalid(f"'{field}' must be an object whose type is one of "
-                      f"{', '.join(MEDIA_SOURCES[kind])}", field)
-    for name in _SOURCE_FIELDS[source["type"]]:
-        if not isinstance(source.get(name), str) or not source[name]:
-            field = f"{path}.source.{name}"
-            raise invalid(f"'{field}' must be a non-empty string", field)
-    if source["type"] == "content" and not isinstance(source.get("content"), str | list):
-        field = f"{path}.source.content"
-        raise invalid(f"'{field}' must be a string or an array of blocks", field)
-    if kind == "image" and source["type"] == "base64":
-        url = f"data:{source['media_type']};base64,{source['data']}"
-        return {"type": "image_url", "image_url": {"url": url}}
-    if kind == "image" and source["type"] == "url":
-        return {"type": "image_url", "image_url": {"url": source["url"]}}
-    return block
 
 
 def _tool_result(block: dict[str, Any], path: str, media: bool = False) -> dict[str, Any]:

@@ -321,3 +321,22 @@ async def test_models_are_listed_in_anthropics_shape(make_fake_app):
     async with asgi_client(app) as http:
         cards = (await http.get("/v1/models")).json()
     assert cards["object"] == "list" and cards["data"][0]["object"] == "model"
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+     "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "text", "text": "b"}, {"type": "text", "text": ""}]},
+        {"role": "user", "content": "c"}]}, "messages[1].content[1].text"),
+    ({"tools": [TOOLS[0], {**TOOLS[0], "description": "again"}]}, "tools"),
+])
+def test_empty_text_blocks_and_twice_named_tools_are_anthropics_400(change, param):
+    """Anthropic refuses an empty text block in a message ("text content blocks must be
+    non-empty") and two tools of one name ("Tool names must be unique"); before, the gateway
+    served both (the engine's prompt then listed one tool twice)."""
+    body = {"model": FAKE_MODEL, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "a b"}], **change}
+    with pytest.raises(GatewayError) as err:
+        parse_messages(body, ParseContext("x", "default", (FAKE_MODEL,)))
+    assert (err.value.status, err.value.param) == (400, param)
