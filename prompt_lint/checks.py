@@ -8,6 +8,7 @@ from typing import Any
 from prompt_lint.layout import TokenLayout
 from prompt_lint.providers import Provider
 from prompt_lint.rules import RULES, Severity
+from prompt_lint.segment import without_breakpoints
 from prompt_lint.session import SessionTracker
 from prompt_lint.templates import Family
 from prompt_lint.toolset import ToolSet, tool_set
@@ -79,7 +80,7 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
 
 def _tool_prints(tool: Any, compact: str) -> tuple[int, int]:
     """(hash of the JSON as sent, hash of its canonical form); in-process state only."""
-    return hash(compact), hash(canonical_json(tool))
+    return hash(compact), hash(canonical_json(without_breakpoints(tool)))
 
 
 def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, family: Family,
