@@ -33,6 +33,7 @@ import json
 from typing import Any
 
 from gateway.anthropic_media import MEDIA_SOURCES, media_block
+from gateway.anthropic_turns import check_prefill_end, is_prefilled, merge_turns
 from gateway.errors import invalid
 from gateway.structured import (
     ToolChoice,
@@ -70,16 +71,18 @@ def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     origins = [-1] * len(messages)  # the index in `messages` of the body each one comes from
     given = req_list(body, "messages")
     for i, msg in enumerate(given):
-        converted = _message(msg, i, final=i == len(given) - 1, media=not ctx.embedded)
-        messages.extend(converted)
-        origins.extend([i] * len(converted))
+        for converted in _message(msg, i, final=i == len(given) - 1, media=not ctx.embedded):
+            if messages and merge_turns(messages[-1], converted):
+                continue
+            messages.append(converted)
+            origins.append(i)
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) < len(names):
         raise invalid("'tools' names a tool twice (tool names must be unique)", "tools")
     document = _output_format(body, ctx.grammar)
     constraint = _constraint(body.get("tool_choice"), tools, document, ctx.grammar)
-    if document is not None and _prefill(messages, given):
+    if document is not None and is_prefilled(messages, given):
         raise invalid("'output_config.format' cannot be combined with a final assistant "
                       "message (a prefill): the answer must be one whole JSON document",
                       f"messages[{len(given) - 1}]")
@@ -155,7 +158,7 @@ def _message(msg: Any, i: int, *, final: bool, media: bool = False) -> list[dict
         raise invalid(f"'{path}.content' must not be empty (only a final assistant message, "
                       "the start of the answer, may be)", f"{path}.content")
     if final and role == "assistant":
-        _check_prefill_end(content, path)
+        check_prefill_end(content, path)
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -163,23 +166,6 @@ def _message(msg: Any, i: int, *, final: bool, media: bool = False) -> list[dict
     if role == "assistant":
         return [_assistant(content, f"{path}.content")]
     return _user(content, f"{path}.content", media)
-
-
-def _check_prefill_end(content: Any, path: str) -> None:
-    """A final assistant message is the start of the answer; as Anthropic, its text may not
-    end with whitespace (a 400)."""
-    last = content[-1] if isinstance(content, list) and content else content
-    text = last.get("text") if isinstance(last, dict) and last.get("type") == "text" else last
-    if isinstance(text, str) and text and text != text.rstrip():
-        raise invalid(f"'{path}.content' cannot end with trailing whitespace (a final "
-                      "assistant message is the start of the answer)", f"{path}.content")
-
-
-def _prefill(messages: list[dict[str, Any]], given: list[Any]) -> bool:
-    """Whether the body ends with an assistant message that has text (the answer's start)."""
-    last = given[-1] if given else None
-    return isinstance(last, dict) and last.get("role") == "assistant" and \
-        bool(messages[-1].get("content"))
 
 
 def _assistant(blocks: list[Any], path: str) -> dict[str, Any]:

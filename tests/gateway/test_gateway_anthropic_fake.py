@@ -340,3 +340,30 @@ def test_empty_text_blocks_and_twice_named_tools_are_anthropics_400(change, para
     with pytest.raises(GatewayError) as err:
         parse_messages(body, ParseContext("x", "default", (FAKE_MODEL,)))
     assert (err.value.status, err.value.param) == (400, param)
+
+
+def test_consecutive_turns_of_one_role_are_one_turn():
+    """Anthropic combines consecutive user (or assistant) messages into a single turn; the
+    gateway gives the model the same conversation as the one-turn form of the body (before:
+    two turns of one role, a conversation the client never meant)."""
+    ctx = ParseContext("x", "default", (FAKE_MODEL,))
+    call = {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"word": "a"}}
+
+    def neutral(messages: list) -> tuple:
+        return parse_messages({"model": FAKE_MODEL, "max_tokens": 8, "tools": TOOLS,
+                               "messages": messages}, ctx).messages
+
+    split = neutral([
+        {"role": "user", "content": "first"}, {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "thinking aloud"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]},
+        {"role": "user", "content": [{"type": "text", "text": "go on"}]}])
+    whole = neutral([
+        {"role": "user", "content": [{"type": "text", "text": "first"},
+                                     {"type": "text", "text": "second"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "thinking aloud"}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"},
+                                     {"type": "text", "text": "go on"}]}])
+    assert split == whole
+    assert [m["role"] for m in whole] == ["user", "assistant", "tool", "user"]
