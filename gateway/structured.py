@@ -131,13 +131,32 @@ def _styled(schema: dict[str, Any]) -> str:
         return json.dumps({**schema, "x-guidance": JSON_STYLE}, ensure_ascii=False)
 
 
+#: where a tool's schema sits inside its call's schema (`_call_schema`)
+ARGUMENTS_POINTER = "#/properties/arguments"
+
+
 def _call_schema(tool: ToolSchema) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.schema},
+        "properties": {"name": {"const": tool.name}, "arguments": _rebased(tool.schema)},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+def _rebased(value: Any) -> Any:
+    """A tool's schema as it sits under the call's `arguments`: every local `$ref` ("#",
+    "#/$defs/City": pydantic's nested models) points into it where it now is, not at the
+    call schema's root, where nothing of it would be found."""
+    if isinstance(value, list):
+        return [_rebased(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _rebased(v) for k, v in value.items()}
+    ref = value.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = ARGUMENTS_POINTER + ref[1:]
+    return out
 
 
 def _call_rules(tools: list[ToolSchema], parallel: bool) -> list[str]:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 
 import anthropic
+import jsonschema
 import openai
 import pytest
 
@@ -100,3 +101,27 @@ def test_an_answer_cut_by_the_context_window_says_so(tmp_path, short_context_bac
     assert (short.stop_reason, short.usage.output_tokens) == ("max_tokens", 2)
     assert choice.finish_reason == "length"
     app.state.store.close()
+
+
+def test_a_tool_schema_with_local_definitions_is_enforced(make_real_app):
+    """A pydantic-style input_schema: the nested model under `$defs`, referred to by
+    `#/$defs/...`. Before: a 400 from inside the grammar ("Pointer '/$defs/City' does not
+    exist": the schema was nested in the call's schema, where its pointers no longer
+    resolved). Now the forced call's input validates against the schema (jsonschema)."""
+    schema = {"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
+              "required": ["city"], "additionalProperties": False,
+              "$defs": {"City": {"type": "object", "additionalProperties": False,
+                                 "properties": {"name": {"type": "string"},
+                                                "country": {"type": "string"}},
+                                 "required": ["name", "country"]}}}
+    tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": schema}]
+    with serve(make_real_app()) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        answer = claude.messages.create(
+            model=MODEL, max_tokens=48, tools=tools, tool_choice={"type": "any"},
+            messages=[{"role": "user", "content": "What is the weather in Paris, France?"}],
+            extra_body=greedy())
+        claude.close()
+    assert answer.stop_reason == "tool_use"
+    (call,) = [b for b in answer.content if b.type == "tool_use"]
+    jsonschema.validate(call.input, schema)
