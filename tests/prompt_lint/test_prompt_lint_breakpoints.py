@@ -130,3 +130,28 @@ def test_fix_keeps_history_when_the_client_moves_its_breakpoints(tmp_path: Path)
         assert [_breakpoints(m) for m in request["messages"]] == \
             [_breakpoints(m) for m in sent["messages"]]
     assert lint_main([str(fixed_path), "--fail-on", "error"]) == 0
+
+
+def test_a_breakpoint_after_a_session_value_is_reused_within_the_session() -> None:
+    """A session id before the system prompt's breakpoint: across sessions no entry is
+    reused, within one it is (the id stays the same). Before, PL012 said "no entry is
+    reused" outright; a per-request value (a clock) still gets that."""
+    learner = TemplateLearner()
+
+    def body(session: str, clock: str) -> dict[str, Any]:
+        return {"model": "claude-sonnet-4-5", "max_tokens": 64, "system": [
+            {"type": "text", "text": f"Session: {session}"},
+            {"type": "text", "text": BASE + f"Current time: {clock}", "cache_control": EPHEMERAL},
+            ], "messages": [{"role": "user", "content": f"hello, this is {session[-4:]}"}]}
+
+    def pl012(report: Any) -> list[str]:
+        return [f.message.split(": ", 1)[1] for f in report.findings if f.rule == "PL012"]
+
+    reports = [lint_request(body(s, c), learner=learner)
+               for s in ("sess_4f9a21c7", "sess_b80d3e12") for c in ("10:00", "10:05")]
+    assert pl012(reports[-1]) == [
+        "no entry is reused across sessions (within one, the value stays the same)"]
+    late = lint_request({**body("sess_b80d3e12", "10:09"), "system": [
+        {"type": "text", "text": "Current time: 10:09"},
+        {"type": "text", "text": BASE, "cache_control": EPHEMERAL}]}, learner=TemplateLearner())
+    assert all(m == "no entry is reused" for m in pl012(late))
