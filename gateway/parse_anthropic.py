@@ -14,17 +14,21 @@ Conversion to the neutral (OpenAI) shape:
   image_url part (a data URL for base64), any other as it came, with the message's content a
   list of parts (an Anthropic upstream gets the client's body itself; an OpenAI-compatible one
   refuses what it cannot carry); the embedded model reads only text: a 400 naming the block;
-- tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
+- tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}};
+- consecutive messages of one role -> one message, as Anthropic combines them into one turn
+  (`gateway.anthropic_turns`); a final assistant message stays last: the start of the answer,
+  which the embedded engine continues.
 Sampling: temperature, top_p, top_k and stop_sequences go into `SamplingOptions`.
 `output_config.format` ({"type": "json_schema", "schema"}) constrains the answer to one JSON
 document, as OpenAI's `response_format` does; `output_config.effort` is checked and taken as a
 hint. `thinking` enabled / between_tools is a 400 for the embedded engine (the model does not
 think); disabled and adaptive are accepted, and an upstream gets any valid type.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
-Checked as Anthropic checks them: content is never empty except a final assistant message's,
-every tool has an `input_schema` object, `stop_sequences` is an array of strings, and (for the
-embedded engine) each tool_result answers a tool_use of the previous message, each tool_use is
-answered in the next one.
+Checked as Anthropic checks them: content is never empty except a final assistant message's
+(whose text may not end with whitespace), no text block in a message is empty, every tool has
+an `input_schema` object and a name of its own, `stop_sequences` is an array of strings, and
+(for the embedded engine) each tool_result answers a tool_use of the previous message, each
+tool_use is answered in the next one.
 """
 
 from __future__ import annotations
