@@ -26,7 +26,7 @@ think); disabled and adaptive are accepted, and an upstream gets any valid type.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
 Checked as Anthropic checks them: content is never empty except a final assistant message's
 (whose text may not end with whitespace), no text block in a message is empty, every tool has
-an `input_schema` object and a name of its own, `stop_sequences` is an array of strings, and
+an `input_schema` object and a name of its own (letters, digits, `_`, `-`), `stop_sequences` is an array of strings, and
 (for the embedded engine) each tool_result answers a tool_use of the previous message, each
 tool_use is answered in the next one.
 """
@@ -34,6 +34,7 @@ tool_use is answered in the next one.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from gateway.anthropic_media import MEDIA_SOURCES, media_block
@@ -273,6 +274,10 @@ def _check_round_trips(messages: list[dict[str, Any]], origins: list[int]) -> No
                   "message: each tool_use must be answered there", path)
 
 
+#: the tool names Anthropic takes
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+
+
 def _tool(tool: Any, i: int) -> dict[str, Any]:
     path = f"tools[{i}]"
     if not isinstance(tool, dict):
@@ -280,6 +285,9 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     if tool.get("type") not in (None, "custom"):
         raise invalid(f"'{path}.type' {tool.get('type')!r} is not supported", f"{path}.type")
     check_tool_schema(tool, path, "input_schema")
+    if not TOOL_NAME.fullmatch(tool["name"]):
+        raise invalid(f"'{path}.name' must be 1 to 128 letters, digits, '_' or '-' (got "
+                      f"{tool['name']!r})", f"{path}.name")
     if not isinstance(tool.get("input_schema"), dict):
         raise invalid(f"'{path}.input_schema' is required (a JSON schema object)",
                       f"{path}.input_schema")

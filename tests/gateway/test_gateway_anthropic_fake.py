@@ -330,11 +330,13 @@ async def test_models_are_listed_in_anthropics_shape(make_fake_app):
         {"type": "text", "text": "b"}, {"type": "text", "text": ""}]},
         {"role": "user", "content": "c"}]}, "messages[1].content[1].text"),
     ({"tools": [TOOLS[0], {**TOOLS[0], "description": "again"}]}, "tools"),
+    ({"tools": [{**TOOLS[0], "name": "caldav.list-events"}]}, "tools[0].name"),
 ])
 def test_empty_text_blocks_and_twice_named_tools_are_anthropics_400(change, param):
     """Anthropic refuses an empty text block in a message ("text content blocks must be
-    non-empty") and two tools of one name ("Tool names must be unique"); before, the gateway
-    served both (the engine's prompt then listed one tool twice)."""
+    non-empty"), two tools of one name ("Tool names must be unique") and a tool name outside
+    ^[a-zA-Z0-9_-]{1,128}$ (an MCP tool's dotted name); before, the gateway served them (the
+    engine's prompt then listed one tool twice)."""
     body = {"model": FAKE_MODEL, "max_tokens": 8,
             "messages": [{"role": "user", "content": "a b"}], **change}
     with pytest.raises(GatewayError) as err:
