@@ -26,9 +26,9 @@ think); disabled and adaptive are accepted, and an upstream gets any valid type.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
 Checked as Anthropic checks them: content is never empty except a final assistant message's
 (whose text may not end with whitespace), no text block in a message is empty, every tool has
-an `input_schema` object and a name of its own (letters, digits, `_`, `-`), `stop_sequences` is an array of strings, and
-(for the embedded engine) each tool_result answers a tool_use of the previous message, each
-tool_use is answered in the next one.
+an `input_schema` object and a name of its own (letters, digits, `_`, `-`), `stop_sequences`
+is an array of strings, and (for the embedded engine) each tool_result answers a tool_use of
+the previous message, each tool_use is answered in the next one.
 """
 
 from __future__ import annotations
