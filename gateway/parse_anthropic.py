@@ -69,9 +69,9 @@ from gateway.validate import (
 def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     """A validated Anthropic request; raises GatewayError naming the bad field."""
     model = check_model(body, ctx)
-    max_tokens = opt_int(body, "max_tokens", low=1)
+    max_tokens = opt_int(body, "max_tokens", low=0)  # 0: pre-warm the cache, answer nothing
     if max_tokens is None:
-        raise invalid("'max_tokens' is required (an integer >= 1)", "max_tokens")
+        raise invalid("'max_tokens' is required (an integer >= 0)", "max_tokens")
     messages = _system(body.get("system"))
     origins = [-1] * len(messages)  # the index in `messages` of the body each one comes from
     given = req_list(body, "messages")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import anyio
 
@@ -126,6 +127,10 @@ class EmbeddedBackend:
             raise BackendError(400, str(exc), param="sampling") from exc
 
     async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        if req.options.max_tokens == 0:
+            async for item in self._prefill_only(req):
+                yield item
+            return
         ids = await anyio.to_thread.run_sync(self.prompt_ids, req)  # template: off the loop
         params = self.sampling_params(req)
         filt = ToolCallStream(req.request_id) if _calls_possible(req) else None
@@ -150,6 +155,32 @@ class EmbeddedBackend:
                     first, tokens = False, 0
                 if final is not None:
                     yield final
+                    return
+        except (InvalidRequest, RequestError, EngineUnavailable) as exc:
+            raise engine_error(exc) from exc
+
+    async def _prefill_only(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        """`max_tokens` 0 (Anthropic's cache pre-warming): the prompt is prefilled into the
+        prefix cache and nothing is answered. The engine samples one token at least; it is
+        dropped, and the answer says 0 output tokens."""
+        ids = await anyio.to_thread.run_sync(self.prompt_ids, req)
+        params = replace(self.sampling_params(req), max_tokens=1, grammar=None)
+        first, saved_ms = True, 0.0
+        try:
+            async for delta in self.engine.stream(ids, params, namespace=req.namespace,
+                                                  request_id=req.request_id):
+                out = delta.output
+                if out is not None and out.finish_reason == "abort":
+                    raise EngineUnavailable(ABORTED)
+                if first:
+                    saved_ms = delta.prefill_saved_ms
+                    yield TextDelta("", usage=_early_usage(len(ids), delta), tokens=0)
+                    first = False
+                if out is not None:
+                    usage = Usage(prompt_tokens=out.prompt_tokens, completion_tokens=0,
+                                  cached_tokens=out.cached_tokens, ttft=out.ttft,
+                                  prefill_saved_ms=saved_ms)
+                    yield Final(text="", tool_calls=(), finish_reason="length", usage=usage)
                     return
         except (InvalidRequest, RequestError, EngineUnavailable) as exc:
             raise engine_error(exc) from exc

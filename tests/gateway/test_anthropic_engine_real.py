@@ -125,3 +125,30 @@ def test_a_tool_schema_with_local_definitions_is_enforced(make_real_app):
     assert answer.stop_reason == "tool_use"
     (call,) = [b for b in answer.content if b.type == "tool_use"]
     jsonschema.validate(call.input, schema)
+
+
+def test_max_tokens_zero_prewarms_the_cache(make_real_app, real_backend):
+    """`max_tokens: 0` (the Messages API's cache pre-warming): the prompt is prefilled into
+    the prefix cache and nothing is answered (no content, output_tokens 0, "max_tokens");
+    the next request with that prompt reads it from the cache. Before: a 400 ("'max_tokens'
+    must be >= 1")."""
+    system = "You are a release manager. Keep every answer to one short line. " * 6
+    messages = [{"role": "user", "content": "Is the build green?"}]
+    prompt = len(real_backend.engine.tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, *messages]))
+    extra = greedy()
+    with serve(make_real_app()) as server:
+        claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+        warm = claude.messages.create(model=MODEL, max_tokens=0, system=system,
+                                      messages=messages, extra_body=extra)
+        with claude.messages.stream(model=MODEL, max_tokens=0, system=system,
+                                    messages=messages, extra_body=extra) as stream:
+            events = [e.type for e in stream]
+            streamed = stream.get_final_message()
+        claude.close()
+    assert (warm.content, warm.stop_reason, warm.usage.output_tokens) == ([], "max_tokens", 0)
+    assert warm.usage.input_tokens + warm.usage.cache_read_input_tokens == prompt
+    assert events == ["message_start", "message_delta", "message_stop"]
+    assert (streamed.content, streamed.stop_reason, streamed.usage.output_tokens) == (
+        [], "max_tokens", 0)
+    assert streamed.usage.cache_read_input_tokens >= prompt - 16  # all but the last page
