@@ -137,6 +137,26 @@ class ChatTemplate:
             eos_token=self._eos_token,
         )
 
+    def render_continued(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The prompt whose answer continues the last message (an assistant's prefill, as
+        Anthropic's Messages API reads a final assistant message): the conversation rendered
+        whole, cut right after that message's text, so no end-of-turn follows it. An empty
+        last message is the plain start of the answer."""
+        *head, last = messages
+        text = self._normalise(last)["content"]
+        if not text:
+            return self.render(head, tools, add_generation_prompt=True)
+        whole = self.render(messages, tools, add_generation_prompt=False)
+        end = whole.rfind(text)
+        if end < 0:
+            raise ValueError("the chat template does not keep the final message's text, so "
+                             "the answer cannot continue it")
+        return whole[: end + len(text)]
+
     def _normalise(self, message: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(message, Mapping) or "role" not in message:
             raise ValueError(f"each message needs a 'role', got {message!r}")

@@ -191,8 +191,12 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final: bool = False,
     ) -> str:
-        """Prompt text of a conversation through the model's chat template."""
+        """Prompt text of a conversation through the model's chat template; with
+        `continue_final`, one whose answer continues the last message (`render_continued`)."""
+        if continue_final:
+            return self.chat_template.render_continued(messages, tools)
         return self.chat_template.render(messages, tools, add_generation_prompt)
 
     def apply_chat_template(
@@ -200,13 +204,14 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final: bool = False,
     ) -> list[int]:
         """Token ids of a rendered conversation (template special tokens matched whole).
 
         Raises `InvalidRequest` (field "messages") when the template rejects the conversation
         (bad roles, role order, a `raise_exception` in the template, sandbox violations)."""
         try:
-            text = self.render_chat(messages, tools, add_generation_prompt)
+            text = self.render_chat(messages, tools, add_generation_prompt, continue_final)
         except (TemplateError, ValueError, TypeError) as exc:
             raise InvalidRequest(f"cannot render the prompt: {exc}", field="messages") from exc
         return self.encode(text, allow_special=True)

@@ -36,6 +36,7 @@ from gateway.errors import GatewayError, error_body, model_not_found
 from gateway.health import StoreMetrics, health_report
 from gateway.lint_stage import LintStage
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
+from gateway.model_cards import client_format, model_card, model_list
 from gateway.pipeline import handle
 from gateway.request_state import Gateway, RouteSpec
 from gateway.stats import RecordStore
@@ -98,15 +99,11 @@ async def messages(request: Request) -> Response:
     return await handle(_gateway(request), request, MESSAGES)
 
 
-def openai_error(err: GatewayError) -> JSONResponse:
-    """`err` as an OpenAI-shaped error, with its `retry-after` when it is a timed refusal."""
+def error_response(err: GatewayError, provider: Provider = "openai") -> JSONResponse:
+    """`err` in the client's format (OpenAI's unless `provider` says otherwise), with its
+    `retry-after` when it is a timed refusal."""
     headers = {"retry-after": str(err.retry_after)} if isinstance(err, Overloaded) else None
-    return JSONResponse(error_body(err, "openai"), status_code=err.status, headers=headers)
-
-
-def _model_card(model: str) -> dict[str, Any]:
-    """One model as `GET /v1/models` lists it."""
-    return {"id": model, "object": "model", "created": 0, "owned_by": "prefixgate"}
+    return JSONResponse(error_body(err, provider), status_code=err.status, headers=headers)
 
 
 async def _listed_models(gw: Gateway) -> list[str]:
@@ -118,27 +115,27 @@ async def _listed_models(gw: Gateway) -> list[str]:
 
 
 async def list_models(request: Request) -> Response:
-    gw = _gateway(request)
+    """`GET /v1/models`, in the client's format (`gateway.model_cards`)."""
+    gw, provider = _gateway(request), client_format(request.headers)
     try:
         gw.auth.tenant(request)
     except GatewayError as err:
-        return openai_error(err)
-    data = [_model_card(m) for m in await _listed_models(gw)]
-    return JSONResponse({"object": "list", "data": data})
+        return error_response(err, provider)
+    return JSONResponse(model_list(await _listed_models(gw), provider))
 
 
 async def retrieve_model(request: Request) -> Response:
     """`GET /v1/models/{id}` (the SDKs' `models.retrieve`): the model's card when the gateway
-    lists it, else OpenAI's 404 (`model_not_found`)."""
-    gw = _gateway(request)
+    lists it, else a 404 (OpenAI's `model_not_found`, Anthropic's `not_found_error`)."""
+    gw, provider = _gateway(request), client_format(request.headers)
     try:
         gw.auth.tenant(request)
         model = str(request.path_params["model"])
         if model not in await _listed_models(gw):
             raise model_not_found(f"model {model!r} does not exist")
     except GatewayError as err:
-        return openai_error(err)
-    return JSONResponse(_model_card(model))
+        return error_response(err, provider)
+    return JSONResponse(model_card(model, provider))
 
 
 async def healthz(request: Request) -> Response:
@@ -156,10 +153,10 @@ async def metrics(request: Request) -> Response:
     try:
         allowed = await gw.auth.may_scrape_metrics(request)
     except Overloaded as err:
-        return openai_error(err)
+        return error_response(err)
     if not allowed:
         needed = "the admin key" if gw.config.admin_key is not None else "an API key"
-        return openai_error(GatewayError(401, f"/metrics needs {needed}",
+        return error_response(GatewayError(401, f"/metrics needs {needed}",
                                          kind="authentication_error"))
     _refresh_kv_gauges(gw)
     request.app.state.store_metrics.refresh()

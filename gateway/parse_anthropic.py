@@ -14,24 +14,31 @@ Conversion to the neutral (OpenAI) shape:
   image_url part (a data URL for base64), any other as it came, with the message's content a
   list of parts (an Anthropic upstream gets the client's body itself; an OpenAI-compatible one
   refuses what it cannot carry); the embedded model reads only text: a 400 naming the block;
-- tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}}.
+- tools {name, description, input_schema} -> {"type": "function", "function": {..., "parameters"}};
+- consecutive messages of one role -> one message, as Anthropic combines them into one turn
+  (`gateway.anthropic_turns`); a final assistant message stays last: the start of the answer,
+  which the embedded engine continues.
 Sampling: temperature, top_p, top_k and stop_sequences go into `SamplingOptions`.
 `output_config.format` ({"type": "json_schema", "schema"}) constrains the answer to one JSON
 document, as OpenAI's `response_format` does; `output_config.effort` is checked and taken as a
 hint. `thinking` enabled / between_tools is a 400 for the embedded engine (the model does not
 think); disabled and adaptive are accepted, and an upstream gets any valid type.
 `cache_control` is accepted on any block and ignored (the engine caches every full page).
-Checked as Anthropic checks them: content is never empty except a final assistant message's,
-every tool has an `input_schema` object, `stop_sequences` is an array of strings, and (for the
-embedded engine) each tool_result answers a tool_use of the previous message, each tool_use is
-answered in the next one.
+Checked as Anthropic checks them: content is never empty except a final assistant message's
+(whose text may not end with whitespace), no text block in a message is empty, every tool has
+an `input_schema` object and a name of its own (letters, digits, `_`, `-`), `stop_sequences`
+is an array of strings, and (for the embedded engine) each tool_result answers a tool_use of
+the previous message, each tool_use is answered in the next one.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+from gateway.anthropic_media import MEDIA_SOURCES, media_block
+from gateway.anthropic_turns import check_prefill_end, is_prefilled, merge_turns
 from gateway.errors import invalid
 from gateway.structured import (
     ToolChoice,
@@ -62,19 +69,28 @@ from gateway.validate import (
 def parse_messages(body: dict[str, Any], ctx: ParseContext) -> ChatRequest:
     """A validated Anthropic request; raises GatewayError naming the bad field."""
     model = check_model(body, ctx)
-    max_tokens = opt_int(body, "max_tokens", low=1)
+    max_tokens = opt_int(body, "max_tokens", low=0)  # 0: pre-warm the cache, answer nothing
     if max_tokens is None:
-        raise invalid("'max_tokens' is required (an integer >= 1)", "max_tokens")
+        raise invalid("'max_tokens' is required (an integer >= 0)", "max_tokens")
     messages = _system(body.get("system"))
     origins = [-1] * len(messages)  # the index in `messages` of the body each one comes from
     given = req_list(body, "messages")
     for i, msg in enumerate(given):
-        converted = _message(msg, i, final=i == len(given) - 1, media=not ctx.embedded)
-        messages.extend(converted)
-        origins.extend([i] * len(converted))
+        for converted in _message(msg, i, final=i == len(given) - 1, media=not ctx.embedded):
+            if messages and merge_turns(messages[-1], converted):
+                continue
+            messages.append(converted)
+            origins.append(i)
     tools = tuple(_tool(t, i) for i, t in enumerate(opt_list(body, "tools")))
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) < len(names):
+        raise invalid("'tools' names a tool twice (tool names must be unique)", "tools")
     document = _output_format(body, ctx.grammar)
     constraint = _constraint(body.get("tool_choice"), tools, document, ctx.grammar)
+    if document is not None and is_prefilled(messages, given):
+        raise invalid("'output_config.format' cannot be combined with a final assistant "
+                      "message (a prefill): the answer must be one whole JSON document",
+                      f"messages[{len(given) - 1}]")
     _thinking(body, ctx.embedded)
     if ctx.embedded:
         _check_round_trips(messages, origins)
@@ -125,6 +141,16 @@ def _text_block(block: Any, path: str) -> str:
     return text
 
 
+def _message_text(block: Any, path: str) -> str:
+    """A message's text block, whose text is never empty (Anthropic: "text content blocks must
+    be non-empty")."""
+    text = _text_block(block, path)
+    if not text:
+        raise invalid(f"'{path}.text' must not be empty (text content blocks must be "
+                      "non-empty)", f"{path}.text")
+    return text
+
+
 def _message(msg: Any, i: int, *, final: bool, media: bool = False) -> list[dict[str, Any]]:
     path = f"messages[{i}]"
     if not isinstance(msg, dict):
@@ -136,6 +162,8 @@ def _message(msg: Any, i: int, *, final: bool, media: bool = False) -> list[dict
     if (content == "" or content == []) and not (final and role == "assistant"):
         raise invalid(f"'{path}.content' must not be empty (only a final assistant message, "
                       "the start of the answer, may be)", f"{path}.content")
+    if final and role == "assistant":
+        check_prefill_end(content, path)
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -155,7 +183,7 @@ def _assistant(blocks: list[Any], path: str) -> dict[str, Any]:
         elif kind in ("thinking", "redacted_thinking"):
             continue
         else:
-            texts.append(_text_block(block, f"{path}[{j}]"))
+            texts.append(_message_text(block, f"{path}[{j}]"))
     msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         msg["tool_calls"] = calls
@@ -184,7 +212,10 @@ def _user(blocks: list[Any], path: str, media: bool = False) -> list[dict[str, A
         if kind == "tool_result":
             out.append(_tool_result(block, f"{path}[{j}]", media))
         else:
-            parts.append(_part(block, f"{path}[{j}]", media))
+            part = _part(block, f"{path}[{j}]", media)
+            if part["type"] == "text":
+                _message_text(block, f"{path}[{j}]")
+            parts.append(part)
     if parts or not out:
         out.append({"role": "user", "content": _joined(parts)})
     return out
@@ -194,7 +225,7 @@ def _part(block: Any, path: str, media: bool) -> dict[str, Any]:
     """A user block as a neutral (OpenAI) part: text, and for an upstream (`media`) an image
     or a document (`_media_block`)."""
     if media and isinstance(block, dict) and block.get("type") in MEDIA_SOURCES:
-        return _media_block(block, path)
+        return media_block(block, path)
     return {"type": "text", "text": _text_block(block, path)}
 
 
@@ -205,38 +236,6 @@ def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     if all(part["type"] == "text" for part in parts):
         return "\n".join(part["text"] for part in parts)
     return parts
-
-
-#: the source types Anthropic takes for an image and for a document
-MEDIA_SOURCES = {"image": ("base64", "url", "file"),
-                 "document": ("base64", "url", "text", "content", "file")}
-_SOURCE_FIELDS = {"base64": ("media_type", "data"), "url": ("url",), "text": ("data",),
-                  "file": ("file_id",), "content": ()}
-
-
-def _media_block(block: dict[str, Any], path: str) -> dict[str, Any]:
-    """An image or document block, checked as Anthropic checks its source, as a neutral part:
-    an image from base64 or a URL becomes OpenAI's image_url part (a data URL for base64); any
-    other (a document, an image by file id) stays as it came, for an Anthropic upstream (an
-    OpenAI-compatible one refuses it: gateway.backends.openai_upstream)."""
-    kind, source = block["type"], block.get("source")
-    if not isinstance(source, dict) or source.get("type") not in MEDIA_SOURCES[kind]:
-        field = f"{path}.source"
-        raise invalid(f"'{field}' must be an object whose type is one of "
-                      f"{', '.join(MEDIA_SOURCES[kind])}", field)
-    for name in _SOURCE_FIELDS[source["type"]]:
-        if not isinstance(source.get(name), str) or not source[name]:
-            field = f"{path}.source.{name}"
-            raise invalid(f"'{field}' must be a non-empty string", field)
-    if source["type"] == "content" and not isinstance(source.get("content"), str | list):
-        field = f"{path}.source.content"
-        raise invalid(f"'{field}' must be a string or an array of blocks", field)
-    if kind == "image" and source["type"] == "base64":
-        url = f"data:{source['media_type']};base64,{source['data']}"
-        return {"type": "image_url", "image_url": {"url": url}}
-    if kind == "image" and source["type"] == "url":
-        return {"type": "image_url", "image_url": {"url": source["url"]}}
-    return block
 
 
 def _tool_result(block: dict[str, Any], path: str, media: bool = False) -> dict[str, Any]:
@@ -275,6 +274,10 @@ def _check_round_trips(messages: list[dict[str, Any]], origins: list[int]) -> No
                   "message: each tool_use must be answered there", path)
 
 
+#: the tool names Anthropic takes
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+
+
 def _tool(tool: Any, i: int) -> dict[str, Any]:
     path = f"tools[{i}]"
     if not isinstance(tool, dict):
@@ -282,6 +285,9 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     if tool.get("type") not in (None, "custom"):
         raise invalid(f"'{path}.type' {tool.get('type')!r} is not supported", f"{path}.type")
     check_tool_schema(tool, path, "input_schema")
+    if not TOOL_NAME.fullmatch(tool["name"]):
+        raise invalid(f"'{path}.name' must be 1 to 128 letters, digits, '_' or '-' (got "
+                      f"{tool['name']!r})", f"{path}.name")
     if not isinstance(tool.get("input_schema"), dict):
         raise invalid(f"'{path}.input_schema' is required (a JSON schema object)",
                       f"{path}.input_schema")

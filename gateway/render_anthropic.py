@@ -17,7 +17,8 @@ from gateway.types import ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 from gateway.usage_report import SUMMARY_FIELD, summary
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
-                "refusal": "refusal", "pause_turn": "pause_turn"}
+                "refusal": "refusal", "pause_turn": "pause_turn",
+                "context_window": "model_context_window_exceeded"}
 
 
 def stop_fields(final: Final) -> dict[str, Any]:

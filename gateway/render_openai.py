@@ -18,7 +18,7 @@ def sse(data: dict[str, Any] | str) -> bytes:
 
 DONE = sse("[DONE]")
 #: neutral finish reasons OpenAI has no word for (an Anthropic upstream's): the nearest one
-_FINISH = {"refusal": "content_filter", "pause_turn": "stop"}
+_FINISH = {"refusal": "content_filter", "pause_turn": "stop", "context_window": "length"}
 
 
 def finish_reason(final: Final) -> str:

@@ -197,7 +197,9 @@ class Final:
     text: str  # full generated text (tool-call markup removed)
     tool_calls: tuple[dict[str, Any], ...]  # OpenAI shape {"id","type":"function","function":{..}}
     # OpenAI vocabulary: stop | length | tool_calls, plus Anthropic's refusal | pause_turn
-    # (an Anthropic upstream's; rendered for OpenAI clients as content_filter / stop)
+    # (an Anthropic upstream's; rendered for OpenAI clients as content_filter / stop) and
+    # context_window (the context ended the answer before max_tokens: Anthropic's
+    # model_context_window_exceeded, OpenAI's length)
     finish_reason: str
     usage: Usage  # what the answer says
     replica: str | None = None

@@ -8,6 +8,7 @@ from typing import Any
 from prompt_lint.layout import TokenLayout
 from prompt_lint.providers import Provider
 from prompt_lint.rules import RULES, Severity
+from prompt_lint.segment import without_breakpoints
 from prompt_lint.session import SessionTracker
 from prompt_lint.templates import Family
 from prompt_lint.toolset import ToolSet, tool_set
@@ -79,7 +80,7 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
 
 def _tool_prints(tool: Any, compact: str) -> tuple[int, int]:
     """(hash of the JSON as sent, hash of its canonical form); in-process state only."""
-    return hash(compact), hash(canonical_json(tool))
+    return hash(compact), hash(canonical_json(without_breakpoints(tool)))
 
 
 def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, family: Family,
@@ -163,8 +164,9 @@ def _breakpoints(body: dict[str, Any], layout: TokenLayout) -> list[tuple[str, i
 
 
 def cache_control_findings(body: dict[str, Any], model: str | None, layout: TokenLayout,
-                           cacheable: int) -> list[Finding]:
-    """PL011/PL012 for Anthropic requests."""
+                           cacheable: int, session_scoped: bool = False) -> list[Finding]:
+    """PL011/PL012 for Anthropic requests; `session_scoped`: the first dynamic value is one
+    that stays the same within a session (its entries are reused there, not across)."""
     minimum = min_cacheable_tokens("anthropic", model)
     points = _breakpoints(body, layout)
     if not points and not body.get("cache_control"):
@@ -183,7 +185,9 @@ def cache_control_findings(body: dict[str, Any], model: str | None, layout: Toke
                                f"of {minimum}: it caches nothing", token_offset=end))
     if points and min(end for _, end in points) > cacheable:
         path, end = min(points, key=lambda p: p[1])
+        reuse = ("no entry is reused across sessions (within one, the value stays the same)"
+                 if session_scoped else "no entry is reused")
         out.append(finding("PL012", path, f"every breakpoint (first at token {end}) lies after "
-                           f"the first dynamic value at token {cacheable}: no entry is reused",
+                           f"the first dynamic value at token {cacheable}: {reuse}",
                            token_offset=end))
     return out

@@ -85,7 +85,8 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     model = body.get("model") if isinstance(body.get("model"), str) else None
     findings += minimum_findings(prov, model, layout.total, cacheable, after)
     if prov == "anthropic":
-        findings += cache_control_findings(body, model, layout, cacheable)
+        scoped = _first_break_kinds(findings, cacheable) == {"session"}
+        findings += cache_control_findings(body, model, layout, cacheable, scoped)
     return LintReport(findings, layout.total, cacheable, after,
                       match.family.id if match.family else None, prov)
 
@@ -193,6 +194,12 @@ def _first_break(findings: list[Finding], total: int) -> int:
                if f.rule in BREAKING_RULES and f.token_offset is not None
                and f.confidence >= LIKELY]
     return min(offsets, default=total)
+
+
+def _first_break_kinds(findings: list[Finding], offset: int) -> set[str]:
+    """The kinds of the findings that break the prefix at `offset` (`_first_break`'s)."""
+    return {f.kind for f in findings if f.rule in BREAKING_RULES and f.token_offset == offset
+            and f.confidence >= LIKELY}
 
 
 def context_target(body: dict[str, Any], provider: Provider) -> int | None:

@@ -331,6 +331,9 @@ def _request(source: str, line: int, record: Any, provider: str | None) -> Loade
     try:
         prov = cast(Provider, provider) if provider is not None else detect_provider(body)
         validate(body, prov)
+        if prov == "openai" and isinstance(body, dict) and "system" in body:
+            raise RequestError("a top-level 'system' is an Anthropic request's (Chat "
+                               "Completions has none): not an OpenAI request")
     except RequestError as exc:
         raise InputError(f"{source}:{line}: {exc}") from exc
     return LoadedRequest(source, line, body, prov, envelope, key)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from prompt_lint.media import layout_text
 from prompt_lint.memo import compact_json_cached
-from prompt_lint.segment import Segment, tool_description_path, tool_name
+from prompt_lint.segment import Segment, tool_description_path, tool_name, without_breakpoints
 from prompt_lint.toolset import ToolSet, tool_set
 
 Provider = Literal["openai", "anthropic"]
@@ -173,7 +173,8 @@ def _content_segments(path: str, content: Any, scan: bool, message: int) -> list
         if isinstance(block, dict) and isinstance(block.get("text"), str):
             out.append(Segment(f"{path}[{j}].text", block["text"], scan, message))
         else:  # an image's or a file's inline bytes as their digest (prompt_lint.media)
-            out.append(Segment(f"{path}[{j}]", layout_text(block, compact_json), False, message))
+            text = layout_text(without_breakpoints(block), compact_json)
+            out.append(Segment(f"{path}[{j}]", text, False, message))
     return out
 
 

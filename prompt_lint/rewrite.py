@@ -7,10 +7,11 @@ their values listed in one context block at the start of the last user turn
 requires those first). Tools are sorted by name and their JSON keys sorted;
 an Anthropic tool-list breakpoint stays on the last tool. Every value is kept.
 
-With a learner, its SessionTracker remembers each message that received a
-context block, keyed by the rewritten conversation before it and by the
-moved identifiers of the request, so when that turn comes back as history it
-is emitted with the same bytes and the cached prefix only grows.
+With a learner, its SessionTracker remembers the context block each message
+received, keyed by the rewritten conversation before it (breakpoints left
+out) and by the moved identifiers of the request, so when that turn comes back
+as history it gets the same block, is emitted with the same content, and the
+cached prefix only grows.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from prompt_lint.checks import canonical_json
 from prompt_lint.lint import MARKER_OPEN, context_target, is_moved, lint_request
 from prompt_lint.providers import Provider, compact_json, detect_provider, tool_name
+from prompt_lint.segment import without_breakpoints
 from prompt_lint.session import SessionTracker, fingerprint
 from prompt_lint.templates import TemplateLearner
 from prompt_lint.types import Finding, LintReport, RewriteResult
@@ -117,18 +119,30 @@ def _place_context(body: dict[str, Any], provider: Provider, block: str, moved: 
     running = fingerprint(family or "", *identity)
     values = _telling_values(moved)
     for i, message in enumerate(messages):
-        key = fingerprint(running, compact_json(message))
+        key = fingerprint(running, _content_json(message))
         if i == target:
             if block:
                 messages[i] = _with_context(message, block, provider)
             if tracker is not None:
+                given = {"context": block}  # one object under every name (`_remembered`)
                 for name in [key, *(fingerprint(key, v) for v in values)]:
-                    tracker.remember(name, messages[i])
+                    tracker.remember(name, given)
         elif tracker is not None and target is not None and i < target:
             old = _remembered(tracker, key, values)
-            if old is not None:
-                messages[i] = copy.deepcopy(old)
-        running = fingerprint(running, compact_json(messages[i]))
+            if old is not None and old["context"]:
+                messages[i] = _with_context(message, old["context"], provider)
+        running = fingerprint(running, _content_json(messages[i]))
+
+
+def _content_json(message: dict[str, Any]) -> str:
+    """A message's JSON without its blocks' breakpoints: what a session's turns are known by.
+    An Anthropic agent moves its breakpoint to the newest block every turn, so a turn comes
+    back as history with its breakpoint gone; it is the same turn, and it gets the context
+    block it got as the last turn, with the breakpoints where the client now puts them."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return compact_json(message)
+    return compact_json({**message, "content": [without_breakpoints(b) for b in content]})
 
 
 #: Kinds of moved values, most telling of a session first; a timestamp tells none (it changes
@@ -144,15 +158,16 @@ def _telling_values(moved: list[Finding]) -> list[str]:
 
 
 def _remembered(tracker: SessionTracker, key: str, values: list[str]) -> dict[str, Any] | None:
-    """The rewritten history message to emit for the one remembered under `key`.
+    """The context block (`{"context": block}`) to give the history message remembered under
+    `key`.
 
     Two conversations that open alike share `key` whenever nothing tells their sessions apart
     (a user id whose scope the family's evidence did not show: it varied "across requests"),
     and `key` holds the one rewritten last: interleaved in a log, or in one tenant's traffic,
     one user's history came back with another user's context block (their id, their time).
-    So the message is also remembered under `key` with each of its request's telling values,
-    and of what is found under this request's values and under `key` alone, the message that
-    holds most of this request's values is emitted (a value-keyed one on a tie)."""
+    So the block is also remembered under `key` with each of its request's telling values,
+    and of what is found under this request's values and under `key` alone, the block that
+    holds most of this request's values is given (a value-keyed one on a tie)."""
     found = [tracker.remembered(fingerprint(key, v)) for v in values]
     found.append(tracker.remembered(key))
     candidates = list({id(m): m for m in found if m is not None}.values())
@@ -162,7 +177,7 @@ def _remembered(tracker: SessionTracker, key: str, values: list[str]) -> dict[st
 
 
 def _shared(message: dict[str, Any], values: list[str]) -> int:
-    """How many of `values` the message's JSON holds."""
+    """How many of `values` the remembered block's JSON holds."""
     text = compact_json(message)
     return sum(v in text for v in values)
 

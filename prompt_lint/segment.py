@@ -24,6 +24,25 @@ class Segment(NamedTuple):
     message: int
 
 
+def without_breakpoints(block: Any) -> Any:
+    """A tool or content block as the model reads it: its Anthropic `cache_control` (and that
+    of the blocks in a tool_result's content) taken out. A breakpoint only says where to write
+    a cache entry; the cache matches prefixes by content, so an agent that moves its
+    breakpoint to the newest block every turn changes nothing cached. A block without one is
+    returned as it is."""
+    if not isinstance(block, dict):
+        return block
+    content = block.get("content")
+    nested = content if isinstance(content, list) and any(
+        isinstance(b, dict) and "cache_control" in b for b in content) else None
+    if "cache_control" not in block and nested is None:
+        return block
+    out = {k: v for k, v in block.items() if k != "cache_control"}
+    if nested is not None:
+        out["content"] = [without_breakpoints(b) for b in nested]
+    return out
+
+
 def tool_name(tool: Any, provider: str) -> str | None:
     """The tool's name, or None when the definition has none."""
     if not isinstance(tool, dict):

@@ -2,9 +2,9 @@
 
 Requests of one agent repeat their tool list verbatim. `tool_set(tools)`
 keys the list by its marshal bytes (see `prompt_lint.memo`) and returns the
-tools' layout segments (compact JSON), names, description scan targets and
-schema key-order flags from a bounded LRU (1024 lists, `BUDGETS.tool_sets` bytes), so an
-unchanged tool list is serialised once, not once per request.
+tools' layout segments (compact JSON, breakpoints left out: `without_breakpoints`), names,
+description scan targets and schema key-order flags from a bounded LRU (1024 lists,
+`BUDGETS.tool_sets` bytes), so an unchanged tool list is serialised once, not once per request.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from prompt_lint.budgets import BUDGETS
 from prompt_lint.memo import LRU, encode_compact, memo_by_value
-from prompt_lint.segment import Segment, tool_description_path, tool_name
+from prompt_lint.segment import Segment, tool_description_path, tool_name, without_breakpoints
 
 
 class ToolSet(NamedTuple):
@@ -53,7 +53,7 @@ def tool_schema(tool: Any) -> Any:
 
 def _compute(tools: list[Any]) -> ToolSet:
     names = tuple(tool_name(t, "openai") for t in tools)
-    segments = tuple(Segment(f"tools[{i}]", encode_compact(t), False, -1)
+    segments = tuple(Segment(f"tools[{i}]", encode_compact(without_breakpoints(t)), False, -1)
                      for i, t in enumerate(tools))
     descriptions = []
     for i, tool in enumerate(tools):

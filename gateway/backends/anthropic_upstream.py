@@ -38,7 +38,8 @@ API_VERSION = "2023-06-01"
 # what the Messages API's count_tokens endpoint takes of a Messages body
 COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
-           "tool_use": "tool_calls", "refusal": "refusal", "pause_turn": "pause_turn"}
+           "tool_use": "tool_calls", "refusal": "refusal", "pause_turn": "pause_turn",
+           "model_context_window_exceeded": "context_window"}
 #: content blocks the neutral types have no field for, passed to an Anthropic client as they came
 #: (a text block with `citations` too: `passed_block`)
 PASSED_BLOCKS = ("thinking", "redacted_thinking")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import anyio
 
@@ -98,13 +99,15 @@ class EmbeddedBackend:
         return TokenCount(len(ids), estimated=False)
 
     def prompt_ids(self, req: ChatRequest) -> list[int]:
-        """Token ids of the request: the raw prompt, or messages + tools through the template."""
+        """Token ids of the request: the raw prompt, or messages + tools through the template
+        (an Anthropic request's final assistant message is the start of the answer, which
+        continues it)."""
         try:
             if req.prompt is not None:
                 return list(self.tokenizer.encode(req.prompt))
             tools = list(req.tools) or None
-            return list(self.tokenizer.apply_chat_template(list(req.messages), tools=tools,
-                                                           add_generation_prompt=True))
+            return list(self.tokenizer.apply_chat_template(
+                list(req.messages), tools=tools, continue_final=_continues(req)))
         except InvalidRequest as exc:  # template errors (role order, ...) are the client's input
             raise engine_error(exc, _prompt_param(req)) from exc
 
@@ -127,6 +130,10 @@ class EmbeddedBackend:
             raise BackendError(400, str(exc), param="sampling") from exc
 
     async def stream(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        if req.options.max_tokens == 0:
+            async for item in self._prefill_only(req):
+                yield item
+            return
         ids = await anyio.to_thread.run_sync(self.prompt_ids, req)  # template: off the loop
         params = self.sampling_params(req)
         filt = ToolCallStream(req.request_id) if _calls_possible(req) else None
@@ -155,6 +162,32 @@ class EmbeddedBackend:
         except (InvalidRequest, RequestError, EngineUnavailable) as exc:
             raise engine_error(exc, _prompt_param(req)) from exc
 
+    async def _prefill_only(self, req: ChatRequest) -> AsyncIterator[TextDelta | Final]:
+        """`max_tokens` 0 (Anthropic's cache pre-warming): the prompt is prefilled into the
+        prefix cache and nothing is answered. The engine samples one token at least; it is
+        dropped, and the answer says 0 output tokens."""
+        ids = await anyio.to_thread.run_sync(self.prompt_ids, req)
+        params = replace(self.sampling_params(req), max_tokens=1, grammar=None)
+        first, saved_ms = True, 0.0
+        try:
+            async for delta in self.engine.stream(ids, params, namespace=req.namespace,
+                                                  request_id=req.request_id):
+                out = delta.output
+                if out is not None and out.finish_reason == "abort":
+                    raise EngineUnavailable(ABORTED)
+                if first:
+                    saved_ms = delta.prefill_saved_ms
+                    yield TextDelta("", usage=_early_usage(len(ids), delta), tokens=0)
+                    first = False
+                if out is not None:
+                    usage = Usage(prompt_tokens=out.prompt_tokens, completion_tokens=0,
+                                  cached_tokens=out.cached_tokens, ttft=out.ttft,
+                                  prefill_saved_ms=saved_ms)
+                    yield Final(text="", tool_calls=(), finish_reason="length", usage=usage)
+                    return
+        except (InvalidRequest, RequestError, EngineUnavailable) as exc:
+            raise engine_error(exc) from exc
+
     def _final(
         self, req: ChatRequest, saved_ms: float, out: RequestOutput,
         filt: ToolCallStream | None,
@@ -166,6 +199,9 @@ class EmbeddedBackend:
             text, calls = parsed.text, parsed.tool_calls
         else:
             text, calls = out.text, ()
+        asked = req.options.max_tokens or self.config.default_max_tokens
+        if finish == "length" and out.completion_tokens < asked:
+            finish = "context_window"  # the sequence reached the context's end first
         if calls and finish == "stop":
             finish = "tool_calls"
         usage = Usage(
@@ -189,6 +225,13 @@ def _early_usage(prompt_tokens: int, delta: StreamDelta) -> Usage:
 def _prompt_param(req: ChatRequest) -> str:
     """The field that holds the request's prompt: "prompt" (legacy route) or "messages"."""
     return "messages" if req.prompt is None else "prompt"
+
+
+def _continues(req: ChatRequest) -> bool:
+    """Whether the answer continues the last message: Anthropic's prefill (a final assistant
+    message); OpenAI's chat completions always answer in a new turn."""
+    return req.provider == "anthropic" and bool(req.messages) and \
+        req.messages[-1].get("role") == "assistant"
 
 
 def _calls_possible(req: ChatRequest) -> bool:

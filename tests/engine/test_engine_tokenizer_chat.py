@@ -124,3 +124,34 @@ def test_bad_messages_raise() -> None:
         template.render([{"content": "no role"}])
     with pytest.raises(ValueError, match="empty"):
         ChatTemplate("")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefill", ["The capital is", '{"city": "Par', "Hi <|im_end|> x"])
+def test_continued_render_equals_transformers(
+    loaded_model: LoadedModel, hf_gguf_tokenizer: Any, prefill: str
+) -> None:
+    """An answer that continues the final assistant message (Anthropic's prefill) is
+    transformers' `continue_final_message`: no end-of-turn after the prefill."""
+    tok = loaded_model.tokenizer
+    messages = [*CONVERSATIONS[1], {"role": "assistant", "content": prefill}]
+    expected = hf_gguf_tokenizer.apply_chat_template(
+        messages, tokenize=False, continue_final_message=True
+    )
+    assert tok.render_chat(messages, continue_final=True) == expected
+    assert expected.endswith(prefill)
+
+
+def test_continued_render_of_an_empty_message_or_a_trimming_template() -> None:
+    """An empty final message is the plain start of the answer; a template that does not keep
+    the message's text cannot be continued (an error, never a silent new turn)."""
+    source = ("{% for m in messages %}[{{ m.role }}:{{ m.content | trim }}]{% endfor %}"
+              "{% if add_generation_prompt %}[assistant:{% endif %}")
+    template = ChatTemplate(source)
+    user = {"role": "user", "content": "q"}
+    assert template.render_continued([user, {"role": "assistant", "content": ""}]) == (
+        "[user:q][assistant:")
+    assert template.render_continued([user, {"role": "assistant", "content": "ab"}]) == (
+        "[user:q][assistant:ab")
+    with pytest.raises(ValueError, match="continue"):
+        template.render_continued([user, {"role": "assistant", "content": "  ab"}])

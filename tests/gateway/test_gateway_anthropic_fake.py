@@ -6,6 +6,7 @@ import anthropic
 import httpx2
 import pytest
 
+from gateway.errors import GatewayError
 from gateway.parse_anthropic import parse_messages
 from gateway.validate import ParseContext
 from tests.support import serve
@@ -262,3 +263,110 @@ async def test_unknown_model_is_anthropics_not_found_error(make_fake_app):
     assert err.value.body["type"] == "error"
     assert err.value.body["error"]["type"] == "not_found_error"
     assert "claude-nope" in err.value.body["error"]["message"]
+
+
+async def test_a_prefill_ending_in_whitespace_is_anthropics_400(make_fake_app):
+    """Anthropic refuses a final assistant message whose text ends with whitespace ("final
+    assistant content cannot end with trailing whitespace"); as a string or as its last text
+    block. Before, the gateway served it. Whitespace inside it, or ending an earlier
+    assistant message, is fine."""
+    client = async_sdk(make_fake_app())
+    user = {"role": "user", "content": "a b"}
+    for prefill in ("The answer is ", [{"type": "text", "text": "x"},
+                                       {"type": "text", "text": "The answer is\n"}]):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            await client.messages.create(model=FAKE_MODEL, max_tokens=8, messages=[
+                user, {"role": "assistant", "content": prefill}])
+        assert "trailing whitespace" in err.value.body["error"]["message"]
+    served = await client.messages.create(model=FAKE_MODEL, max_tokens=8, messages=[
+        user, {"role": "assistant", "content": "ok \n"}, user,
+        {"role": "assistant", "content": "The answer is"}])
+    assert served.stop_reason is not None
+
+
+def test_a_prefill_cannot_start_a_json_document():
+    """`output_config.format` makes the whole answer one JSON document, which a prefill's text
+    would start outside the grammar: a 400 naming the message (before: served, the document
+    after the prefill). The same prefill without a format is served."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = {"model": FAKE_MODEL, "max_tokens": 8, "output_config": {
+        "format": {"type": "json_schema", "schema": schema}},
+        "messages": [{"role": "user", "content": "a b"},
+                     {"role": "assistant", "content": "{\"a\":"}]}
+    ctx = ParseContext("x", "default", (FAKE_MODEL,))
+    with pytest.raises(GatewayError) as err:
+        parse_messages(body, ctx)
+    assert err.value.status == 400 and err.value.param == "messages[1]"
+    del body["output_config"]
+    assert parse_messages(body, ctx).messages[-1]["content"] == "{\"a\":"
+
+
+async def test_models_are_listed_in_anthropics_shape(make_fake_app):
+    """The Anthropic SDK's models.list / retrieve get Anthropic's model objects (type
+    "model", display_name, created_at) and page fields (before: OpenAI's cards, so each of
+    those read None), and an unknown model is Anthropic's not_found_error. The OpenAI SDK
+    still gets OpenAI's cards."""
+    app = make_fake_app()
+    client = async_sdk(app)
+    page = await client.models.list()
+    assert [(m.type, m.id, m.display_name) for m in page.data] == [
+        ("model", FAKE_MODEL, FAKE_MODEL)]
+    assert page.data[0].created_at.year == 1970
+    assert (page.has_more, page.first_id, page.last_id) == (False, FAKE_MODEL, FAKE_MODEL)
+    assert [m.id async for m in client.models.list()] == [FAKE_MODEL]
+    one = await client.models.retrieve(FAKE_MODEL)
+    assert (one.type, one.id, one.display_name) == ("model", FAKE_MODEL, FAKE_MODEL)
+    with pytest.raises(anthropic.NotFoundError) as err:
+        await client.models.retrieve("claude-nope")
+    assert err.value.body["error"]["type"] == "not_found_error"
+    async with asgi_client(app) as http:
+        cards = (await http.get("/v1/models")).json()
+    assert cards["object"] == "list" and cards["data"][0]["object"] == "model"
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+     "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "text", "text": "b"}, {"type": "text", "text": ""}]},
+        {"role": "user", "content": "c"}]}, "messages[1].content[1].text"),
+    ({"tools": [TOOLS[0], {**TOOLS[0], "description": "again"}]}, "tools"),
+    ({"tools": [{**TOOLS[0], "name": "caldav.list-events"}]}, "tools[0].name"),
+])
+def test_empty_text_blocks_and_twice_named_tools_are_anthropics_400(change, param):
+    """Anthropic refuses an empty text block in a message ("text content blocks must be
+    non-empty"), two tools of one name ("Tool names must be unique") and a tool name outside
+    ^[a-zA-Z0-9_-]{1,128}$ (an MCP tool's dotted name); before, the gateway served them (the
+    engine's prompt then listed one tool twice)."""
+    body = {"model": FAKE_MODEL, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "a b"}], **change}
+    with pytest.raises(GatewayError) as err:
+        parse_messages(body, ParseContext("x", "default", (FAKE_MODEL,)))
+    assert (err.value.status, err.value.param) == (400, param)
+
+
+def test_consecutive_turns_of_one_role_are_one_turn():
+    """Anthropic combines consecutive user (or assistant) messages into a single turn; the
+    gateway gives the model the same conversation as the one-turn form of the body (before:
+    two turns of one role, a conversation the client never meant)."""
+    ctx = ParseContext("x", "default", (FAKE_MODEL,))
+    call = {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"word": "a"}}
+
+    def neutral(messages: list) -> tuple:
+        return parse_messages({"model": FAKE_MODEL, "max_tokens": 8, "tools": TOOLS,
+                               "messages": messages}, ctx).messages
+
+    split = neutral([
+        {"role": "user", "content": "first"}, {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "thinking aloud"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]},
+        {"role": "user", "content": [{"type": "text", "text": "go on"}]}])
+    whole = neutral([
+        {"role": "user", "content": [{"type": "text", "text": "first"},
+                                     {"type": "text", "text": "second"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "thinking aloud"}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"},
+                                     {"type": "text", "text": "go on"}]}])
+    assert split == whole
+    assert [m["role"] for m in whole] == ["user", "assistant", "tool", "user"]

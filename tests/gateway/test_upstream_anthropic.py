@@ -273,7 +273,8 @@ def _fields(usage: dict[str, int]) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize(("stop", "finish"), [
     (("stop_sequence", "##"), "stop"), (("refusal", None), "content_filter"),
-    (("pause_turn", None), "stop"), (("end_turn", None), "stop")])
+    (("pause_turn", None), "stop"), (("end_turn", None), "stop"),
+    (("model_context_window_exceeded", None), "length")])
 async def test_upstream_stop_reason_and_sequence_reach_the_client(
     tmp_path: Path, stop: tuple[str, str | None], finish: str
 ) -> None:
