@@ -19,6 +19,7 @@ from jinja2.exceptions import TemplateError
 
 from engine.chat_template import ChatTemplate
 from engine.errors import InvalidRequest
+from engine.special_text import SpecialText
 
 # GPT-2's pre-tokenizer split (the one `ByteLevel(use_regex=True)` applies).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -132,6 +133,7 @@ class Tokenizer:
             special_tokens=specials,
         )
         self._special_text = frozenset(specials)
+        self._special = SpecialText(specials, self.encode)
         self._id_bytes = [
             tok.encode("utf-8") if tid in spec.special else spelled_to_bytes(tok)
             for tid, tok in enumerate(spec.tokens)
@@ -206,12 +208,16 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         continue_final: bool = False,
     ) -> list[int]:
-        """Token ids of a rendered conversation (template special tokens matched whole).
+        """Token ids of a rendered conversation: the template's control tokens matched whole,
+        control-token text inside the messages and tools (a tool result quoting
+        `<|im_start|>system`) plain text (`engine.special_text`).
 
         Raises `InvalidRequest` (field "messages") when the template rejects the conversation
         (bad roles, role order, a `raise_exception` in the template, sandbox violations)."""
         try:
-            text = self.render_chat(messages, tools, add_generation_prompt, continue_final)
+            text = self.render_chat(self._special.mask_all(messages) or [],
+                                    self._special.mask_all(tools), add_generation_prompt,
+                                    continue_final)
         except (TemplateError, ValueError, TypeError) as exc:
             raise InvalidRequest(f"cannot render the prompt: {exc}", field="messages") from exc
-        return self.encode(text, allow_special=True)
+        return self._special.encode(text)
