@@ -25,9 +25,10 @@ follow (the Hermes/ChatML `<tool_call>` convention)::
     {"name": <function-name>, "arguments": <args-json-object>}
     </tool_call>
 
-Messages are normalised first: `content=None` becomes "", OpenAI content-part lists become their
-joined text, and (for templates that do not mention `tool_calls`) an assistant message's
-`tool_calls` are appended to its content as `<tool_call>{...}</tool_call>` blocks.
+Messages are normalised first: `content=None` becomes "" (or the message's `refusal`, a refused
+structured answer sent back as history), OpenAI content-part lists become their joined text
+(a refusal part's refusal), and (for templates that do not mention `tool_calls`) an assistant
+message's `tool_calls` are appended to its content as `<tool_call>{...}</tool_call>` blocks.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [p.get("text", "") for p in content if isinstance(p, Mapping)]
+        parts = [p.get("refusal" if p.get("type") == "refusal" else "text", "")
+                 for p in content if isinstance(p, Mapping)]
         return "\n".join(str(p) for p in parts)  # one part a line, as vLLM joins them
     raise TypeError(f"message content must be str, list of parts or None, got {type(content)}")
 
@@ -162,6 +164,8 @@ class ChatTemplate:
             raise ValueError(f"each message needs a 'role', got {message!r}")
         out = dict(message)
         out["content"] = _content_text(message.get("content"))
+        if not out["content"] and isinstance(message.get("refusal"), str):
+            out["content"] = message["refusal"]  # a refused answer's text, sent back as history
         calls = message.get("tool_calls")
         if calls and not self.handles_tool_calls:
             blocks = [_tool_call_text(c) for c in calls]

@@ -264,10 +264,8 @@ def _checked_message(msg: Any, i: int, media: bool = False) -> dict[str, Any]:
     if role not in ROLES:
         raise invalid(f"'{path}.role' must be one of {sorted(ROLES)}", f"{path}.role")
     content = msg.get("content")
-    if role == "assistant" and msg.get("tool_calls"):
-        _check_tool_calls(msg["tool_calls"], f"{path}.tool_calls")
-        if content is not None:
-            _check_content(content, f"{path}.content", role if media else None)
+    if role == "assistant":
+        _check_assistant(msg, path, media)
     else:
         _check_content(content, f"{path}.content", role if media else None)
     if role == "tool":
@@ -299,10 +297,27 @@ def _check_round_trips(messages: tuple[dict[str, Any], ...]) -> None:
                   path)
 
 
-def _check_content(content: Any, path: str, role: str | None = None) -> None:
-    """A string or an array of parts: text parts, and in a user message for an upstream (`role`
-    is the message's for an upstream, None for the embedded engine) the image_url, input_audio
-    and file parts OpenAI takes there."""
+def _check_assistant(msg: dict[str, Any], path: str, media: bool) -> None:
+    """An assistant message: its content (text and refusal parts), which it may leave out when
+    it carries tool calls or a `refusal` (what the SDK's message of a refused structured
+    answer holds, sent back in the history), and its tool calls."""
+    refusal = msg.get("refusal")
+    if refusal is not None and not isinstance(refusal, str):
+        raise invalid(f"'{path}.refusal' must be a string", f"{path}.refusal")
+    if msg.get("tool_calls"):
+        _check_tool_calls(msg["tool_calls"], f"{path}.tool_calls")
+    content = msg.get("content")
+    if content is None and (msg.get("tool_calls") or refusal is not None):
+        return
+    _check_content(content, f"{path}.content", "assistant" if media else None, refusals=True)
+
+
+def _check_content(content: Any, path: str, role: str | None = None,
+                   refusals: bool = False) -> None:
+    """A string or an array of parts: text parts (and `refusals`: an assistant message's
+    refusal parts), and in a user message for an upstream (`role` is the message's for an
+    upstream, None for the embedded engine) the image_url, input_audio and file parts OpenAI
+    takes there."""
     if isinstance(content, str):
         return
     if not isinstance(content, list) or not content:  # OpenAI refuses an empty array too
@@ -310,10 +325,11 @@ def _check_content(content: Any, path: str, role: str | None = None) -> None:
     for j, part in enumerate(content):
         part_path = f"{path}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text":
+        field = "refusal" if refusals and kind == "refusal" else "text"
+        if kind != field:
             check_media_part(part, kind, part_path, role)
-        elif not isinstance(part.get("text"), str):
-            raise invalid(f"'{part_path}.text' must be a string", f"{part_path}.text")
+        elif not isinstance(part.get(field), str):
+            raise invalid(f"'{part_path}.{field}' must be a string", f"{part_path}.{field}")
 
 
 def _check_tool_calls(calls: Any, path: str) -> None:

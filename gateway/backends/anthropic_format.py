@@ -32,7 +32,8 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return "".join(str(p.get("refusal" if p.get("type") == "refusal" else "text", ""))
+                       for p in content if isinstance(p, dict))
     return "" if content is None else str(content)
 
 
@@ -85,7 +86,7 @@ def _user_content(content: Any, path: str) -> str | list[dict[str, Any]]:
 
 def _assistant_content(message: dict[str, Any]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
-    text = _text_of(message.get("content"))
+    text = _text_of(message.get("content")) or str(message.get("refusal") or "")
     if text:
         blocks.append({"type": "text", "text": text})
     for call in message.get("tool_calls") or ():

@@ -413,3 +413,28 @@ def test_a_matched_stop_sequence_is_the_anthropic_stop_reason(make_real_app):
     assert [(d.stop_reason, d.stop_sequence) for d in deltas] == [("stop_sequence", "4,")]
     assert unmatched.stop_sequence is None and unmatched.stop_reason in ("end_turn", "max_tokens")
     assert choice.finish_reason == "stop" and "4," not in (choice.message.content or "")
+
+
+def test_a_refused_answer_sent_back_as_history_is_its_text(make_real_app, real_backend):
+    """An agent resends a refused structured answer as the SDK gave it (`content` None beside
+    `refusal`, or a refusal part): it was a 400 ('content' must be a string...). The engine
+    reads the refusal as the assistant's text: the same prompt as that text sent plainly."""
+    app = make_real_app()
+    refusal = "I can't help with that request."
+    turns = [[{"role": "assistant", "content": None, "refusal": refusal}],
+             [{"role": "assistant", "refusal": refusal}],
+             [{"role": "assistant", "content": [{"type": "refusal", "refusal": refusal}]}]]
+    plain = [*chat(), {"role": "assistant", "content": refusal},
+             {"role": "user", "content": "Then name a paint colour."}]
+    with serve(app) as server:
+        oai = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        for turn in turns:
+            messages = [*chat(), *turn, {"role": "user", "content": "Then name a paint colour."}]
+            answer = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                                 extra_body={"cache_salt": salt()})
+            assert answer.usage.prompt_tokens == template_len(real_backend, plain)
+        with pytest.raises(openai.BadRequestError) as bad:
+            oai.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+                *chat(), {"role": "assistant", "content": None, "refusal": 7},
+                {"role": "user", "content": "Then?"}])
+        assert bad.value.body["param"] == "messages[2].refusal"

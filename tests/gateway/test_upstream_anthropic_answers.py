@@ -128,3 +128,40 @@ def _sdk(app: Any) -> anthropic.AsyncAnthropic:
     http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://gw")
     return anthropic.AsyncAnthropic(api_key="unused", base_url="http://gw", http_client=http,
                                     max_retries=0)
+
+
+async def test_a_refused_answer_in_an_openai_history_reaches_anthropic_as_text(
+        tmp_path: Path) -> None:
+    """An OpenAI client's history holding a refused structured answer (`refusal` beside a null
+    content, or a refusal part) goes to an Anthropic upstream as that assistant turn's text
+    (before: a 400 for the client's own history)."""
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
+            "content": [{"type": "text", "text": "Blue."}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 20, "output_tokens": 2}})
+
+    pool = pool_over_handler(handler, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    refusal = "I can't help with that request."
+    turns = [{"role": "assistant", "content": None, "refusal": refusal},
+             {"role": "assistant", "content": [{"type": "refusal", "refusal": refusal}]}]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        for turn in turns:
+            answer = await client.post("/v1/chat/completions", json={
+                "model": "claude-test", "messages": [
+                    {"role": "user", "content": "Write it."}, turn,
+                    {"role": "user", "content": "Then name a colour."}]})
+            assert answer.status_code == 200, answer.text
+    for body in sent:  # (the gateway's own cache breakpoint at the history's end aside)
+        turn = body["messages"][1]
+        assert turn["role"] == "assistant"
+        assert [{k: v for k, v in block.items() if k != "cache_control"}
+                for block in turn["content"]] == [{"type": "text", "text": refusal}]
+    assert len(sent) == 2
+    app.state.store.close()
+    await pool.aclose()
