@@ -1,0 +1,218 @@
+"""Per-minute rollups of the `requests` table, so /api/stats over days reads minutes, not rows.
+
+`request_rollups` holds, per (minute, tenant, model, replica, backend, family, status), the
+additive sums /api/stats is made of (gateway.stats_sums): requests, prompt / cached /
+completion tokens, the *paired* predicted and reported cached tokens (an answered request
+that has both), the requests with a prediction, prefill time saved and latency. Errors and
+client errors / failures follow from `status`. `lint_rollups` counts requests per (minute, lint
+rule id). A minute is the epoch second its UTC minute starts at.
+
+The stats writer adds each batch to both tables in the transaction that inserts its raw rows
+(grouped here, then one upsert per table), and so does every other write path (one row at a
+time, spill replay): the rollups always equal the raw rows. A key's columns may be NULL
+(replica, family), and NULLs never conflict in a unique index, so a row's identity is
+`group_key`, a digest of its key columns in which NULL and '' differ.
+
+`ensure_rollups` (run when the database is opened) rebuilds both tables from the raw rows when
+they were never built (a database written by an older gateway) or were built with other
+columns than this version's (a column added later); `rollups_ready` tells readers whether
+they may use them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Table, delete, func, insert, inspect, select
+from sqlalchemy import text as sql_text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
+
+from gateway.stats_sums import lint_rules, minute_sql, raw_sums
+from gateway.stats_tables import Base, LintRollup, RequestRecord, RequestRollup, RollupState
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+STATE_NAME = "rollups"
+REBUILD_WAIT_S = 300.0  # how long a second process waits for another's rebuild
+KEY_COLUMNS = ("tenant", "model", "replica", "backend", "family", "status")
+INT_SUMS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens",
+            "predicted_cached_tokens", "reported_cached_tokens", "predicted_requests")
+FLOAT_SUMS = ("prefill_saved_ms", "latency_ms")
+SUMS = INT_SUMS + FLOAT_SUMS
+
+
+ROLLUP_TABLES: tuple[Table, ...] = tuple(
+    Base.metadata.tables[t] for t in (RequestRollup.__tablename__, LintRollup.__tablename__))
+
+
+def fingerprint() -> str:
+    """The rollup columns of this version: a database built with others is rebuilt."""
+    return ";".join(f"{t.name}:{','.join(sorted(c.name for c in t.columns))}"
+                    for t in ROLLUP_TABLES)
+
+
+def minute_of(ts: datetime) -> int:
+    """The epoch second `ts`'s UTC minute starts at (a naive `ts` is UTC, as SQLite stores it)."""
+    aware = ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+    return (aware - EPOCH) // timedelta(minutes=1) * 60
+
+
+def group_key(key: Iterable[Any]) -> str:
+    """The digest naming one rollup group (NULL and '' differ)."""
+    return hashlib.blake2b(json.dumps(list(key)).encode(), digest_size=16).hexdigest()
+
+
+def _row_sums(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """One raw row's contribution, in INT_SUMS order (see gateway.stats_sums.paired)."""
+    predicted, reported = row.get("predicted_cached_tokens"), row.get("reported_cached_tokens")
+    paired = row["status"] < 400 and predicted is not None and reported is not None
+    return (1, row["prompt_tokens"] or 0, row["cached_tokens"] or 0,
+            row["completion_tokens"] or 0, predicted if paired else 0,
+            reported if paired else 0, int(predicted is not None))
+
+
+def group_rows(rows: Iterable[Mapping[str, Any]],
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Normalised raw rows as rollup rows: (request_rollups rows, lint_rollups rows), each
+    key once, in key order (concurrent upserts take row locks in one order, no deadlock)."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    lints: dict[tuple[int, str], int] = {}
+    for row in rows:
+        minute = minute_of(row["ts"])
+        key = (minute, *(row[name] for name in KEY_COLUMNS))
+        acc = groups.get(key)
+        if acc is None:
+            acc = groups[key] = [0] * len(INT_SUMS) + [0.0] * len(FLOAT_SUMS)
+        for i, value in enumerate(_row_sums(row)):
+            acc[i] += value
+        acc[-2] += row["prefill_saved_ms"] or 0.0
+        acc[-1] += row["latency_ms"] or 0.0
+        for rule in lint_rules(row.get("lint_ids")):
+            lints[(minute, rule)] = lints.get((minute, rule), 0) + 1
+    out = []
+    for key, acc in groups.items():
+        named = dict(zip(KEY_COLUMNS, key[1:], strict=True))
+        out.append({"minute": key[0], "group_key": group_key(key[1:]), **named,
+                    **dict(zip(SUMS, acc, strict=True))})
+    out.sort(key=lambda r: (r["minute"], r["group_key"]))
+    lint_rows = [{"minute": m, "rule": rule, "requests": n}
+                 for (m, rule), n in sorted(lints.items())]
+    return out, lint_rows
+
+
+def _upsert(dialect: str, table: Any, index: list[str], sums: Iterable[str]) -> Any:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = insert(table)
+    added = {name: func.coalesce(table.c[name], 0) + stmt.excluded[name] for name in sums}
+    return stmt.on_conflict_do_update(index_elements=index, set_=added)
+
+
+def add_to_rollups(db: Session | Connection, dialect: str, rows: list[dict[str, Any]]) -> None:
+    """Add normalised raw rows to both rollups (in the caller's transaction on a `dialect`
+    database)."""
+    groups, lints = group_rows(rows)
+    if groups:
+        db.execute(_upsert(dialect, ROLLUP_TABLES[0], ["minute", "group_key"], SUMS),
+                   groups)
+    if lints:
+        db.execute(_upsert(dialect, ROLLUP_TABLES[1], ["minute", "rule"], ["requests"]),
+                   lints)
+
+
+def rollups_ready(engine: Engine) -> bool:
+    """True when this database's rollups were built with this version's columns."""
+    if not inspect(engine).has_table(RollupState.__tablename__):
+        return False
+    with engine.connect() as conn:
+        built = conn.scalar(select(RollupState.columns).where(RollupState.name == STATE_NAME))
+    return built == fingerprint()
+
+
+def ensure_rollups(engine: Engine, wait_s: float = REBUILD_WAIT_S) -> None:
+    """Build the rollups from the raw rows unless they are ready. Another process rebuilding
+    at the same time holds the database's write lock: this one waits and finds them built."""
+    deadline = time.monotonic() + wait_s
+    while not rollups_ready(engine):
+        try:
+            with engine.begin() as conn:
+                _lock(conn)
+                if _built(conn):
+                    return
+                rebuild(conn)
+            return
+        except DBAPIError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _lock(conn: Connection) -> None:
+    """Hold off other writers for the rebuild: a raw row is then either counted by it or
+    written after it, with its own rollup upsert."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sql_text("LOCK TABLE requests, request_rollups, lint_rollups, "
+                              "rollup_state IN SHARE ROW EXCLUSIVE MODE"))
+    else:  # SQLite: a first statement that writes takes the database's write lock
+        conn.execute(delete(RollupState).where(RollupState.name == ""))
+
+
+def _built(conn: Connection) -> bool:
+    built = conn.scalar(select(RollupState.columns).where(RollupState.name == STATE_NAME))
+    return built == fingerprint()
+
+
+def rebuild(conn: Connection, days_per_step: int = 1) -> None:
+    """Replace both rollups with the sums of every raw row, a day of rows at a time (the
+    grouped rows of one day at most are held in memory), and mark them built."""
+    conn.execute(delete(RequestRollup))
+    conn.execute(delete(LintRollup))
+    R = RequestRecord
+    first, last = conn.execute(select(func.min(R.ts), func.max(R.ts))).one()
+    if first is not None:
+        step = timedelta(days=days_per_step)
+        start = _as_utc(first).replace(hour=0, minute=0, second=0, microsecond=0)
+        while start <= _as_utc(last):
+            _rebuild_span(conn, start, start + step)
+            start += step
+    conn.execute(delete(RollupState).where(RollupState.name == STATE_NAME))
+    conn.execute(insert(RollupState), [{"name": STATE_NAME,
+                                                   "columns": fingerprint()}])
+
+
+def _as_utc(ts: datetime) -> datetime:
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _rebuild_span(conn: Connection, start: datetime, end: datetime) -> None:
+    R = RequestRecord
+    minute: ColumnElement[Any] = minute_sql(conn.dialect.name, R.ts)
+    keys = [minute.label("minute"), *(getattr(R, name) for name in KEY_COLUMNS)]
+    query = (select(*keys, *raw_sums()).where(R.ts >= start, R.ts < end)
+             .group_by(*keys[1:], minute))
+    groups = []
+    for row in conn.execute(query):
+        key = tuple(getattr(row, name) for name in KEY_COLUMNS)
+        groups.append({"minute": int(row.minute), "group_key": group_key(key),
+                       **dict(zip(KEY_COLUMNS, key, strict=True)),
+                       **{name: getattr(row, name) or 0 for name in SUMS}})
+    if groups:
+        conn.execute(insert(RequestRollup), groups)
+    lint_query = (select(minute.label("minute"), R.lint_ids, func.count().label("n"))
+                  .where(R.ts >= start, R.ts < end, R.lint_ids != "")
+                  .group_by(minute, R.lint_ids))
+    lints: dict[tuple[int, str], int] = {}
+    for row in conn.execute(lint_query):
+        for rule in lint_rules(row.lint_ids):
+            key2 = (int(row.minute), rule)
+            lints[key2] = lints.get(key2, 0) + int(row.n)
+    if lints:
+        conn.execute(insert(LintRollup),
+                     [{"minute": m, "rule": r, "requests": n} for (m, r), n in lints.items()])
