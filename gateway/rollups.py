@@ -22,17 +22,27 @@ they may use them.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, delete, func, insert, inspect, select
+from sqlalchemy import (
+    Table,
+    Text,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    inspect,
+    literal_column,
+    select,
+)
 from sqlalchemy import text as sql_text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -66,8 +76,30 @@ def minute_of(ts: datetime) -> int:
 
 
 def group_key(key: Iterable[Any]) -> str:
-    """The digest naming one rollup group (NULL and '' differ)."""
-    return hashlib.blake2b(json.dumps(list(key)).encode(), digest_size=16).hexdigest()
+    """The digest naming one rollup group: MD5 of its key columns, each `-` when NULL or its
+    length, `:` and its text, joined by `|` (so NULL and '' differ, and PostgreSQL computes the
+    same with md5() when rebuilding, see `_group_key_sql`)."""
+    text = "|".join("-" if v is None else f"{len(str(v))}:{v}" for v in key)
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+
+
+def _group_key_sql(conn: Connection) -> ColumnElement[Any]:
+    """`group_key` of a `requests` row's key columns, in SQL (SQLite: `group_key` itself,
+    registered on the connection)."""
+    columns = [getattr(RequestRecord, name) for name in KEY_COLUMNS]
+    if conn.dialect.name == "sqlite":
+        raw = conn.connection.dbapi_connection
+        raw.create_function("prefixgate_group_key", len(columns),  # type: ignore[union-attr]
+                            lambda *key: group_key(key), deterministic=True)
+        return func.prefixgate_group_key(*columns)
+    joined: ColumnElement[Any] | None = None
+    for column in columns:
+        value = cast(column, Text)
+        part = case((column.is_(None), literal_column("'-'", Text)),
+                    else_=cast(func.length(value), Text).concat(literal_column("':'", Text))
+                    .concat(value))
+        joined = part if joined is None else joined.concat(literal_column("'|'", Text)).concat(part)
+    return func.md5(joined)
 
 
 def _row_sums(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -148,7 +180,7 @@ def ensure_rollups(engine: Engine, wait_s: float = REBUILD_WAIT_S) -> None:
                     return
                 rebuild(conn)
             return
-        except DBAPIError:
+        except (OperationalError, InterfaceError):  # locked, or a wait that timed out
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.5)
@@ -170,49 +202,46 @@ def _built(conn: Connection) -> bool:
 
 
 def rebuild(conn: Connection, days_per_step: int = 1) -> None:
-    """Replace both rollups with the sums of every raw row, a day of rows at a time (the
-    grouped rows of one day at most are held in memory), and mark them built."""
+    """Replace both rollups with the sums of every raw row and mark them built: one
+    INSERT ... SELECT ... GROUP BY for `request_rollups`; lint ids are split here, from the
+    rows grouped per (minute, lint_ids), a day of rows at a time."""
     conn.execute(delete(RequestRollup))
     conn.execute(delete(LintRollup))
     R = RequestRecord
+    minute = minute_sql(conn.dialect.name, R.ts)
+    keys = [getattr(R, name) for name in KEY_COLUMNS]
+    sums = {column.name: column.element for column in raw_sums()}
+    grouped = (select(minute, _group_key_sql(conn), *keys,
+                      *(func.coalesce(sums[name], 0) for name in SUMS))
+               .group_by(minute, *keys))
+    conn.execute(insert(RequestRollup).from_select(["minute", "group_key", *KEY_COLUMNS, *SUMS],
+                                                   grouped))
     first, last = conn.execute(select(func.min(R.ts), func.max(R.ts))).one()
     if first is not None:
         step = timedelta(days=days_per_step)
         start = _as_utc(first).replace(hour=0, minute=0, second=0, microsecond=0)
         while start <= _as_utc(last):
-            _rebuild_span(conn, start, start + step)
+            _rebuild_lints(conn, start, start + step)
             start += step
     conn.execute(delete(RollupState).where(RollupState.name == STATE_NAME))
-    conn.execute(insert(RollupState), [{"name": STATE_NAME,
-                                                   "columns": fingerprint()}])
+    conn.execute(insert(RollupState), [{"name": STATE_NAME, "columns": fingerprint()}])
 
 
 def _as_utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
-def _rebuild_span(conn: Connection, start: datetime, end: datetime) -> None:
+def _rebuild_lints(conn: Connection, start: datetime, end: datetime) -> None:
     R = RequestRecord
     minute: ColumnElement[Any] = minute_sql(conn.dialect.name, R.ts)
-    keys = [minute.label("minute"), *(getattr(R, name) for name in KEY_COLUMNS)]
-    query = (select(*keys, *raw_sums()).where(R.ts >= start, R.ts < end)
-             .group_by(*keys[1:], minute))
-    groups = []
-    for row in conn.execute(query):
-        key = tuple(getattr(row, name) for name in KEY_COLUMNS)
-        groups.append({"minute": int(row.minute), "group_key": group_key(key),
-                       **dict(zip(KEY_COLUMNS, key, strict=True)),
-                       **{name: getattr(row, name) or 0 for name in SUMS}})
-    if groups:
-        conn.execute(insert(RequestRollup), groups)
-    lint_query = (select(minute.label("minute"), R.lint_ids, func.count().label("n"))
-                  .where(R.ts >= start, R.ts < end, R.lint_ids != "")
-                  .group_by(minute, R.lint_ids))
+    query = (select(minute.label("minute"), R.lint_ids, func.count().label("n"))
+             .where(R.ts >= start, R.ts < end, R.lint_ids != "")
+             .group_by(minute, R.lint_ids))
     lints: dict[tuple[int, str], int] = {}
-    for row in conn.execute(lint_query):
+    for row in conn.execute(query):
         for rule in lint_rules(row.lint_ids):
-            key2 = (int(row.minute), rule)
-            lints[key2] = lints.get(key2, 0) + int(row.n)
+            key = (int(row.minute), rule)
+            lints[key] = lints.get(key, 0) + int(row.n)
     if lints:
         conn.execute(insert(LintRollup),
                      [{"minute": m, "rule": r, "requests": n} for (m, r), n in lints.items()])

@@ -12,6 +12,11 @@ bounded in-memory queue is full, rows go to an append-only local spill file (gat
 and are replayed in order when the database answers again. `lost` counts rows dropped after
 all that (a row the database refuses on its own); `pending()` counts rows queued or spilled;
 `degraded` is True while the last database operation failed.
+
+Rollups: every write path (a batch, a row alone, a replayed spill batch) goes through
+`_insert`, which adds the rows' per-minute sums to the rollup tables (gateway.rollups) in the
+same transaction, so /api/stats can read minutes instead of rows and still count every row
+exactly once.
 """
 
 from __future__ import annotations
@@ -92,12 +97,25 @@ def open_database(url: str) -> Engine:
         engine = make_engine(url)
         Base.metadata.create_all(engine)
         add_missing_columns(engine)
-        ensure_rollups(engine)
+        _build_rollups(engine)
     except (OSError, SQLAlchemyError) as exc:
         shown = make_url(url).render_as_string(hide_password=True) if "://" in url else url
         reason = exc.orig if isinstance(exc, DBAPIError) else exc
         raise StatsDatabaseError(f"stats database {shown}: {reason}") from exc
     return engine
+
+
+def _build_rollups(engine: Engine) -> None:
+    """`ensure_rollups`, on PostgreSQL over connections without the writer's socket timeout
+    (building the rollups of a large table takes longer than one batch insert may)."""
+    if engine.dialect.name == "sqlite":
+        ensure_rollups(engine)
+        return
+    patient = create_engine(engine.url)
+    try:
+        ensure_rollups(patient)
+    finally:
+        patient.dispose()
 
 
 def make_engine(url: str) -> Engine:

@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, event, insert, select, text
 
 from gateway.api_stats import compute_stats
 from gateway.record_rows import to_json_row
-from gateway.rollups import rollups_ready
+from gateway.rollups import group_key, rollups_ready
 from gateway.spill import SpillFile
 from gateway.stats import RecordStore, RequestRecord, _row, default_spill_path
 from gateway.stats_tables import RequestRollup
@@ -85,6 +85,16 @@ def assert_paths_agree(engine: Any, now: datetime = NOW,
                 assert rolled == raw, (window, bucket, source)
             compared += 1
     return compared
+
+
+def assert_keys_as_the_writer_names_them(engine: Any) -> None:
+    """Rebuilt rollup rows carry the group_key the writer gives the same key columns, so a
+    row written after a rebuild adds to its group instead of starting a second one."""
+    U = RequestRollup
+    keys = (U.tenant, U.model, U.replica, U.backend, U.family, U.status)
+    with engine.connect() as conn:
+        rows = conn.execute(select(U.group_key, *keys)).all()
+    assert rows and all(row[0] == group_key(row[1:]) for row in rows)
 
 
 def naive_statuses(rows: list[dict[str, Any]], since: datetime) -> list[dict[str, int]]:
@@ -185,6 +195,7 @@ def test_a_database_written_before_rollups_is_backfilled_once(tmp_path: Path) ->
     store = RecordStore(url, flush_interval_s=0.02)
     try:
         assert store.count() == 2500
+        assert_keys_as_the_writer_names_them(store.engine)
         assert_paths_agree(store.engine, kinds=FEW)
         write(store, random_rows(8, 500))
         assert_paths_agree(store.engine, kinds=FEW)
@@ -267,6 +278,7 @@ def test_rollups_answer_what_the_raw_rows_answer_on_postgres(pg: PgCluster) -> N
         for thread in threads:
             thread.join()
         assert stores[0].count() == 3000
+        assert_keys_as_the_writer_names_them(stores[0].engine)
         assert assert_paths_agree(stores[0].engine) >= 40
     finally:
         for store in stores:
