@@ -1,10 +1,10 @@
 """/api/stats on a busy gateway's database: raw rows vs per-minute rollups, and what the rollups
 cost the stats writer.
 
-    python benchmarks/bench_stats.py [--quick] [--rows N] [--no-postgres]
+    python benchmarks/bench_stats.py [--quick] [--rows N] [--days D] [--no-postgres]
 
-Bulk-loads N request records (default 1,000,000; --quick 100,000) spread over the 30 days
-before now, with a skewed mix of tenants, models, replicas, families, statuses and lint
+Bulk-loads N request records (default 1,000,000; --quick 100,000) spread over the D days
+(default 30) before now, with a skewed mix of tenants, models, replicas, families, statuses and lint
 findings, as a database an older gateway wrote (raw rows, no rollups); times building the
 rollups from them (what opening such a database does once); then times `compute_stats` over
 1 h / 24 h / 7 d / 30 d windows reading raw rows (`source="raw"`, what /api/stats did before
@@ -68,14 +68,26 @@ def _pick(rng: random.Random, weighted: tuple[tuple[Any, int], ...]) -> Any:
     return rng.choices([v for v, _ in weighted], [w for _, w in weighted])[0]
 
 
-def make_rows(n: int, now: datetime, seed: int = 7) -> Iterator[dict[str, Any]]:
-    """N records over the 30 days before `now`: 20 tenants and 30 prompt families by Zipf's
-    law, four upstream replicas (and the embedded engine, no replica), mostly 200s."""
+def _agents(rng: random.Random) -> list[tuple[tuple[str, str, str | None], int]]:
+    """(tenant, model, family) of each tenant's agents, weighted: 20 tenants by Zipf's law,
+    each running one to three agents (a prompt family, or none) on one model apiece."""
+    agents = []
+    for k in range(1, 21):
+        for a in range(rng.randrange(1, 4)):
+            family = None if a == 0 and k % 3 == 0 else f"family-{k:02d}-{a}"
+            agents.append(((f"tenant-{k:02d}", _pick(rng, MODELS), family), 1000 // k))
+    return agents
+
+
+def make_rows(n: int, now: datetime, days: int = 30, seed: int = 7,
+              ) -> Iterator[dict[str, Any]]:
+    """N records over the `days` before `now` from the tenants' agents (`_agents`), sent to four
+    upstream replicas (one in twenty to the embedded engine, no replica), mostly 200s."""
     rng = random.Random(seed)
-    tenants = [(f"tenant-{k:02d}", 1000 // k) for k in range(1, 21)]
-    families = [(None, 300)] + [(f"family-{k:02d}", 700 // k) for k in range(1, 31)]
-    span_s = 30 * 86400
+    agents = _agents(rng)
+    span_s = days * 86400
     for i in range(n):
+        tenant, model, family = _pick(rng, agents)
         engine = rng.random() < 0.05
         prompt = rng.randrange(200, 12000)
         cached = rng.randrange(0, prompt)
@@ -83,7 +95,7 @@ def make_rows(n: int, now: datetime, seed: int = 7) -> Iterator[dict[str, Any]]:
         status = _pick(rng, STATUSES)
         yield dict(
             ts=now - timedelta(seconds=rng.uniform(0, span_s)), request_id=f"b{i}",
-            tenant=_pick(rng, tenants), model="local-model" if engine else _pick(rng, MODELS),
+            tenant=tenant, model="local-model" if engine else model,
             backend="engine" if engine else "upstream",
             replica=None if engine else f"http://replica-{rng.randrange(4)}:8000",
             provider="openai", route="chat.completions", status=status, prompt_tokens=prompt,
@@ -91,7 +103,7 @@ def make_rows(n: int, now: datetime, seed: int = 7) -> Iterator[dict[str, Any]]:
             predicted_cached_tokens=predicted,
             reported_cached_tokens=None if engine or status >= 400 else cached,
             latency_ms=rng.uniform(50, 9000), prefill_saved_ms=rng.uniform(0, 400),
-            lint_ids=_pick(rng, LINTS), family=_pick(rng, families))
+            lint_ids=_pick(rng, LINTS), family=family)
 
 
 def load(store: RecordStore, n: int, now: datetime, label: str) -> float:
@@ -139,11 +151,11 @@ def _csv_field(value: Any) -> str:
     return repr(value)
 
 
-def bulk_load(engine: Any, n: int, now: datetime, label: str) -> None:
+def bulk_load(engine: Any, n: int, days: int, now: datetime, label: str) -> None:
     """N raw rows, as fast as the database takes them (executemany; COPY on PostgreSQL)."""
     Base.metadata.tables["requests"].create(engine)
     columns = sorted(RECORD_COLUMNS)
-    rows = make_rows(n, now)
+    rows = make_rows(n, now, days)
     with tqdm(total=n, desc=label, unit="row", leave=False, mininterval=0.5) as bar:
         while bar.n < n:
             chunk = [_row(next(rows)) for _ in range(min(BULK_CHUNK, n - bar.n))]
@@ -159,7 +171,7 @@ def bulk_load(engine: Any, n: int, now: datetime, label: str) -> None:
             bar.update(len(chunk))
 
 
-def bench_database(name: str, url: str, scratch_urls: tuple[str, str], n: int,
+def bench_database(name: str, url: str, scratch_urls: tuple[str, str], n: int, days: int,
                    now: datetime, throughput_rows: int) -> dict[str, Any]:
     """Bulk-load, build the rollups, query both ways; writer throughput on two scratch
     databases."""
@@ -168,7 +180,7 @@ def bench_database(name: str, url: str, scratch_urls: tuple[str, str], n: int,
     # writer's 10 s
     engine = make_engine(url) if name == "sqlite" else create_engine(url)
     try:
-        bulk_load(engine, n, now, f"{name}: load {n:,} rows")
+        bulk_load(engine, n, days, now, f"{name}: load {n:,} rows")
         Base.metadata.create_all(engine)
         start = time.perf_counter()
         ensure_rollups(engine)
@@ -236,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100k rows; write no results")
     parser.add_argument("--rows", type=int, default=None, help="records to load")
+    parser.add_argument("--days", type=int, default=30, help="days the records spread over")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
     args = parser.parse_args(argv)
     n = args.rows or (100_000 if args.quick else 1_000_000)
@@ -247,16 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="prefixgate-bench-stats-") as tmp:
         sqlite = [f"sqlite:///{tmp}/{name}.db" for name in ("stats", "with", "raw")]
-        results.append(bench_database("sqlite", sqlite[0], (sqlite[1], sqlite[2]), n, now,
+        results.append(bench_database("sqlite", sqlite[0], (sqlite[1], sqlite[2]), n, args.days,
+                                      now,
                                       throughput("sqlite")))
         if not args.no_postgres:
             with postgres() as cluster:
                 if cluster is not None:
                     urls = [cluster.new_database() for _ in range(3)]
                     results.append(bench_database("postgresql", urls[0], (urls[1], urls[2]),
-                                                  n, now, throughput("postgresql")))
+                                                  n, args.days, now, throughput("postgresql")))
     print_table(results)
-    report = {"benchmark": "stats", "rows": n, "spread_days": 30,
+    report = {"benchmark": "stats", "rows": n, "spread_days": args.days,
               "machine": {"python": platform.python_version(), "cpu": platform.processor()
                           or platform.machine()},
               "databases": results}

@@ -1,7 +1,7 @@
 """`GET /api/stats`: the gateway's cache statistics as JSON (admin key).
 
 `compute_stats(engine, prices, window_s, bucket_s)` reads the `RecordStore`'s database with
-SQLAlchemy, grouping in SQL: windows over an hour read whole minutes from the per-minute
+SQLAlchemy, grouping in SQL: windows over an hour read whole days, hours and minutes from the
 rollups (gateway.rollups) and only the partial first minute from the `requests` table, so a
 refresh over days stays cheap on a busy gateway (gateway.stats_sums). It returns:
 totals, a time series (hit rate, tokens, prefill time and money saved per bucket), breakdowns
@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from gateway.auth import is_admin
 from gateway.pricing import PriceTable
-from gateway.rollups import EPOCH, rollups_ready
+from gateway.rollups import EPOCH, PERIODS, rollups_ready
 from gateway.stats_sums import NUMBERS, Span, Sums, bucketed, grouped, lint_counts, status_counts
 
 StateGetter = Callable[[], Any]  # () -> app.state, as create_app passes it
@@ -81,9 +81,10 @@ def _finish(acc: dict[str, float]) -> dict[str, Any]:
 
 
 def _by_key(sums: dict[tuple[Any, str], Sums], prices: PriceTable) -> dict[Any, dict[str, float]]:
-    """(key, model) sums folded per key, each model priced on its own."""
+    """(key, model) sums folded per key, each model priced on its own, in model order (so
+    the money, a float, is added up in one order whatever order the database grouped in)."""
     groups: dict[Any, dict[str, float]] = {}
-    for (key, model), group in sums.items():
+    for (key, model), group in sorted(sums.items(), key=lambda kv: kv[0][1]):
         _fold(groups.setdefault(key, _empty()), group, model, prices)
     return groups
 
@@ -124,36 +125,42 @@ def _sum_all(rows: Iterable[dict[str, float]]) -> dict[str, float]:
     return total
 
 
-def _split(engine: Engine, since: datetime, window_s: int, source: str) -> datetime | None:
-    """Where the rollups take over from raw rows: the first minute boundary at or after
-    `since`, or None to read raw rows only (`source="raw"`, a short window under "auto", a
-    database whose rollups are not built with this version's columns)."""
+def _ceil(ts: datetime, period_s: int) -> datetime:
+    micros = (ts - EPOCH) // timedelta(microseconds=1)
+    unit = period_s * 1_000_000
+    return EPOCH + timedelta(microseconds=-(-micros // unit) * unit)
+
+
+def _span(engine: Engine, since: datetime, window_s: int, source: str) -> Span:
+    """What to read: raw rows only (`source="raw"`, a short window under "auto", a database
+    whose rollups are not built with this version's columns), or raw rows up to the first
+    minute boundary, then minute, hour and day rollups, each from its first boundary on."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     if source == "raw" or (source == "auto" and window_s <= RAW_WINDOW_S):
-        return None
+        return Span(since)
     if not rollups_ready(engine):
         if source == "rollup":
             raise ValueError("this database's rollups are not built")
-        return None
-    minute_us = 60_000_000
-    micros = (since - EPOCH) // timedelta(microseconds=1)
-    return EPOCH + timedelta(microseconds=-(-micros // minute_us) * minute_us)
+        return Span(since)
+    return Span(since, tuple((period, int(_ceil(since, period).timestamp()))
+                             for period in PERIODS))
 
 
 def compute_stats(engine: Engine, prices: PriceTable | None = None, *,
                   window_s: int = DEFAULT_WINDOW_S, bucket_s: int | None = None,
                   now: datetime | None = None, source: str = "auto") -> dict[str, Any]:
     """All dashboard numbers for the last `window_s` seconds (see the module docstring).
-    `source`: "raw" reads every row of the window; "rollup" reads whole minutes from the
-    rollups (the partial first minute, and a series whose bucket is no whole number of
-    minutes, from raw rows); "auto" takes the rollups for windows over RAW_WINDOW_S."""
+    `source`: "raw" reads every row of the window; "rollup" reads whole days, hours and
+    minutes from the rollups (the partial first minute from raw rows; a series reads only the
+    periods that divide its bucket, raw rows for a bucket that is no whole number of minutes);
+    "auto" takes the rollups for windows over RAW_WINDOW_S."""
     prices = prices or PriceTable()
     now = now or datetime.now(UTC)
     since = (now - timedelta(seconds=window_s)).astimezone(UTC)
     bucket_s = bucket_s or pick_bucket(window_s)
-    span = Span(since, _split(engine, since, window_s, source))
-    series_span = span if bucket_s % 60 == 0 else Span(since)
+    span = _span(engine, since, window_s, source)
+    series_span = span.for_bucket(bucket_s)
     by_model = _by_key(grouped(engine, "model", span), prices)
     families = _by_key(grouped(engine, "family", span), prices)
     families.pop(None, None)

@@ -1,11 +1,13 @@
-"""Per-minute rollups of the `requests` table, so /api/stats over days reads minutes, not rows.
+"""Per-minute, per-hour and per-day rollups of the `requests` table, so /api/stats over days
+reads days, hours and minutes, not rows.
 
-`request_rollups` holds, per (minute, tenant, model, replica, backend, family, status), the
-additive sums /api/stats is made of (gateway.stats_sums): requests, prompt / cached /
+`request_rollups` holds, per (period, start, tenant, model, replica, backend, family, status),
+the additive sums /api/stats is made of (gateway.stats_sums): requests, prompt / cached /
 completion tokens, the *paired* predicted and reported cached tokens (an answered request
 that has both), the requests with a prediction, prefill time saved and latency. Errors and
-client errors / failures follow from `status`. `lint_rollups` counts requests per (minute, lint
-rule id). A minute is the epoch second its UTC minute starts at.
+client errors / failures follow from `status`. `lint_rollups` counts requests per (period,
+start, lint rule id). A period is a minute, an hour or a day (PERIODS, in seconds); `start` is
+the epoch second the row's UTC period starts at. Every raw row is in one row of each period.
 
 The stats writer adds each batch to both tables in the transaction that inserts its raw rows
 (grouped here, then one upsert per table), and so does every other write path (one row at a
@@ -46,7 +48,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from gateway.stats_sums import lint_rules, minute_sql, raw_sums
+from gateway.stats_sums import lint_rules, raw_sums, start_sql
 from gateway.stats_tables import Base, LintRollup, RequestRecord, RequestRollup, RollupState
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -57,6 +59,7 @@ INT_SUMS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens",
             "predicted_cached_tokens", "reported_cached_tokens", "predicted_requests")
 FLOAT_SUMS = ("prefill_saved_ms", "latency_ms")
 SUMS = INT_SUMS + FLOAT_SUMS
+PERIODS = (60, 3600, 86400)  # ascending, each a multiple of the one before
 
 
 ROLLUP_TABLES: tuple[Table, ...] = tuple(
@@ -69,10 +72,11 @@ def fingerprint() -> str:
                     for t in ROLLUP_TABLES)
 
 
-def minute_of(ts: datetime) -> int:
-    """The epoch second `ts`'s UTC minute starts at (a naive `ts` is UTC, as SQLite stores it)."""
+def start_of(ts: datetime, period: int) -> int:
+    """The epoch second the UTC period (PERIODS) holding `ts` starts at (a naive `ts` is UTC,
+    as SQLite stores it)."""
     aware = ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
-    return (aware - EPOCH) // timedelta(minutes=1) * 60
+    return (aware - EPOCH) // timedelta(seconds=period) * period
 
 
 def group_key(key: Iterable[Any]) -> str:
@@ -113,30 +117,33 @@ def _row_sums(row: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def group_rows(rows: Iterable[Mapping[str, Any]],
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Normalised raw rows as rollup rows: (request_rollups rows, lint_rollups rows), each
-    key once, in key order (concurrent upserts take row locks in one order, no deadlock)."""
+    """Normalised raw rows as rollup rows of every period: (request_rollups rows, lint_rollups
+    rows), each key once, in key order (concurrent upserts take row locks in one order)."""
     groups: dict[tuple[Any, ...], list[Any]] = {}
-    lints: dict[tuple[int, str], int] = {}
+    lints: dict[tuple[int, int, str], int] = {}
     for row in rows:
-        minute = minute_of(row["ts"])
-        key = (minute, *(row[name] for name in KEY_COLUMNS))
-        acc = groups.get(key)
-        if acc is None:
-            acc = groups[key] = [0] * len(INT_SUMS) + [0.0] * len(FLOAT_SUMS)
-        for i, value in enumerate(_row_sums(row)):
-            acc[i] += value
-        acc[-2] += row["prefill_saved_ms"] or 0.0
-        acc[-1] += row["latency_ms"] or 0.0
-        for rule in lint_rules(row.get("lint_ids")):
-            lints[(minute, rule)] = lints.get((minute, rule), 0) + 1
+        key = tuple(row[name] for name in KEY_COLUMNS)
+        sums = _row_sums(row)
+        rules = lint_rules(row.get("lint_ids"))
+        for period in PERIODS:
+            start = start_of(row["ts"], period)
+            acc = groups.get((period, start, *key))
+            if acc is None:
+                acc = groups[(period, start, *key)] = [0] * len(INT_SUMS) + [0.0, 0.0]
+            for i, value in enumerate(sums):
+                acc[i] += value
+            acc[-2] += row["prefill_saved_ms"] or 0.0
+            acc[-1] += row["latency_ms"] or 0.0
+            for rule in rules:
+                lints[(period, start, rule)] = lints.get((period, start, rule), 0) + 1
     out = []
-    for key, acc in groups.items():
-        named = dict(zip(KEY_COLUMNS, key[1:], strict=True))
-        out.append({"minute": key[0], "group_key": group_key(key[1:]), **named,
+    for (period, start, *columns), acc in groups.items():
+        out.append({"period": period, "start": start, "group_key": group_key(columns),
+                    **dict(zip(KEY_COLUMNS, columns, strict=True)),
                     **dict(zip(SUMS, acc, strict=True))})
-    out.sort(key=lambda r: (r["minute"], r["group_key"]))
-    lint_rows = [{"minute": m, "rule": rule, "requests": n}
-                 for (m, rule), n in sorted(lints.items())]
+    out.sort(key=lambda r: (r["period"], r["start"], r["group_key"]))
+    lint_rows = [{"period": p, "start": t, "rule": rule, "requests": n}
+                 for (p, t, rule), n in sorted(lints.items())]
     return out, lint_rows
 
 
@@ -152,10 +159,10 @@ def add_to_rollups(db: Session | Connection, dialect: str, rows: list[dict[str, 
     database)."""
     groups, lints = group_rows(rows)
     if groups:
-        db.execute(_upsert(dialect, ROLLUP_TABLES[0], ["minute", "group_key"], SUMS),
+        db.execute(_upsert(dialect, ROLLUP_TABLES[0], ["period", "start", "group_key"], SUMS),
                    groups)
     if lints:
-        db.execute(_upsert(dialect, ROLLUP_TABLES[1], ["minute", "rule"], ["requests"]),
+        db.execute(_upsert(dialect, ROLLUP_TABLES[1], ["period", "start", "rule"], ["requests"]),
                    lints)
 
 
@@ -203,26 +210,27 @@ def _built(conn: Connection) -> bool:
 
 def rebuild(conn: Connection, days_per_step: int = 1) -> None:
     """Replace both rollups with the sums of every raw row and mark them built: one
-    INSERT ... SELECT ... GROUP BY for `request_rollups`; lint ids are split here, from the
-    rows grouped per (minute, lint_ids), a day of rows at a time."""
+    INSERT ... SELECT ... GROUP BY per period for `request_rollups`; lint ids are split here,
+    from the rows grouped per (minute, lint_ids), a day of rows at a time."""
     conn.execute(delete(RequestRollup))
     conn.execute(delete(LintRollup))
     R = RequestRecord
-    minute = minute_sql(conn.dialect.name, R.ts)
     keys = [getattr(R, name) for name in KEY_COLUMNS]
     sums = {column.name: column.element for column in raw_sums()}
-    grouped = (select(minute, _group_key_sql(conn), *keys,
-                      *(func.coalesce(sums[name], 0) for name in SUMS))
-               .group_by(minute, *keys))
-    conn.execute(insert(RequestRollup).from_select(["minute", "group_key", *KEY_COLUMNS, *SUMS],
-                                                   grouped))
+    for period in PERIODS:
+        start = start_sql(conn.dialect.name, R.ts, period)
+        grouped = (select(literal_column(str(period)), start, _group_key_sql(conn), *keys,
+                          *(func.coalesce(sums[name], 0) for name in SUMS))
+                   .group_by(start, *keys))
+        columns = ["period", "start", "group_key", *KEY_COLUMNS, *SUMS]
+        conn.execute(insert(RequestRollup).from_select(columns, grouped))
     first, last = conn.execute(select(func.min(R.ts), func.max(R.ts))).one()
     if first is not None:
         step = timedelta(days=days_per_step)
-        start = _as_utc(first).replace(hour=0, minute=0, second=0, microsecond=0)
-        while start <= _as_utc(last):
-            _rebuild_lints(conn, start, start + step)
-            start += step
+        day = _as_utc(first).replace(hour=0, minute=0, second=0, microsecond=0)
+        while day <= _as_utc(last):
+            _rebuild_lints(conn, day, day + step)
+            day += step
     conn.execute(delete(RollupState).where(RollupState.name == STATE_NAME))
     conn.execute(insert(RollupState), [{"name": STATE_NAME, "columns": fingerprint()}])
 
@@ -231,17 +239,19 @@ def _as_utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
-def _rebuild_lints(conn: Connection, start: datetime, end: datetime) -> None:
+def _rebuild_lints(conn: Connection, day: datetime, end: datetime) -> None:
+    """Lint rows of the raw rows in [day, end): a whole number of hours."""
     R = RequestRecord
-    minute: ColumnElement[Any] = minute_sql(conn.dialect.name, R.ts)
+    minute: ColumnElement[Any] = start_sql(conn.dialect.name, R.ts, 60)
     query = (select(minute.label("minute"), R.lint_ids, func.count().label("n"))
-             .where(R.ts >= start, R.ts < end, R.lint_ids != "")
+             .where(R.ts >= day, R.ts < end, R.lint_ids != "")
              .group_by(minute, R.lint_ids))
-    lints: dict[tuple[int, str], int] = {}
+    lints: dict[tuple[int, int, str], int] = {}
     for row in conn.execute(query):
         for rule in lint_rules(row.lint_ids):
-            key = (int(row.minute), rule)
-            lints[key] = lints.get(key, 0) + int(row.n)
+            for period in PERIODS:
+                key = (period, int(row.minute) // period * period, rule)
+                lints[key] = lints.get(key, 0) + int(row.n)
     if lints:
-        conn.execute(insert(LintRollup),
-                     [{"minute": m, "rule": r, "requests": n} for (m, r), n in lints.items()])
+        conn.execute(insert(LintRollup), [{"period": p, "start": t, "rule": r, "requests": n}
+                                          for (p, t, r), n in lints.items()])

@@ -1,10 +1,13 @@
-"""The additive sums /api/stats is made of, from raw rows, or from the per-minute rollups.
+"""The additive sums /api/stats is made of, from raw rows, or from the per-minute, per-hour and
+per-day rollups (gateway.rollups).
 
-A `Span` is what a query covers: every row from `since` on. With a `split` (a minute
-boundary), the rows before it (the window's partial first minute) are read raw and the whole
-minutes from it on from the rollups (gateway.rollups); the two parts are added before any
-ratio or price is taken, so the result is what the raw rows alone give (integer sums exactly;
-float sums up to the order of addition, which SQL leaves unspecified anyway).
+A `Span` is what a query covers: every row from `since` on. With rollup levels, the rows
+before the first minute boundary at or after `since` (the window's partial first minute) are
+read raw, the whole minutes up to the first hour boundary from minute rollups, the whole hours
+up to the first day boundary from hour rollups, and the days from there on from day rollups.
+The parts are added before any ratio or price is taken, so the result is what the raw rows
+alone give (integer sums exactly; float sums up to the order of addition, which SQL leaves
+unspecified anyway).
 
 Sums: requests, errors (status >= 400), client_errors (4xx), failures (5xx), prompt / cached /
 completion tokens, predicted and reported cached tokens summed over the answered requests
@@ -14,7 +17,7 @@ that have both (see `paired`), the requests with a prediction, prefill time save
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal_column, select
@@ -24,6 +27,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.stats_tables import LintRollup, RequestRecord, RequestRollup
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 R = RequestRecord
 U = RequestRollup
 L = LintRollup
@@ -34,14 +38,33 @@ Sums = dict[str, Any]  # NUMBERS -> the database's sum (None where SQL's SUM saw
 
 
 class Span(NamedTuple):
-    """Rows from `since` on; from `split` on (a whole minute) they are read from rollups."""
+    """Rows from `since` on: raw up to the first level's start, then each level's rollups
+    (period seconds, first start as an epoch second; periods ascending) up to the next's."""
 
     since: datetime
-    split: datetime | None = None
+    levels: tuple[tuple[int, int], ...] = ()
 
-    def split_minute(self) -> int | None:
-        """`split` as the epoch second rollup rows are keyed by."""
-        return None if self.split is None else int(self.split.timestamp())
+    @property
+    def raw_until(self) -> datetime | None:
+        """Where raw rows end (None: they do not)."""
+        return EPOCH + timedelta(seconds=self.levels[0][1]) if self.levels else None
+
+    def rollups(self) -> list[tuple[int, int, int | None]]:
+        """The rollup parts: (period, first start, end start or None)."""
+        ends: list[int | None] = [start for _, start in self.levels[1:]]
+        ends.append(None)
+        return [(period, start, end) for (period, start), end in zip(self.levels, ends,
+                                                                     strict=False)]
+
+    def for_bucket(self, bucket_s: int) -> Span:
+        """This span without the levels whose periods do not divide `bucket_s` (nor any
+        after them): a time series reads only rollup rows that fall in one bucket."""
+        levels = []
+        for period, start in self.levels:
+            if bucket_s % period:
+                break
+            levels.append((period, start))
+        return Span(self.since, tuple(levels))
 
 
 def lint_rules(lint_ids: str | None) -> list[str]:
@@ -63,9 +86,9 @@ def bucket_sql(dialect: str, ts: Any, bucket_s: int) -> ColumnElement[Any]:
     return cast(func.floor(func.extract("epoch", ts) / size), Integer)
 
 
-def minute_sql(dialect: str, ts: Any) -> ColumnElement[Any]:
-    """The epoch second a timestamp's minute starts at (as gateway.rollups.minute_of)."""
-    return cast(bucket_sql(dialect, ts, 60), BigInteger) * _literal(60)
+def start_sql(dialect: str, ts: Any, period: int) -> ColumnElement[Any]:
+    """The epoch second a timestamp's period starts at (as gateway.rollups.start_of)."""
+    return cast(bucket_sql(dialect, ts, period), BigInteger) * _literal(period)
 
 
 def _ok() -> ColumnElement[Any]:
@@ -146,8 +169,15 @@ def _add(into: dict[Any, Sums], key: Any, row: Any) -> None:
             have[name] = value if have[name] is None else have[name] + value
 
 
+def _in(table: Any, part: tuple[int, int, int | None]) -> list[ColumnElement[bool]]:
+    period, first, end = part
+    return [table.period == period, table.start >= first,
+            *([table.start < end] if end is not None else [])]
+
+
 def _raw_where(span: Span) -> list[ColumnElement[bool]]:
-    return [R.ts >= span.since] + ([R.ts < span.split] if span.split is not None else [])
+    until = span.raw_until
+    return [R.ts >= span.since] + ([R.ts < until] if until is not None else [])
 
 
 def _grouped_by(engine: Engine, raw_key: Any, rollup_key: Any, span: Span,
@@ -158,10 +188,9 @@ def _grouped_by(engine: Engine, raw_key: Any, rollup_key: Any, span: Span,
     with engine.connect() as conn:
         for row in conn.execute(raw):
             _add(out, (row.key, row.model), row)
-        minute = span.split_minute()
-        if minute is not None:
+        for part in span.rollups():
             rolled = (select(rollup_key.label("key"), U.model, *_rollup_sums())
-                      .where(U.minute >= minute).group_by(rollup_key, U.model))
+                      .where(*_in(U, part)).group_by(rollup_key, U.model))
             for row in conn.execute(rolled):
                 _add(out, (row.key, row.model), row)
     return out
@@ -174,13 +203,14 @@ def grouped(engine: Engine, key: str, span: Span) -> dict[tuple[Any, str], Sums]
 
 
 def bucketed(engine: Engine, bucket_s: int, span: Span) -> dict[tuple[Any, str], Sums]:
-    """(bucket index = epoch // bucket_s, model) -> sums over `span`; a span with a split
-    needs `bucket_s` to be a whole number of minutes."""
-    if span.split is not None and bucket_s % 60:
-        raise ValueError(f"a {bucket_s} s bucket does not hold whole minutes")
+    """(bucket index = epoch // bucket_s, model) -> sums over `span`: each rollup period it
+    reads must hold whole buckets' worth (`bucket_s` a multiple of the period)."""
+    for period, _, _ in span.rollups():
+        if bucket_s % period:
+            raise ValueError(f"a {bucket_s} s bucket splits a {period} s rollup period")
     dialect = engine.dialect.name
     return _grouped_by(engine, bucket_sql(dialect, R.ts, bucket_s),
-                       U.minute // _literal(bucket_s), span)
+                       U.start // _literal(bucket_s), span)
 
 
 def lint_counts(engine: Engine, span: Span) -> Counter[str]:
@@ -192,10 +222,9 @@ def lint_counts(engine: Engine, span: Span) -> Counter[str]:
         for row in conn.execute(raw):
             for rule in lint_rules(row.lint_ids):
                 counts[rule] += int(row.n)
-        minute = span.split_minute()
-        if minute is not None:
+        for part in span.rollups():
             rolled = (select(L.rule, func.sum(L.requests).label("n"))
-                      .where(L.minute >= minute).group_by(L.rule))
+                      .where(*_in(L, part)).group_by(L.rule))
             for row in conn.execute(rolled):
                 counts[row.rule] += int(row.n)
     return counts
@@ -208,10 +237,9 @@ def status_counts(engine: Engine, span: Span) -> Counter[int]:
     with engine.connect() as conn:
         for row in conn.execute(raw):
             counts[int(row.status)] += int(row.n)
-        minute = span.split_minute()
-        if minute is not None:
+        for part in span.rollups():
             rolled = (select(U.status, func.sum(U.requests).label("n"))
-                      .where(U.minute >= minute).group_by(U.status))
+                      .where(*_in(U, part)).group_by(U.status))
             for row in conn.execute(rolled):
                 counts[int(row.status)] += int(row.n)
     return counts

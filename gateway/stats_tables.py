@@ -51,12 +51,13 @@ class RequestRecord(Base):
 
 
 class RequestRollup(Base):
-    """The sums of one minute's requests with one (tenant, model, replica, backend, family,
-    status)."""
+    """The sums of the requests of one period (a minute, an hour or a day: `period` seconds from
+    `start`, an epoch second) with one (tenant, model, replica, backend, family, status)."""
 
     __tablename__ = "request_rollups"
 
-    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    period: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    start: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     group_key: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
     model: Mapped[str] = mapped_column(String(256))
@@ -76,11 +77,12 @@ class RequestRollup(Base):
 
 
 class LintRollup(Base):
-    """How many of one minute's requests one lint rule fired on."""
+    """How many of one period's requests one lint rule fired on."""
 
     __tablename__ = "lint_rollups"
 
-    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    period: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    start: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     rule: Mapped[str] = mapped_column(String(512), primary_key=True)
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, insert, select, text
+from sqlalchemy import create_engine, event, func, insert, select, text
 
 from gateway.api_stats import compute_stats
 from gateway.record_rows import to_json_row
@@ -82,7 +82,7 @@ def assert_paths_agree(engine: Any, now: datetime = NOW,
             for source in ("rollup", "auto") if kinds != FEW else ("rollup",):
                 rolled = compute_stats(engine, window_s=window, bucket_s=bucket, now=now,
                                        source=source)
-                assert rolled == raw, (window, bucket, source)
+                assert rolled == raw, (window, bucket, source, _first_difference(raw, rolled))
             compared += 1
     return compared
 
@@ -91,10 +91,24 @@ def assert_keys_as_the_writer_names_them(engine: Any) -> None:
     """Rebuilt rollup rows carry the group_key the writer gives the same key columns, so a
     row written after a rebuild adds to its group instead of starting a second one."""
     U = RequestRollup
+    with engine.connect() as conn:  # every raw row is in one row of each period
+        n = conn.scalar(select(func.count(RequestRecord.id)))
+        per_period = set(conn.execute(select(U.period, func.sum(U.requests)).group_by(U.period)))
+    assert n and per_period == {(60, n), (3600, n), (86400, n)}
     keys = (U.tenant, U.model, U.replica, U.backend, U.family, U.status)
     with engine.connect() as conn:
         rows = conn.execute(select(U.group_key, *keys)).all()
     assert rows and all(row[0] == group_key(row[1:]) for row in rows)
+
+
+def _first_difference(raw: dict[str, Any], rolled: dict[str, Any]) -> Any:
+    for name in raw:
+        if raw[name] != rolled[name]:
+            if isinstance(raw[name], list):
+                pairs = [(a, b) for a, b in zip(raw[name], rolled[name], strict=False) if a != b]
+                return name, [{k: (a[k], b[k]) for k in a if a[k] != b[k]} for a, b in pairs[:1]]
+            return name, raw[name], rolled[name]
+    return None
 
 
 def naive_statuses(rows: list[dict[str, Any]], since: datetime) -> list[dict[str, int]]:
@@ -123,6 +137,9 @@ def test_rollups_answer_what_the_raw_rows_answer(tmp_path: Path) -> None:
         # a window starting on a minute boundary has no raw edge
         on_minute = NOW.replace(second=0, microsecond=0)
         assert_paths_agree(store.engine, now=on_minute, kinds=FEW)
+        # nor, on an hour boundary, minute rows; nor, on a day boundary, hour rows
+        assert_paths_agree(store.engine, now=on_minute.replace(minute=0), kinds=FEW)
+        assert_paths_agree(store.engine, now=on_minute.replace(hour=0, minute=0), kinds=FEW)
     finally:
         store.close()
 
