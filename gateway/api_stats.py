@@ -90,8 +90,14 @@ def _by_key(sums: dict[tuple[Any, str], Sums], prices: PriceTable) -> dict[Any, 
 
 
 def _table(groups: dict[Any, dict[str, float]], name: str) -> list[dict[str, Any]]:
-    rows = [{name: k if k not in (None, "") else "-", **_finish(v)} for k, v in groups.items()]
-    return sorted(rows, key=lambda r: (-r["requests"], str(r[name])))
+    """Rows by requests, then name; NULL and '' are both shown as `-` (NULL first on a tie,
+    not in whichever order the database grouped them)."""
+    def shown(key: Any) -> str:
+        return "-" if key in (None, "") else str(key)
+
+    ranked = sorted(groups.items(),
+                    key=lambda kv: (-kv[1]["requests"], shown(kv[0]), kv[0] is not None))
+    return [{name: shown(k) if k in (None, "") else k, **_finish(v)} for k, v in ranked]
 
 
 def _series(engine: Engine, span: Span, bucket_s: int, prices: PriceTable,

@@ -147,23 +147,43 @@ def group_rows(rows: Iterable[Mapping[str, Any]],
     return out, lint_rows
 
 
-def _upsert(dialect: str, table: Any, index: list[str], sums: Iterable[str]) -> Any:
+def _upsert(dialect: str, table: Table, index: list[str], sums: Iterable[str]) -> Any:
+    """SQLite: one INSERT ... ON CONFLICT DO UPDATE, executed per row (no round trips)."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     stmt = insert(table)
     added = {name: func.coalesce(table.c[name], 0) + stmt.excluded[name] for name in sums}
     return stmt.on_conflict_do_update(index_elements=index, set_=added)
 
 
+def _pg_upsert(db: Session | Connection, table: Table, index: list[str], sums: Iterable[str],
+               rows: list[dict[str, Any]]) -> None:
+    """PostgreSQL: the same upsert as one statement whose rows come in as one array per
+    column (`unnest`): pg8000 runs an executemany row by row, a round trip each."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    names = list(rows[0])
+    arrays = ", ".join(f"CAST(:{n} AS {table.c[n].type.compile(dialect)}[])" for n in names)
+    added = ", ".join(f'"{n}" = COALESCE({table.name}."{n}", 0) + EXCLUDED."{n}"'
+                      for n in sums)
+    columns = ", ".join(f'"{n}"' for n in names)
+    keys = ", ".join(f'"{n}"' for n in index)
+    statement = (f"INSERT INTO {table.name} ({columns}) SELECT * FROM unnest({arrays}) "
+                 f"ON CONFLICT ({keys}) DO UPDATE SET {added}")
+    db.execute(sql_text(statement), {n: [row[n] for row in rows] for n in names})
+
+
 def add_to_rollups(db: Session | Connection, dialect: str, rows: list[dict[str, Any]]) -> None:
     """Add normalised raw rows to both rollups (in the caller's transaction on a `dialect`
     database)."""
     groups, lints = group_rows(rows)
-    if groups:
-        db.execute(_upsert(dialect, ROLLUP_TABLES[0], ["period", "start", "group_key"], SUMS),
-                   groups)
-    if lints:
-        db.execute(_upsert(dialect, ROLLUP_TABLES[1], ["period", "start", "rule"], ["requests"]),
-                   lints)
+    for table, index, sums, batch in (
+            (ROLLUP_TABLES[0], ["period", "start", "group_key"], SUMS, groups),
+            (ROLLUP_TABLES[1], ["period", "start", "rule"], ("requests",), lints)):
+        if not batch:
+            continue
+        if dialect == "postgresql":
+            _pg_upsert(db, table, index, sums, batch)
+        else:
+            db.execute(_upsert(dialect, table, index, sums), batch)
 
 
 def rollups_ready(engine: Engine) -> bool:

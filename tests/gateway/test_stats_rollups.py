@@ -37,6 +37,8 @@ WINDOWS = (1800, 3600, 3601, 7217, 86400, 2 * 86400 + 123, 40 * 86400)
 BUCKETS = (None, 45, 60, 90, 300, 3600, 86400)
 FEW = ((7217, 2 * 86400 + 123), (None, 90, 300))  # windows, buckets: the rollup path, briefly
 STATUSES = (200, 200, 200, 201, 400, 429, 499, 500, 502)
+# text that array literals and CSV must quote or escape: quotes, braces, commas, backslashes
+TENANTS = ("acme", "beta", "", "γ", 'q"uo{te},\\ \'s')
 LINTS = ("", "", "PL001", "PL001,PL004", "PL004, PL009", "PL002,PL002", " ,PL007")
 
 
@@ -55,7 +57,7 @@ def random_rows(seed: int, n: int, end: datetime = NOW) -> list[dict[str, Any]]:
         predicted = rng.choice([None, rng.randrange(0, prompt + 1)])
         reported = rng.choice([None, rng.randrange(0, prompt + 1)])
         rows.append(dict(
-            ts=ts, request_id=f"s{seed}-{i}", tenant=rng.choice(["acme", "beta", "", "γ"]),
+            ts=ts, request_id=f"s{seed}-{i}", tenant=rng.choice(TENANTS),
             model=rng.choice(["gpt-4o", "gpt-4o-mini", "claude-sonnet-4", "local-model"]),
             backend=rng.choice(["upstream", "engine"]),
             replica=rng.choice([None, "", "http://r1:8000", "http://r2:8000"]),
@@ -64,7 +66,7 @@ def random_rows(seed: int, n: int, end: datetime = NOW) -> list[dict[str, Any]]:
             completion_tokens=rng.randrange(0, 400), predicted_cached_tokens=predicted,
             reported_cached_tokens=reported, latency_ms=rng.randrange(0, 40000) / 4,
             prefill_saved_ms=rng.randrange(0, 4000) / 4, lint_ids=rng.choice(LINTS),
-            family=rng.choice([None, "", "fam-a", "fam-b", "fam-c"])))
+            family=rng.choice([None, "", "fam-a", "fam-b", "NULL"])))
     return rows
 
 
