@@ -1,7 +1,7 @@
 """`GET /api/stats`: the gateway's cache statistics as JSON (admin key).
 
 `compute_stats(engine, prices, window_s, bucket_s)` reads the `RecordStore`'s database with
-SQLAlchemy, grouping in SQL: windows over an hour read whole days, hours and minutes from the
+SQLAlchemy, grouping in SQL: windows over 15 minutes read whole days, hours and minutes from the
 rollups (gateway.rollups) and only the partial first minute from the `requests` table, so a
 refresh over days stays cheap on a busy gateway (gateway.stats_sums). It returns:
 totals, a time series (hit rate, tokens, prefill time and money saved per bucket), breakdowns
@@ -44,7 +44,10 @@ DEFAULT_WINDOW_S = 86400
 MAX_WINDOW_S = 366 * 86400
 TOP_N = 10
 MAX_POINTS = 5000  # time-series points one answer may hold (the page draws at most 48)
-RAW_WINDOW_S = 3600  # windows up to this read raw rows under source="auto" (the ts index)
+# windows up to this read raw rows under source="auto": the ts index finds them, and their
+# series buckets (30 s and less) split minutes anyway. An hour of a gateway serving 1M requests
+# a day took 1.5 s from raw rows and 0.19 s from rollups (bench_stats --days 1)
+RAW_WINDOW_S = 900
 SOURCES = ("auto", "raw", "rollup")
 
 
