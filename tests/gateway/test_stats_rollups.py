@@ -302,3 +302,19 @@ def test_rollups_answer_what_the_raw_rows_answer_on_postgres(pg: PgCluster) -> N
     finally:
         for store in stores:
             store.close()
+
+
+@pytest.mark.postgres
+def test_a_batch_without_replicas_or_families_is_rolled_up_on_postgres(pg: PgCluster) -> None:
+    """An embedded-engine gateway's rows have no replica, family or lint ids: a batch whose
+    columns are all NULL still reaches the rollups (PostgreSQL gets each column as an array)."""
+    store = RecordStore(pg.new_database(), flush_interval_s=0.01)
+    try:
+        write(store, [dict(r, replica=None, family=None, lint_ids="")
+                      for r in random_rows(20, 300)])
+        assert (store.count(), store.lost) == (300, 0)
+        week = compute_stats(store.engine, window_s=7 * 86400, now=NOW, source="rollup")
+        assert week["totals"]["requests"] == 300 and week["lint"] == []
+        assert assert_paths_agree(store.engine, kinds=FEW)
+    finally:
+        store.close()
