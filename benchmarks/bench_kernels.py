@@ -38,8 +38,8 @@ from kernels_workloads import (
 )
 from tqdm import tqdm
 
-import kernels
-from kernels import torch_attention
+import paged_kernels
+from paged_kernels import torch_attention
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DECODE_BW_TARGET = 0.60  # fraction of copy bandwidth
@@ -111,9 +111,9 @@ def bench_decode(
     x = make_inputs(shape, dtype, device)
     args = (x.q, x.k_cache, x.v_cache, x.block_table, x.seq_lens, x.scale)
     impls: dict[str, Callable[[], torch.Tensor]] = {
-        "torch": lambda: kernels.paged_decode_attention(*args, backend="torch"),
+        "torch": lambda: paged_kernels.paged_decode_attention(*args, backend="torch"),
         "sdpa_gathered": lambda: gathered_sdpa_decode(x),
-        "triton": lambda: kernels.paged_decode_attention(*args, backend="triton"),
+        "triton": lambda: paged_kernels.paged_decode_attention(*args, backend="triton"),
     }
     reference = impls["torch"]().float()
     nbytes = decode_bytes(shape, x.q.element_size())
@@ -133,9 +133,9 @@ def bench_prefill(
     x = make_inputs(shape, dtype, device)
     args = (x.q, x.k_cache, x.v_cache, x.block_table, x.cu_seqlens_q, x.seq_lens, x.scale)
     impls: dict[str, Callable[[], torch.Tensor]] = {
-        "torch": lambda: kernels.paged_prefill_attention(*args, backend="torch"),
+        "torch": lambda: paged_kernels.paged_prefill_attention(*args, backend="torch"),
         "sdpa_gathered": lambda: gathered_sdpa_prefill(x, shape),
-        "triton": lambda: kernels.paged_prefill_attention(*args, backend="triton"),
+        "triton": lambda: paged_kernels.paged_prefill_attention(*args, backend="triton"),
     }
     reference = impls["torch"]().float()
     rows, torch_ms = [], 0.0
@@ -158,17 +158,17 @@ def small_op_cases(
     q = torch.randn(tokens, heads, head_dim, dtype=dtype, device=dev)
     k = torch.randn(tokens, kv_heads, head_dim, dtype=dtype, device=dev)
     pos = torch.arange(tokens, device=dev) % 4096
-    cache = kernels.rotary_cache(4096, head_dim, 100000.0).to(dev)
+    cache = paged_kernels.rotary_cache(4096, head_dim, 100000.0).to(dev)
     gate_up = torch.randn(tokens, 2 * inter, dtype=dtype, device=dev)
     k_cache = torch.zeros(tokens // 16 + 1, 16, kv_heads, head_dim, dtype=dtype, device=dev)
     v_cache = torch.zeros_like(k_cache)
     slots = torch.randperm(tokens, device=dev)
     return {
-        "rms_norm": lambda b: kernels.rms_norm(x, w, 1e-5, backend=b),
-        "rms_norm+residual": lambda b: kernels.rms_norm(x, w, 1e-5, residual=res, backend=b),
-        "rotary": lambda b: kernels.rotary(q, k, pos, cache, backend=b),
-        "silu_and_mul": lambda b: kernels.silu_and_mul(gate_up, backend=b),
-        "store_kv": lambda b: kernels.store_kv(k, k, k_cache, v_cache, slots, backend=b),
+        "rms_norm": lambda b: paged_kernels.rms_norm(x, w, 1e-5, backend=b),
+        "rms_norm+residual": lambda b: paged_kernels.rms_norm(x, w, 1e-5, residual=res, backend=b),
+        "rotary": lambda b: paged_kernels.rotary(q, k, pos, cache, backend=b),
+        "silu_and_mul": lambda b: paged_kernels.silu_and_mul(gate_up, backend=b),
+        "store_kv": lambda b: paged_kernels.store_kv(k, k, k_cache, v_cache, slots, backend=b),
     }
 
 

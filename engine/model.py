@@ -1,4 +1,4 @@
-"""Llama-family decoder whose attention reads and writes a paged KV cache through `kernels`."""
+"""Llama-family decoder whose attention reads and writes a paged KV cache (`paged_kernels`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import kernels
+import paged_kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.linear import QUANTIZATIONS, DenseLinear, Linear, Quantization, quantize_linear
 from engine.model_config import ModelConfig
@@ -52,7 +52,7 @@ class DecoderLayer(nn.Module):
         self,
         hidden: Tensor,  # [T, hidden]: this block's input (output of the previous block)
         residual: Tensor | None,  # [T, hidden] running residual stream, None for the first block
-        ops: kernels.StepOps,  # the step's checked plans and layer ops
+        ops: paged_kernels.StepOps,  # the step's checked plans and layer ops
         k_cache: Tensor,  # [P, page, Hkv, D]
         v_cache: Tensor,  # [P, page, Hkv, D]
     ) -> tuple[Tensor, Tensor]:
@@ -88,14 +88,14 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_layers))
         self._blocks = tuple(self.blocks())  # typed, and iterated without ModuleList's overhead
         c = config
-        self.geometry = kernels.LayerGeometry(
+        self.geometry = paged_kernels.LayerGeometry(
             c.num_heads, c.num_kv_heads, c.head_dim, c.rms_eps, c.head_dim**-0.5
         )
         self.norm = _vector(config.hidden_size, dtype)
         self.lm_head: Linear = DenseLinear(config.vocab_size, config.hidden_size, dtype)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed
-        cos_sin = kernels.rotary_cache(
+        cos_sin = paged_kernels.rotary_cache(
             config.max_position, config.head_dim, config.rope_theta, torch.float32
         )
         self.register_buffer("cos_sin", cos_sin, persistent=False)
@@ -130,17 +130,18 @@ class LlamaModel(nn.Module):
         k_caches: list[Tensor],
         v_caches: list[Tensor],
         backend: str | None = None,
-    ) -> kernels.StepOps:
+    ) -> paged_kernels.StepOps:
         """Every layer sees the same metadata: check it, the caches and the layer geometry, and
         derive the index plans (page reads, slots, rotary angles) once per step, explicitly;
         the layers then run their ops without checks."""
-        chosen = kernels.resolve_backend(None if backend == "auto" else backend, k_caches[0])
+        chosen = paged_kernels.resolve_backend(None if backend == "auto" else backend, k_caches[0])
         if meta.plan is None:
             meta = meta.planned(k_caches[0], chosen)
         assert meta.plan is not None
         layout = self.config.rope_layout
-        rotary = kernels.plan_rotary(positions, self.cos_sin, layout, backend=chosen)
-        return kernels.plan_step(meta.plan, rotary, k_caches, v_caches, self.geometry, self.dtype)
+        rotary = paged_kernels.plan_rotary(positions, self.cos_sin, layout, backend=chosen)
+        return paged_kernels.plan_step(meta.plan, rotary, k_caches, v_caches, self.geometry,
+                                       self.dtype)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """[N, hidden] -> [N, vocab] float32."""

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-import kernels
+import paged_kernels
 from engine.attention_metadata import AttentionMetadata
 from engine.kv_cache import KVCache
 from engine.loader import LoadedModel
@@ -60,7 +60,8 @@ class ModelRunner:
         self.kv_cache = KVCache(loaded.config, num_pages, page_size, dtype, self.device)
         requested = None if kernel_backend == "auto" else kernel_backend
         first_cache = self.kv_cache.k[0]
-        self.kernel_backend: kernels.Backend = kernels.resolve_backend(requested, first_cache)
+        self.kernel_backend: paged_kernels.Backend = paged_kernels.resolve_backend(requested,
+                                                                                   first_cache)
         # Decode steps of a block-quantized CPU model run in one native call (None otherwise).
         self.native_decoder: NativeDecoder | None = None
         if self.kernel_backend == "torch":

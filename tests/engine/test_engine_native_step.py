@@ -1,7 +1,7 @@
 """The native decode step (engine/native/decode_step.c) against the per-op torch path.
 
 Reference: `LlamaModel.forward` with the same block weights, which runs each layer op by op
-(`kernels` StepOps, `engine.native_linear` products) and is itself checked against the dense
+(`paged_kernels` StepOps, `engine.native_linear` products) and is itself checked against the dense
 model and `transformers`. Sequences get shuffled pages and contexts past one attention run
 (128 keys), so the step reads pages out of order and merges runs.
 """

@@ -20,14 +20,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import kernels
+import paged_kernels
 from engine.config import EngineConfig
 from engine.llm_engine import Engine
 from engine.model_runner import StepInputs
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import byte_alphabet
-from kernels import torch_attention, torch_ops
-from kernels.backend import triton_interpret_enabled
+from paged_kernels import torch_attention, torch_ops
+from paged_kernels.backend import triton_interpret_enabled
 
 LOGITS_ATOL = 2e-4  # float32 on both paths; logits are O(10); measured max ~1e-5 on CPU
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 64, 2, 4, 2, 128
@@ -211,7 +211,7 @@ def forbid(name: str) -> Callable[..., Any]:
 @pytest.fixture
 def triton_launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """Every torch implementation of a hot op raises; every Triton entry point is counted."""
-    from kernels import triton_attention, triton_ops
+    from paged_kernels import triton_attention, triton_ops
 
     for module, names in TORCH_PATH.items():
         for name in names:
@@ -308,11 +308,11 @@ def test_kernels_export_what_the_engine_uses() -> None:
     engine_dir = Path(__file__).resolve().parents[2] / "engine"
     for path in engine_dir.glob("*.py"):
         text = path.read_text(encoding="utf-8")
-        assert "from kernels." not in text and "import kernels." not in text, path.name
-        for word in text.split("kernels.")[1:]:
+        assert "from paged_kernels." not in text and "import paged_kernels." not in text, path.name
+        for word in text.split("paged_kernels.")[1:]:
             name = word.split("(")[0].split(")")[0].split(",")[0].split()[0].strip("`:")
             if name.isidentifier():
-                assert name in kernels.__all__, f"{path.name} uses kernels.{name}"
+                assert name in paged_kernels.__all__, f"{path.name} uses paged_kernels.{name}"
 
 
 @pytest.mark.skipif(

@@ -58,11 +58,11 @@ def kernels_on_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return
     import importlib
 
-    from kernels import backend
+    from paged_kernels import backend
 
     monkeypatch.setattr(backend, "triton_interpret_enabled", lambda: True)  # allow CPU inputs
     for module_name, names in TRITON_ENTRY_POINTS.items():
-        module = importlib.import_module(f"kernels.{module_name}")
+        module = importlib.import_module(f"paged_kernels.{module_name}")
         for name in names:
             monkeypatch.setattr(module, name, on_device(getattr(module, name), KERNEL_DEVICE))
     yield

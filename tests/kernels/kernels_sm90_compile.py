@@ -69,7 +69,7 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1: cannot compile for a GPU in this process", file=sys.stderr)
         return 2
-    from kernels import triton_attention, triton_ops
+    from paged_kernels import triton_attention, triton_ops
 
     for name, dtype, consts in ATTENTION_CASES:
         kernel = compile_sm90(getattr(triton_attention, name), attention_types(dtype), consts)

@@ -1,5 +1,6 @@
-"""The CPU torch fast paths against kernels.naive: fused-QKV rotary, consecutive-page decode
-reads, and the explicit per-step plans of ``kernels.plan_attention`` / ``kernels.plan_rotary``."""
+"""The CPU torch fast paths against paged_kernels.naive: fused-QKV rotary, consecutive-page decode
+reads, and the explicit per-step plans of ``paged_kernels.plan_attention`` /
+``paged_kernels.plan_rotary``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import kernels
-from kernels import naive, torch_attention, torch_ops
+import paged_kernels
+from paged_kernels import naive, torch_attention, torch_ops
 
 from .kernels_cases import ATTENTION_TOL, ROTARY_TOL, STORE_TOL, assert_close, make_paged_batch
 
@@ -50,11 +51,11 @@ def test_rotary_on_fused_qkv_views_equals_contiguous_clones(
     # the case really is the fused one: k's heads follow q's in one storage
     assert torch_ops._adjacent_heads(q, k) is not None
     positions = torch.arange(start, start + tokens)
-    cache = kernels.rotary_cache(start + tokens + 3, HEAD_DIM, THETA)
+    cache = paged_kernels.rotary_cache(start + tokens + 3, HEAD_DIM, THETA)
     before = qkv.clone()
 
-    q_rot, k_rot = kernels.rotary(q, k, positions, cache, layout=layout, backend="torch")
-    want_q, want_k = kernels.rotary(
+    q_rot, k_rot = paged_kernels.rotary(q, k, positions, cache, layout=layout, backend="torch")
+    want_q, want_k = paged_kernels.rotary(
         q.clone(), k.clone(), positions, cache, layout=layout, backend="torch"
     )
 
@@ -78,9 +79,9 @@ def test_rotary_on_views_that_are_not_neighbours_matches_naive(layout: str) -> N
     k_far = qkv[:, 6 * HEAD_DIM :].view(7, 2, HEAD_DIM)  # V's heads, not next to q
     assert torch_ops._adjacent_heads(q, k_far) is None
     positions = torch.tensor([3, 9, 4, 100, 0, 17, 17])  # not sorted, repeated
-    cache = kernels.rotary_cache(128, HEAD_DIM, THETA)
+    cache = paged_kernels.rotary_cache(128, HEAD_DIM, THETA)
     before = qkv.clone()
-    q_rot, k_rot = kernels.rotary(q, k_far, positions, cache, layout=layout, backend="torch")
+    q_rot, k_rot = paged_kernels.rotary(q, k_far, positions, cache, layout=layout, backend="torch")
     ref_q, ref_k = naive.rotary(q, k_far, positions, HEAD_DIM, THETA, layout)
     assert_close(q_rot, ref_q, ROTARY_TOL[torch.float32])
     assert_close(k_rot, ref_k, ROTARY_TOL[torch.float32])
@@ -137,7 +138,7 @@ def test_decode_consecutive_pages_matches_naive(case: str, dtype: torch.dtype) -
     k_before, v_before = k_cache.clone(), v_cache.clone()
     scale = HEAD_DIM**-0.5
 
-    out = kernels.paged_decode_attention(
+    out = paged_kernels.paged_decode_attention(
         q, k_cache, v_cache, block_table, seq_lens, scale, backend="torch"
     )
 
@@ -156,12 +157,12 @@ def test_decode_view_reads_only_the_sequence_length(dtype: torch.dtype) -> None:
     """Tokens past seq_len in the last consecutive page are junk and must not be read."""
     q, k_cache, v_cache, block_table, seq_lens = paged_case([20], [[0, 1]], 2, dtype)
     scale = HEAD_DIM**-0.5
-    before = kernels.paged_decode_attention(
+    before = paged_kernels.paged_decode_attention(
         q, k_cache, v_cache, block_table, seq_lens, scale, backend="torch"
     )
     k_cache[1, 4:] = 1e3  # tokens 20..31 of page 1: beyond the sequence
     v_cache[1, 4:] = -1e3
-    after = kernels.paged_decode_attention(
+    after = paged_kernels.paged_decode_attention(
         q, k_cache, v_cache, block_table, seq_lens, scale, backend="torch"
     )
     assert torch.equal(before, after)
@@ -173,21 +174,21 @@ def test_decode_view_reads_only_the_sequence_length(dtype: torch.dtype) -> None:
 DecodeArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]
 
 
-def decode_call(args: DecodeArgs, plan: kernels.AttentionPlan | None = None) -> torch.Tensor:
+def decode_call(args: DecodeArgs, plan: paged_kernels.AttentionPlan | None = None) -> torch.Tensor:
     """The torch decode on (q, k_cache, v_cache, block_table, seq_lens, scale)."""
     q, k_cache, v_cache, block_table, seq_lens, scale = args
-    return kernels.paged_decode_attention(
+    return paged_kernels.paged_decode_attention(
         q, k_cache, v_cache, block_table, seq_lens, scale, backend="torch", plan=plan
     )
 
 
 def decode_plan(
     block_table: torch.Tensor, seq_lens: torch.Tensor, k_cache: torch.Tensor
-) -> kernels.AttentionPlan:
+) -> paged_kernels.AttentionPlan:
     """A decode step's plan: one new token per non-empty sequence, its slots skipped (-1)."""
     new = (seq_lens > 0).to(torch.int32)
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), new.cumsum(0, dtype=torch.int32)])
-    return kernels.plan_attention(
+    return paged_kernels.plan_attention(
         block_table,
         seq_lens,
         cu,
@@ -238,7 +239,7 @@ def test_decode_plan_reused_across_layers_with_other_caches() -> None:
 def test_prefill_with_plan_equals_without(dtype: torch.dtype, backend: str) -> None:
     batch = make_paged_batch([20, 40, 9], [0, 5, 9], 6, 2, HEAD_DIM, PAGE_SIZE, dtype, seed=4)
     slots = torch.full((batch.q.shape[0],), -1, dtype=torch.int64)
-    plan = kernels.plan_attention(
+    plan = paged_kernels.plan_attention(
         batch.block_table, batch.seq_lens, batch.cu_seqlens_q, slots, batch.k_cache,
         backend=backend,
     )  # fmt: skip
@@ -253,8 +254,8 @@ def test_prefill_with_plan_equals_without(dtype: torch.dtype, backend: str) -> N
         batch.scale,
     )
 
-    def call(plan: kernels.AttentionPlan | None) -> torch.Tensor:
-        return kernels.paged_prefill_attention(*args, backend=backend, plan=plan)
+    def call(plan: paged_kernels.AttentionPlan | None) -> torch.Tensor:
+        return paged_kernels.paged_prefill_attention(*args, backend=backend, plan=plan)
 
     outside = call(None)
     first, again = call(plan), call(plan)
@@ -280,7 +281,7 @@ def test_store_kv_with_plan_equals_without(dtype: torch.dtype) -> None:
 
     want, outside, planned = fresh_caches(), fresh_caches(), fresh_caches()
     table = torch.zeros((1, 5), dtype=torch.int32)
-    plan = kernels.plan_attention(
+    plan = paged_kernels.plan_attention(
         table, torch.tensor([6], dtype=torch.int32), torch.tensor([0, 6], dtype=torch.int32),
         slots, planned[0][0], backend="torch",
     )  # fmt: skip
@@ -288,9 +289,9 @@ def test_store_kv_with_plan_equals_without(dtype: torch.dtype) -> None:
     for (k, v), (kc, vc) in zip(layer_kv, want, strict=True):
         naive.store_kv(k, v, kc, vc, slots)
     for (k, v), (kc, vc) in zip(layer_kv, outside, strict=True):
-        kernels.store_kv(k, v, kc, vc, slots, backend="torch")
+        paged_kernels.store_kv(k, v, kc, vc, slots, backend="torch")
     for (k, v), (kc, vc) in zip(layer_kv, planned, strict=True):
-        kernels.store_kv(k, v, kc, vc, slots, backend="torch", plan=plan)
+        paged_kernels.store_kv(k, v, kc, vc, slots, backend="torch", plan=plan)
     for (wk, wv), (ok, ov), (sk, sv) in zip(want, outside, planned, strict=True):
         assert_close(ok, wk, STORE_TOL)
         assert_close(ov, wv, STORE_TOL)
@@ -299,17 +300,18 @@ def test_store_kv_with_plan_equals_without(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_rotary_with_plan_equals_without(layout: str) -> None:
-    cache = kernels.rotary_cache(64, HEAD_DIM, THETA)
+    cache = paged_kernels.rotary_cache(64, HEAD_DIM, THETA)
     positions = torch.arange(9, 16)
-    plan = kernels.plan_rotary(positions, cache, layout, backend="torch")
+    plan = paged_kernels.plan_rotary(positions, cache, layout, backend="torch")
     fused = fused_qkv_views(7, 6, 2, HEAD_DIM, torch.float32)[1:]
     separate = (randn(7, 6, HEAD_DIM, seed=5), randn(7, 2, HEAD_DIM, seed=6))
     for q, k in (fused, separate):
 
         def call(
-            plan: kernels.RotaryPlan | None, q: torch.Tensor = q, k: torch.Tensor = k
+            plan: paged_kernels.RotaryPlan | None, q: torch.Tensor = q, k: torch.Tensor = k
         ) -> torch.Tensor:
-            rotated = kernels.rotary(q, k, positions, cache, layout, backend="torch", plan=plan)
+            rotated = paged_kernels.rotary(q, k, positions, cache, layout, backend="torch",
+                                           plan=plan)
             return torch.cat(rotated, 1)
 
         outside = call(None)
@@ -331,15 +333,15 @@ def test_plan_refuses_a_call_it_was_not_built_for() -> None:
     with pytest.raises(ValueError, match="plan built for a cache"):
         decode_call((args[0], bigger, bigger, *args[3:]), plan)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="backend"):
-        kernels.paged_decode_attention(*args, backend="triton", plan=plan)
-    cache = kernels.rotary_cache(64, HEAD_DIM, THETA)
+        paged_kernels.paged_decode_attention(*args, backend="triton", plan=plan)
+    cache = paged_kernels.rotary_cache(64, HEAD_DIM, THETA)
     positions = torch.arange(3)
-    rot = kernels.plan_rotary(positions, cache, "half", backend="torch")
+    rot = paged_kernels.plan_rotary(positions, cache, "half", backend="torch")
     q, k = randn(3, 2, HEAD_DIM), randn(3, 1, HEAD_DIM)
     with pytest.raises(ValueError, match="layout"):
-        kernels.rotary(q, k, positions, cache, "interleaved", backend="torch", plan=rot)
+        paged_kernels.rotary(q, k, positions, cache, "interleaved", backend="torch", plan=rot)
     with pytest.raises(ValueError, match="other positions"):
-        kernels.rotary(q, k, positions.clone(), cache, "half", backend="torch", plan=rot)
+        paged_kernels.rotary(q, k, positions.clone(), cache, "half", backend="torch", plan=rot)
 
 
 def test_new_plan_sees_metadata_changed_between_steps() -> None:
@@ -375,7 +377,7 @@ def test_seq_lens_beyond_block_table_raises(kind: str) -> None:
 
     def call(seq_lens: torch.Tensor) -> torch.Tensor:
         if kind == "decode":
-            return kernels.paged_decode_attention(
+            return paged_kernels.paged_decode_attention(
                 batch.q[:2],
                 batch.k_cache,
                 batch.v_cache,
@@ -384,7 +386,7 @@ def test_seq_lens_beyond_block_table_raises(kind: str) -> None:
                 batch.scale,
                 backend="torch",
             )
-        return kernels.paged_prefill_attention(
+        return paged_kernels.paged_prefill_attention(
             batch.q,
             batch.k_cache,
             batch.v_cache,
@@ -416,33 +418,33 @@ def test_slot_beyond_cache_raises() -> None:
         slots,
     )
     raises_with_and_without_plan(
-        lambda: kernels.store_kv(k, k, *small, slots),
-        lambda: kernels.plan_attention(*meta, small[0]),
+        lambda: paged_kernels.store_kv(k, k, *small, slots),
+        lambda: paged_kernels.plan_attention(*meta, small[0]),
         ValueError,
         "cache capacity",
     )
-    plan = kernels.plan_attention(*meta, big[0])
-    kernels.store_kv(k, k, *big, slots, plan=plan)
+    plan = paged_kernels.plan_attention(*meta, big[0])
+    paged_kernels.store_kv(k, k, *big, slots, plan=plan)
     assert torch.equal(big[0][2, 0], k[2])
     with pytest.raises(ValueError, match="plan built for a cache"):  # a plan fits one geometry
-        kernels.store_kv(k, k, *small, slots, plan=plan)
+        paged_kernels.store_kv(k, k, *small, slots, plan=plan)
 
 
 def test_position_beyond_rotary_cache_raises() -> None:
     q, k = randn(3, 2, HEAD_DIM), randn(3, 1, HEAD_DIM)
     positions = torch.tensor([0, 5, 40])
-    small = kernels.rotary_cache(16, HEAD_DIM, THETA)
+    small = paged_kernels.rotary_cache(16, HEAD_DIM, THETA)
     raises_with_and_without_plan(
-        lambda: kernels.rotary(q, k, positions, small),
-        lambda: kernels.plan_rotary(positions, small),
+        lambda: paged_kernels.rotary(q, k, positions, small),
+        lambda: paged_kernels.plan_rotary(positions, small),
         ValueError,
         "positions must lie in",
     )
-    big = kernels.rotary_cache(64, HEAD_DIM, THETA)
-    plan = kernels.plan_rotary(positions, big)
-    kernels.rotary(q, k, positions, big, plan=plan)
+    big = paged_kernels.rotary_cache(64, HEAD_DIM, THETA)
+    plan = paged_kernels.plan_rotary(positions, big)
+    paged_kernels.rotary(q, k, positions, big, plan=plan)
     with pytest.raises(ValueError, match="another cos/sin table"):
-        kernels.rotary(q, k, positions, small, plan=plan)
+        paged_kernels.rotary(q, k, positions, small, plan=plan)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import kernels
+import paged_kernels
 
 from .kernels_cases import ATTENTION_TOL, PagedBatch, assert_close, make_paged_batch
 from .test_kernels_torch_attention import (
@@ -40,7 +40,7 @@ def _half_cache(batch: PagedBatch) -> PagedBatch:
 def test_decode_over_a_half_cache_matches_dense_attention(lens: list[int]) -> None:
     batch = _half_cache(make_paged_batch(lens, [1] * len(lens), NUM_KV_HEADS * 3, NUM_KV_HEADS,
                                          64, PAGE_SIZE, torch.float32))
-    out = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+    out = run_decode(paged_kernels.paged_decode_attention, batch, backend="torch")
     assert out.dtype == torch.float32
     assert_close(out, dense_expected(batch), ATTENTION_TOL[torch.float32])
 
@@ -52,7 +52,7 @@ def test_prefill_over_a_half_cache_matches_dense_attention(
     lens, n_new = case
     batch = _half_cache(make_paged_batch(lens, n_new, NUM_KV_HEADS * 3, NUM_KV_HEADS, 64,
                                          PAGE_SIZE, torch.float32))
-    out = run_prefill(kernels.paged_prefill_attention, batch, backend="torch")
+    out = run_prefill(paged_kernels.paged_prefill_attention, batch, backend="torch")
     assert out.dtype == torch.float32
     assert_close(out, dense_expected(batch), ATTENTION_TOL[torch.float32])
 
@@ -66,7 +66,7 @@ def test_consecutive_pages_of_a_half_cache_read_as_views() -> None:
     for i, page in enumerate(batch.block_table[0].tolist()):
         k[i], v[i] = batch.k_cache[page], batch.v_cache[page]
     batch = replace(batch, block_table=ordered, k_cache=k, v_cache=v)
-    out = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+    out = run_decode(paged_kernels.paged_decode_attention, batch, backend="torch")
     assert_close(out, dense_expected(batch), ATTENTION_TOL[torch.float32])
 
 
@@ -77,7 +77,7 @@ def test_store_rounds_float32_rows_into_a_half_cache() -> None:
     k = torch.randn(5, NUM_KV_HEADS, 64, generator=gen) * 3
     v = torch.randn(5, NUM_KV_HEADS, 64, generator=gen)
     slots = torch.tensor([17, 3, -1, 40, 63])
-    kernels.store_kv(k, v, k_cache, v_cache, slots, backend="torch")
+    paged_kernels.store_kv(k, v, k_cache, v_cache, slots, backend="torch")
     flat_k, flat_v = k_cache.view(-1, NUM_KV_HEADS, 64), v_cache.view(-1, NUM_KV_HEADS, 64)
     for row, slot in enumerate(slots.tolist()):
         if slot >= 0:
@@ -91,17 +91,18 @@ def test_mixed_dtypes_are_refused_where_they_cannot_run() -> None:
                              torch.float32)
     half = _half_cache(batch)
     with pytest.raises(TypeError, match="KV cache"):  # float16 activations, float32 cache
-        run_decode(kernels.paged_decode_attention, replace(batch, q=batch.q.half()),
+        run_decode(paged_kernels.paged_decode_attention, replace(batch, q=batch.q.half()),
                    backend="torch")
     with pytest.raises(TypeError, match="KV cache"):  # bfloat16 cache of float32 activations
-        run_decode(kernels.paged_decode_attention,
+        run_decode(paged_kernels.paged_decode_attention,
                    replace(half, k_cache=half.k_cache.bfloat16(), v_cache=half.v_cache.bfloat16()),
                    backend="torch")
     # the Triton kernels read the cache in the activations' dtype: refused before any launch
     with pytest.raises(TypeError, match="share one dtype"):
-        run_decode(kernels.paged_decode_attention, half, backend="triton")
+        run_decode(paged_kernels.paged_decode_attention, half, backend="triton")
     with pytest.raises(TypeError, match="share one dtype"):
-        run_prefill(kernels.paged_prefill_attention, half, backend="triton")
+        run_prefill(paged_kernels.paged_prefill_attention, half, backend="triton")
     k = torch.zeros(1, NUM_KV_HEADS, 64)
     with pytest.raises(TypeError, match="share one dtype"):
-        kernels.store_kv(k, k, half.k_cache, half.v_cache, torch.tensor([0]), backend="triton")
+        paged_kernels.store_kv(k, k, half.k_cache, half.v_cache, torch.tensor([0]),
+                               backend="triton")

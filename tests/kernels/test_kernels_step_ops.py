@@ -1,6 +1,6 @@
-"""``kernels.plan_step`` and its ``StepOps``: one layer's glue (norm, fused-QKV rotary, KV store,
-attention, SiLU-and-mul) against kernels.naive on ragged decode and prefill batches, for the
-torch path and the Triton path (interpreter), and the step checks at the plan boundary."""
+"""``paged_kernels.plan_step`` and its ``StepOps``: one layer's glue (norm, fused-QKV rotary, KV
+store, attention, SiLU-and-mul) against paged_kernels.naive on ragged decode and prefill batches,
+for the torch path and the Triton path (interpreter), and the step checks at the plan boundary."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import NamedTuple
 import pytest
 import torch
 
-import kernels
-from kernels import naive
+import paged_kernels
+from paged_kernels import naive
 
 from .kernels_cases import (
     ATTENTION_TOL,
@@ -72,19 +72,20 @@ def make_step(kind: str, dtype: torch.dtype) -> Step:
     )  # fmt: skip
 
 
-def geometry() -> kernels.LayerGeometry:
-    return kernels.LayerGeometry(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, EPS, HEAD_DIM**-0.5)
+def geometry() -> paged_kernels.LayerGeometry:
+    return paged_kernels.LayerGeometry(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, EPS, HEAD_DIM**-0.5)
 
 
-def step_ops(step: Step, layout: str, backend: str, dtype: torch.dtype) -> kernels.StepOps:
+def step_ops(step: Step, layout: str, backend: str, dtype: torch.dtype) -> paged_kernels.StepOps:
     b = step.batch
-    attention = kernels.plan_attention(
+    attention = paged_kernels.plan_attention(
         b.block_table, b.seq_lens, b.cu_seqlens_q, step.slots, step.k_caches[0],
         is_decode=step.is_decode, backend=backend,
     )  # fmt: skip
-    table = kernels.rotary_cache(64, HEAD_DIM, THETA).to(dtype)
-    rotary = kernels.plan_rotary(step.positions, table, layout, backend=backend)
-    return kernels.plan_step(attention, rotary, step.k_caches, step.v_caches, geometry(), dtype)
+    table = paged_kernels.rotary_cache(64, HEAD_DIM, THETA).to(dtype)
+    rotary = paged_kernels.plan_rotary(step.positions, table, layout, backend=backend)
+    return paged_kernels.plan_step(attention, rotary, step.k_caches, step.v_caches, geometry(),
+                                   dtype)
 
 
 LAYOUTS = ["interleaved", "half"]
@@ -154,7 +155,7 @@ def test_torch_glue_equals_public_ops_bit_for_bit() -> None:
     k_in = qkv[:, NUM_HEADS * HEAD_DIM : (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM]
     k_in = k_in.reshape(3, NUM_KV_HEADS, HEAD_DIM).clone()
     plan = ops.rotary
-    want_q, want_k = kernels.rotary(
+    want_q, want_k = paged_kernels.rotary(
         q_in, k_in, plan.positions, plan.cos_sin_cache, "interleaved", backend="torch"
     )
     q, k, _ = ops.split_rotate(qkv)
@@ -165,42 +166,44 @@ def test_plan_step_refuses_a_bad_step() -> None:
     """The step boundary rejects what the per-layer ops no longer check."""
     step = make_step("decode-batch", torch.float32)
     b = step.batch
-    attention = kernels.plan_attention(
+    attention = paged_kernels.plan_attention(
         b.block_table, b.seq_lens, b.cu_seqlens_q, step.slots, step.k_caches[0],
         is_decode=True, backend="torch",
     )  # fmt: skip
-    table = kernels.rotary_cache(64, HEAD_DIM, THETA)
-    rotary = kernels.plan_rotary(step.positions, table, "half", backend="torch")
+    table = paged_kernels.rotary_cache(64, HEAD_DIM, THETA)
+    rotary = paged_kernels.plan_rotary(step.positions, table, "half", backend="torch")
     ks, vs, g = step.k_caches, step.v_caches, geometry()
     with pytest.raises(ValueError, match="one K and one V cache per layer"):
-        kernels.plan_step(attention, rotary, ks, vs[:1], g, torch.float32)
+        paged_kernels.plan_step(attention, rotary, ks, vs[:1], g, torch.float32)
     odd = [ks[0], ks[1][:, :, :1].contiguous()]
     with pytest.raises(ValueError, match="layer 1 k_cache"):
-        kernels.plan_step(attention, rotary, odd, vs, g, torch.float32)
+        paged_kernels.plan_step(attention, rotary, odd, vs, g, torch.float32)
     with pytest.raises(ValueError, match="layer 1 v_cache"):
-        kernels.plan_step(attention, rotary, ks, [vs[0], vs[1].transpose(0, 1)], g, torch.float32)
+        paged_kernels.plan_step(attention, rotary, ks, [vs[0], vs[1].transpose(0, 1)], g,
+                                torch.float32)
     with pytest.raises(ValueError, match="KV heads"):
-        kernels.plan_step(attention, rotary, ks, vs, g._replace(num_kv_heads=1), torch.float32)
+        paged_kernels.plan_step(attention, rotary, ks, vs, g._replace(num_kv_heads=1),
+                                torch.float32)
     with pytest.raises(ValueError, match="multiple of KV heads"):
-        kernels.plan_step(attention, rotary, ks, vs, g._replace(num_heads=5), torch.float32)
+        paged_kernels.plan_step(attention, rotary, ks, vs, g._replace(num_heads=5), torch.float32)
     with pytest.raises(TypeError, match="activations are torch.float16"):
-        kernels.plan_step(attention, rotary, ks, vs, g, torch.float16)
-    fewer = kernels.plan_rotary(step.positions[:2], table, "half", backend="torch")
+        paged_kernels.plan_step(attention, rotary, ks, vs, g, torch.float16)
+    fewer = paged_kernels.plan_rotary(step.positions[:2], table, "half", backend="torch")
     with pytest.raises(ValueError, match="2 positions for a step of 3 tokens"):
-        kernels.plan_step(attention, fewer, ks, vs, g, torch.float32)
+        paged_kernels.plan_step(attention, fewer, ks, vs, g, torch.float32)
     bigger = [torch.zeros(20, *ks[0].shape[1:]) for _ in ks]
     with pytest.raises(ValueError, match="plan built for a cache"):
-        kernels.plan_step(attention, rotary, bigger, bigger, g, torch.float32)
+        paged_kernels.plan_step(attention, rotary, bigger, bigger, g, torch.float32)
     claims_decode = _decode_with_two_tokens(b, ks[0])
     with pytest.raises(ValueError, match="one token per sequence, got 3 for 2"):
-        kernels.plan_step(claims_decode, rotary, ks, vs, g, torch.float32)
+        paged_kernels.plan_step(claims_decode, rotary, ks, vs, g, torch.float32)
 
 
-def _decode_with_two_tokens(b: PagedBatch, k_cache: torch.Tensor) -> kernels.AttentionPlan:
+def _decode_with_two_tokens(b: PagedBatch, k_cache: torch.Tensor) -> paged_kernels.AttentionPlan:
     """A plan that claims decode for two sequences with three new tokens in all."""
     seq_lens, table = b.seq_lens[:2], b.block_table[:2]
     cu, slots = torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([-1, -1, -1])
-    return kernels.plan_attention(table, seq_lens, cu, slots, k_cache, is_decode=True,
+    return paged_kernels.plan_attention(table, seq_lens, cu, slots, k_cache, is_decode=True,
                                   backend="torch")  # fmt: skip
 
 
@@ -209,18 +212,18 @@ def test_plan_step_rejects_bad_metadata_values() -> None:
     a slot past the cache, a page outside it."""
     step = make_step("decode-batch", torch.float32)
     b = step.batch
-    table = kernels.rotary_cache(64, HEAD_DIM, THETA)
+    table = paged_kernels.rotary_cache(64, HEAD_DIM, THETA)
     with pytest.raises(ValueError, match="positions must lie in"):
-        kernels.plan_rotary(step.positions + 64, table, "half", backend="torch")
+        paged_kernels.plan_rotary(step.positions + 64, table, "half", backend="torch")
     with pytest.raises(ValueError, match="cache capacity"):
-        kernels.plan_attention(
+        paged_kernels.plan_attention(
             b.block_table, b.seq_lens, b.cu_seqlens_q, step.slots + 10_000, step.k_caches[0],
             is_decode=True, backend="torch",
         )  # fmt: skip
     bad_table = b.block_table.clone()
     bad_table[0, 0] = 999
     with pytest.raises(ValueError, match="outside the cache"):
-        kernels.plan_attention(
+        paged_kernels.plan_attention(
             bad_table, b.seq_lens, b.cu_seqlens_q, step.slots, step.k_caches[0],
             is_decode=True, backend="torch",
         )  # fmt: skip
@@ -231,7 +234,7 @@ def test_serial_decode_restores_the_thread_count() -> None:
     when the attention raises."""
     step = make_step("decode-batch", torch.float32)
     ops = step_ops(step, "interleaved", "torch", torch.float32)
-    assert isinstance(ops, kernels.step_ops.TorchStepOps) and ops.serial_decode
+    assert isinstance(ops, paged_kernels.step_ops.TorchStepOps) and ops.serial_decode
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

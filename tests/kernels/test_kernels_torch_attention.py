@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import naive
+import paged_kernels
+from paged_kernels import naive
 
 from .kernels_cases import (
     ATTENTION_TOL,
@@ -102,7 +102,7 @@ TORCH_CASES = [  # (group, head_dim, dtype): every group in fp32, every dtype at
 def test_torch_decode_matches_naive(lens: list[int], config: tuple[int, int, torch.dtype]) -> None:
     group, head_dim, dtype = config
     batch = decode_batch(lens, group, head_dim, dtype)
-    out = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+    out = run_decode(paged_kernels.paged_decode_attention, batch, backend="torch")
     assert out.shape == batch.q.shape and out.dtype == dtype
     assert_close(out, run_decode(naive.paged_decode_attention, batch), ATTENTION_TOL[dtype])
 
@@ -112,7 +112,7 @@ def test_torch_decode_ragged_batch_takes_both_strategies() -> None:
     batch goes sequence by sequence."""
     for lens in ([40, 45, 33], [48, 48, 48], [300, 1, 2, 1, 3]):
         batch = decode_batch(lens, 3, 64, torch.float32)
-        out = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+        out = run_decode(paged_kernels.paged_decode_attention, batch, backend="torch")
         assert_close(out, dense_expected(batch), ATTENTION_TOL[torch.float32])
 
 
@@ -121,10 +121,10 @@ def test_torch_decode_works_in_and_out_of_inference_mode() -> None:
     break a later call outside it (or the other way round)."""
     batch = decode_batch([63, 40], 3, 64, torch.float32)
     with torch.inference_mode():
-        inside = run_decode(kernels.paged_decode_attention, batch, backend="torch")
-    outside = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+        inside = run_decode(paged_kernels.paged_decode_attention, batch, backend="torch")
+    outside = run_decode(paged_kernels.paged_decode_attention, batch, backend="torch")
     with torch.inference_mode():
-        again = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+        again = run_decode(paged_kernels.paged_decode_attention, batch, backend="torch")
     expected = run_decode(naive.paged_decode_attention, batch)
     for out in (inside, outside, again):
         assert_close(out, expected, ATTENTION_TOL[torch.float32])
@@ -139,14 +139,14 @@ def test_torch_prefill_matches_naive(
     lens, n_new = case
     batch = make_paged_batch(lens, n_new, NUM_KV_HEADS * group, NUM_KV_HEADS, head_dim,
                              PAGE_SIZE, dtype)
-    out = run_prefill(kernels.paged_prefill_attention, batch, backend="torch")
+    out = run_prefill(paged_kernels.paged_prefill_attention, batch, backend="torch")
     assert out.shape == batch.q.shape and out.dtype == dtype
     assert_close(out, run_prefill(naive.paged_prefill_attention, batch), ATTENTION_TOL[dtype])
 
 
 def test_decode_sequence_of_length_zero_gives_zeros() -> None:
     batch = decode_batch([5, 0, 9], 3, 64, torch.float32)
-    out = run_decode(kernels.paged_decode_attention, batch, backend="torch")
+    out = run_decode(paged_kernels.paged_decode_attention, batch, backend="torch")
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     for b in (0, 2):
         expected = dense_causal_attention(batch.q[b : b + 1], batch.dense_k[b], batch.dense_v[b],
@@ -156,14 +156,14 @@ def test_decode_sequence_of_length_zero_gives_zeros() -> None:
 
 def test_default_backend_on_cpu_is_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    real = kernels.torch_attention.paged_decode_attention
+    real = paged_kernels.torch_attention.paged_decode_attention
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append("torch")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(kernels.torch_attention, "paged_decode_attention", spy)
-    run_decode(kernels.paged_decode_attention, decode_batch([4], 1, 64, torch.float32))
+    monkeypatch.setattr(paged_kernels.torch_attention, "paged_decode_attention", spy)
+    run_decode(paged_kernels.paged_decode_attention, decode_batch([4], 1, 64, torch.float32))
     assert calls == ["torch"]
 
 
@@ -171,33 +171,35 @@ def test_bad_inputs_give_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     batch = decode_batch([20, 3], 3, 64, torch.float32)
     args = (batch.k_cache, batch.v_cache, batch.block_table, batch.seq_lens, batch.scale)
     with pytest.raises(ValueError, match="multiple of KV heads"):
-        kernels.paged_decode_attention(batch.q[:, :5], *args)
+        paged_kernels.paged_decode_attention(batch.q[:, :5], *args)
     with pytest.raises(TypeError, match="the KV cache torch.float32"):
-        kernels.paged_decode_attention(batch.q.half(), *args)
+        paged_kernels.paged_decode_attention(batch.q.half(), *args)
     with pytest.raises(TypeError, match="block_table must have dtype"):
-        kernels.paged_decode_attention(batch.q, batch.k_cache, batch.v_cache,
+        paged_kernels.paged_decode_attention(batch.q, batch.k_cache, batch.v_cache,
                                        batch.block_table.long(), batch.seq_lens, batch.scale)
     with pytest.raises(ValueError, match="exceeds block_table capacity"):
-        kernels.paged_decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_table,
-                                       batch.seq_lens * 10, batch.scale)
+        paged_kernels.paged_decode_attention(batch.q, batch.k_cache, batch.v_cache,
+                                             batch.block_table, batch.seq_lens * 10, batch.scale)
     with pytest.raises(ValueError, match="power of two"):
         bad = batch.k_cache.reshape(-1, 12, NUM_KV_HEADS, 64)
-        kernels.paged_decode_attention(batch.q, bad, bad, batch.block_table, batch.seq_lens, 1.0)
+        paged_kernels.paged_decode_attention(batch.q, bad, bad, batch.block_table,
+                                             batch.seq_lens, 1.0)
     with pytest.raises(ValueError, match="backend must be one of"):
-        kernels.paged_decode_attention(batch.q, *args, backend="cuda")
+        paged_kernels.paged_decode_attention(batch.q, *args, backend="cuda")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="needs CUDA tensors"):
-        kernels.paged_decode_attention(batch.q, *args, backend="triton")
+        paged_kernels.paged_decode_attention(batch.q, *args, backend="triton")
 
 
 def test_prefill_rejects_inconsistent_cu_seqlens() -> None:
     batch = make_paged_batch([10, 4], [10, 4], 6, 2, 64, PAGE_SIZE, torch.float32)
     bad_cu = torch.tensor([0, 12, 14], dtype=torch.int32)  # 12 new tokens but seq_len 10
     with pytest.raises(ValueError, match="new tokens but seq_len"):
-        kernels.paged_prefill_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_table,
-                                        bad_cu, batch.seq_lens, batch.scale)
+        paged_kernels.paged_prefill_attention(batch.q, batch.k_cache, batch.v_cache,
+                                              batch.block_table, bad_cu, batch.seq_lens,
+                                              batch.scale)
     with pytest.raises(ValueError, match="end at T"):
-        kernels.paged_prefill_attention(batch.q[:5], batch.k_cache, batch.v_cache,
+        paged_kernels.paged_prefill_attention(batch.q[:5], batch.k_cache, batch.v_cache,
                                         batch.block_table, batch.cu_seqlens_q, batch.seq_lens,
                                         batch.scale)
 
@@ -218,7 +220,7 @@ def top_level_imports(path: Path) -> set[str]:
 
 def test_triton_is_imported_only_by_the_triton_modules() -> None:
     """Triton loads on first use, so TRITON_INTERPRET set later still takes effect."""
-    package = Path(kernels.__file__).parent
+    package = Path(paged_kernels.__file__).parent
     for path in package.glob("*.py"):
         if path.name.startswith("triton_"):
             continue

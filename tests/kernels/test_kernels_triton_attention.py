@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-import kernels
-from kernels import naive
-from kernels.backend import triton_interpret_enabled
+import paged_kernels
+from paged_kernels import naive
+from paged_kernels.backend import triton_interpret_enabled
 
 from .kernels_cases import ATTENTION_TOL, PagedBatch, assert_close, make_paged_batch
 
@@ -46,12 +46,12 @@ def batch_for(
                             PAGE_SIZE, dtype, seed=len(lens) + group)
 
 
-def decode(batch: PagedBatch, fn=kernels.paged_decode_attention, **kw) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def decode(batch: PagedBatch, fn=paged_kernels.paged_decode_attention, **kw) -> torch.Tensor:  # type: ignore[no-untyped-def]
     return fn(batch.q, batch.k_cache, batch.v_cache, batch.block_table, batch.seq_lens,
               batch.scale, **kw)
 
 
-def prefill(batch: PagedBatch, fn=kernels.paged_prefill_attention, **kw) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def prefill(batch: PagedBatch, fn=paged_kernels.paged_prefill_attention, **kw) -> torch.Tensor:  # type: ignore[no-untyped-def]
     return fn(batch.q, batch.k_cache, batch.v_cache, batch.block_table, batch.cu_seqlens_q,
               batch.seq_lens, batch.scale, **kw)
 
@@ -85,7 +85,7 @@ def test_triton_decode_head_dims_and_dtypes(config: tuple[int, int, int, torch.d
 @pytest.mark.parametrize("num_splits", [1, 2, 5])
 def test_triton_decode_split_k_merge(num_splits: int) -> None:
     """Any split count (some splits empty for the short sequences) gives the same answer."""
-    from kernels import triton_attention
+    from paged_kernels import triton_attention
 
     batch = batch_for([300, 2, 130], [1, 1, 1], 2, 3, 64, torch.float32)
     out = decode(batch, triton_attention.paged_decode_attention, num_splits=num_splits)

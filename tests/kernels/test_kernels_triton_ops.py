@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import naive
+import paged_kernels
+from paged_kernels import naive
 
 from .kernels_cases import NORM_TOL, ROTARY_TOL, SILU_TOL, assert_close
 
@@ -30,7 +30,7 @@ def test_triton_store_kv_matches_naive(shape: tuple[int, int], dtype: torch.dtyp
     slots = torch.tensor([0, -1, 7, 8, 39, -5, 20, 21, 13], dtype=torch.int64)
     want_k, want_v = k_cache.clone(), v_cache.clone()
     naive.store_kv(k, v, want_k, want_v, slots)
-    kernels.store_kv(k, v, k_cache, v_cache, slots, backend="triton")
+    paged_kernels.store_kv(k, v, k_cache, v_cache, slots, backend="triton")
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
 
 
@@ -39,7 +39,7 @@ def test_triton_store_kv_strided_input() -> None:
     qkv = randn(4, 5, 64)  # [T, Hq + 2 * Hkv, D] with Hq = 3, Hkv = 1
     k, v = qkv[:, 3:4], qkv[:, 4:5]
     k_cache, v_cache = torch.zeros(2, 8, 1, 64), torch.zeros(2, 8, 1, 64)
-    kernels.store_kv(k, v, k_cache, v_cache, torch.tensor([3, 9, -1, 15], dtype=torch.int32),
+    paged_kernels.store_kv(k, v, k_cache, v_cache, torch.tensor([3, 9, -1, 15], dtype=torch.int32),
                      backend="triton")
     assert torch.equal(k_cache[0, 3], k[0]) and torch.equal(v_cache[1, 1], v[1])
     assert torch.equal(k_cache[1, 7], k[3]) and int((k_cache != 0).any(-1).sum()) == 3
@@ -49,7 +49,7 @@ def test_triton_store_kv_strided_input() -> None:
 @pytest.mark.parametrize("hidden", [64, 576, 1000])
 def test_triton_rms_norm_matches_naive(hidden: int, dtype: torch.dtype) -> None:
     x, w = randn(5, hidden, dtype=dtype), randn(hidden, dtype=dtype, seed=1)
-    out = kernels.rms_norm(x, w, 1e-5, backend="triton")
+    out = paged_kernels.rms_norm(x, w, 1e-5, backend="triton")
     assert out.dtype == dtype and out.shape == x.shape
     assert_close(out, naive.rms_norm(x, w, 1e-5), NORM_TOL[dtype])
 
@@ -58,7 +58,7 @@ def test_triton_rms_norm_matches_naive(hidden: int, dtype: torch.dtype) -> None:
 def test_triton_rms_norm_fused_residual(dtype: torch.dtype) -> None:
     x, res = randn(2, 3, 576, dtype=dtype), randn(2, 3, 576, dtype=dtype, seed=1)
     w = randn(576, dtype=dtype, seed=2)
-    normed, new_res = kernels.rms_norm(x, w, 1e-6, residual=res, backend="triton")
+    normed, new_res = paged_kernels.rms_norm(x, w, 1e-6, residual=res, backend="triton")
     assert torch.equal(new_res, x + res)
     assert_close(normed, naive.rms_norm(x + res, w, 1e-6), NORM_TOL[dtype])
 
@@ -69,8 +69,8 @@ def test_triton_rms_norm_fused_residual(dtype: torch.dtype) -> None:
 def test_triton_rotary_matches_naive(head_dim: int, layout: str, dtype: torch.dtype) -> None:
     q, k = randn(4, 3, head_dim, dtype=dtype), randn(4, 1, head_dim, dtype=dtype, seed=1)
     positions = torch.tensor([0, 15, 63, 300])
-    cache = kernels.rotary_cache(512, head_dim, 10000.0)
-    q_rot, k_rot = kernels.rotary(q, k, positions, cache, layout=layout, backend="triton")
+    cache = paged_kernels.rotary_cache(512, head_dim, 10000.0)
+    q_rot, k_rot = paged_kernels.rotary(q, k, positions, cache, layout=layout, backend="triton")
     want_q, want_k = naive.rotary(q, k, positions, head_dim, 10000.0, layout)
     assert q_rot.dtype == dtype and k_rot.shape == k.shape
     assert_close(q_rot, want_q, ROTARY_TOL[dtype])
@@ -81,7 +81,7 @@ def test_triton_rotary_matches_naive(head_dim: int, layout: str, dtype: torch.dt
 @pytest.mark.parametrize("shape", [(1, 2), (3, 3072), (2, 3, 300)], ids=str)
 def test_triton_silu_and_mul_matches_naive(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     x = randn(*shape, dtype=dtype) * 4  # reaches the saturated ends of the sigmoid
-    out = kernels.silu_and_mul(x, backend="triton")
+    out = paged_kernels.silu_and_mul(x, backend="triton")
     assert out.shape == (*shape[:-1], shape[-1] // 2) and out.dtype == dtype
     assert_close(out, naive.silu_and_mul(x), SILU_TOL[dtype])
 
@@ -96,8 +96,8 @@ def test_triton_ops_over_several_row_blocks(tokens: int) -> None:
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     v = qkv[:, (heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)
     positions = torch.arange(5, 5 + tokens)
-    cache = kernels.rotary_cache(128, head_dim, 10000.0)
-    q_rot, k_rot = kernels.rotary(q, k, positions, cache, layout="half", backend="triton")
+    cache = paged_kernels.rotary_cache(128, head_dim, 10000.0)
+    q_rot, k_rot = paged_kernels.rotary(q, k, positions, cache, layout="half", backend="triton")
     want_q, want_k = naive.rotary(q, k, positions, head_dim, 10000.0, "half")
     assert_close(q_rot, want_q, ROTARY_TOL[torch.float32])
     assert_close(k_rot, want_k, ROTARY_TOL[torch.float32])
@@ -108,17 +108,17 @@ def test_triton_ops_over_several_row_blocks(tokens: int) -> None:
     v_cache = torch.zeros_like(k_cache)
     want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
     naive.store_kv(k, v, want_k_cache, want_v_cache, slots)
-    kernels.store_kv(k, v, k_cache, v_cache, slots, backend="triton")
+    paged_kernels.store_kv(k, v, k_cache, v_cache, slots, backend="triton")
     assert torch.equal(k_cache, want_k_cache) and torch.equal(v_cache, want_v_cache)
 
     x, res, w = randn(tokens, 64, seed=2), randn(tokens, 64, seed=3), randn(64, seed=4)
-    normed, summed = kernels.rms_norm(x, w, 1e-5, residual=res, backend="triton")
+    normed, summed = paged_kernels.rms_norm(x, w, 1e-5, residual=res, backend="triton")
     assert torch.equal(summed, x + res)
     assert_close(normed, naive.rms_norm(x + res, w, 1e-5), NORM_TOL[torch.float32])
 
     gate_up = randn(tokens, 2 * 96, seed=5)
     assert_close(
-        kernels.silu_and_mul(gate_up, backend="triton"),
+        paged_kernels.silu_and_mul(gate_up, backend="triton"),
         naive.silu_and_mul(gate_up),
         SILU_TOL[torch.float32],
     )

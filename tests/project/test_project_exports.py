@@ -27,7 +27,7 @@ EXPORTS: dict[str, set[str]] = {
         "CacheStats", "Handle", "InsertResult", "MatchResult", "PackedTokens", "RadixCache",
         "pack_tokens",
     },
-    "kernels": {
+    "paged_kernels": {
         "BACKENDS", "AttentionPlan", "Backend", "RotaryPlan", "paged_decode_attention",
         "paged_prefill_attention", "plan_attention", "plan_rotary", "resolve_backend",
         "rms_norm", "rotary", "rotary_cache", "silu_and_mul", "store_kv",

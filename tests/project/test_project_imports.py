@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "prompt_lint", "radix_cache", "engine", "kernels")
+PACKAGES = ("gateway", "prompt_lint", "radix_cache", "engine", "paged_kernels")
 
 
 class Import(NamedTuple):
@@ -185,12 +185,12 @@ def _private_attributes(module: str, path: Path, known: set[str]) -> list[str]:
 
 
 def test_private_name_finder_sees_both_forms(tmp_path: Path) -> None:
-    source = "import engine.model as m\nfrom kernels.checks import _plan\nx = m._cache\n"
+    source = "import engine.model as m\nfrom paged_kernels.checks import _plan\nx = m._cache\n"
     path = tmp_path / "probe.py"
     path.write_text(source)
-    known = {"engine.model", "kernels.checks"}
+    known = {"engine.model", "paged_kernels.checks"}
     imported = imports_of("gateway.probe", path, known)
-    assert Import("kernels.checks", "_plan", 2) in imported
+    assert Import("paged_kernels.checks", "_plan", 2) in imported
     assert _private_attributes("gateway.probe", path, known) == [
         "gateway.probe:3 uses engine.model._cache"]
 

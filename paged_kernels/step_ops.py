@@ -2,8 +2,8 @@
 
 A decoder layer runs a handful of small ops per step: RMSNorm with its residual add, rotary on
 the Q/K rows of the fused QKV projection, the KV store, attention, SiLU-and-mul. The public ops
-of ``kernels`` check every input on every call; at one token per step in a 30-layer model those
-checks and the dispatch around them cost about as much as the ops themselves. ``plan_step``
+of ``paged_kernels`` check every input on every call; at one token per step in a 30-layer model
+those checks and the dispatch around them cost about as much as the ops themselves. ``plan_step``
 checks one step once: its metadata values (an ``AttentionPlan``), its positions (a
 ``RotaryPlan``), every layer's KV cache and the layer geometry. The ``StepOps`` it returns runs
 the ops of every layer without checking again.
@@ -13,7 +13,7 @@ fused projection [T, (Hq + 2 Hkv) * D], row-contiguous, in the step's dtype and 
 and owned by the caller (the torch path rotates its Q/K part in place); ``k_cache`` /
 ``v_cache`` are caches that ``plan_step`` checked; norm weights are [hidden] vectors of the
 model. Nothing is validated per call: bad shapes fail inside torch or Triton, not with a
-``kernels`` message.
+``paged_kernels`` message.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ copy itself. Decode folds GQA into the query axis (the G query heads that share 
 are G query rows of one problem), so K/V are never repeated.
 
 Decode derives a read plan (lengths, page ids, mask) from the block table; the engine builds
-it once per step (``kernels.plan_attention``) and every layer reuses it. A sequence whose pages
-are consecutive is read as a view of the cache, without a gather. On CPU in float32 a sequence
+it once per step (``paged_kernels.plan_attention``) and every layer reuses it. A sequence whose
+pages are consecutive is read as a view of the cache, without a gather. On CPU in float32 a sequence
 read on its own is two small ``bmm``s: cheaper at one query token than SDPA.
 
 On CPU in float32 a decode batch of several sequences is gathered padded to its longest

@@ -51,7 +51,7 @@ def store_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Triton KV store; see ``kernels.store_kv``."""
+    """Triton KV store; see ``paged_kernels.store_kv``."""
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and slot_mapping.is_contiguous()
     assert k.stride(-1) == 1 and v.stride(-1) == 1
     num_tokens, num_heads, head_dim = k.shape
@@ -92,7 +92,7 @@ def _rms_norm_kernel(
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Triton RMSNorm; see ``kernels.rms_norm``."""
+    """Triton RMSNorm; see ``paged_kernels.rms_norm``."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden).contiguous()  # [rows, H]
     out = torch.empty_like(x2)
@@ -183,7 +183,7 @@ def rotary(
     cos_sin_cache: torch.Tensor,
     layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton rotary embedding; see ``kernels.rotary``. q and k in one launch."""
+    """Triton rotary embedding; see ``paged_kernels.rotary``. q and k in one launch."""
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     positions = positions.contiguous()
     q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -226,7 +226,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, width, num_rows, BLOCK_R: tl.constexpr,
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """Triton SiLU-and-mul; see ``kernels.silu_and_mul``."""
+    """Triton SiLU-and-mul; see ``paged_kernels.silu_and_mul``."""
     width = x.shape[-1] // 2
     x2 = x.reshape(-1, 2 * width).contiguous()  # [rows, 2F]
     rows = x2.shape[0]

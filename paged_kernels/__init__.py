@@ -34,7 +34,7 @@ layer's caches, the layer geometry) and returns a ``StepOps`` whose per-layer op
 
     plan_step(attention_plan, rotary_plan, k_caches, v_caches, geometry, dtype) -> StepOps
 
-``kernels.naive`` holds the slow, obviously-correct references the tests compare against.
+``paged_kernels.naive`` holds the slow, obviously-correct references the tests compare against.
 """
 
 from .attention import paged_decode_attention, paged_prefill_attention, store_kv

@@ -1,6 +1,6 @@
 """Triton paged attention: split-K decode with GQA and causal prefill over cached pages.
 
-Imported lazily by ``kernels.attention`` (so ``TRITON_INTERPRET=1`` set before first use runs
+Imported lazily by ``paged_kernels.attention`` (so ``TRITON_INTERPRET=1`` set before first use runs
 these kernels on CPU tensors). Inputs are checked by the public wrappers; the launch helpers
 here only assert the layout facts the kernels rely on.
 
@@ -241,7 +241,7 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Triton decode attention; see ``kernels.paged_decode_attention`` for the contract.
+    """Triton decode attention; see ``paged_kernels.paged_decode_attention`` for the contract.
 
     ``num_splits`` overrides the split-K plan (tests use it to force several splits).
     """
@@ -302,7 +302,7 @@ def paged_prefill_attention(
     scale: float,
     max_new_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Triton prefill/extend attention; see ``kernels.paged_prefill_attention``.
+    """Triton prefill/extend attention; see ``paged_kernels.paged_prefill_attention``.
 
     ``max_new_tokens``: the longest chunk, known on the host (sizes the grid without reading
     cu_seqlens_q back from the device); None derives it.

@@ -83,9 +83,9 @@ def plan_attention(
 ) -> AttentionPlan:
     """Check one step's attention metadata against a cache like ``k_cache`` and plan its reads.
 
-    Shapes: see ``kernels.paged_prefill_attention`` and ``kernels.store_kv``; T (new tokens) is
-    ``slot_mapping.shape[0]``. Values are checked on CPU (on CUDA nothing is read back, so a
-    plan never syncs with the device). ``max_new_tokens``: the longest chunk, when the caller
+    Shapes: see ``paged_kernels.paged_prefill_attention`` and ``paged_kernels.store_kv``; T (new
+    tokens) is ``slot_mapping.shape[0]``. Values are checked on CPU (on CUDA nothing is read back,
+    so a plan never syncs with the device). ``max_new_tokens``: the longest chunk, when the caller
     knows it on the host; otherwise derived on CPU, bounded by T on CUDA. ``is_decode``: the
     step runs ``paged_decode_attention`` (the torch path then plans its decode reads).
     """
