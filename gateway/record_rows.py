@@ -84,8 +84,10 @@ def _clean_float(value: object, nullable: bool) -> float | None:
 
 
 def _clean_datetime(value: object) -> datetime:
+    """`value` as an aware UTC datetime (naive: UTC). SQLite stores a datetime's fields and
+    drops its offset, and every window compares and buckets those fields as UTC."""
     if isinstance(value, datetime):
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
     if isinstance(value, str):
         try:
             return _clean_datetime(datetime.fromisoformat(value))

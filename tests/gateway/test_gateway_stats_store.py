@@ -165,3 +165,27 @@ async def test_gateway_records_into_postgres(postgres_url: str, tmp_path: Path):
     rows = read_back(postgres_url)
     assert len(rows) == before + 2
     assert {r.request_id for r in backend.seen} <= {r.request_id for r in rows}
+
+
+def test_a_timestamp_with_an_offset_is_stored_at_its_instant(tmp_path: Path) -> None:
+    """SQLite keeps a datetime's fields and drops its offset: a record stamped 11:00+02:00
+    (09:00 UTC) was counted as 11:00 UTC, outside a window ending at 09:30 UTC, and one stamped
+    10:00+02:00 (08:00 UTC) inside one starting at 08:30."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from gateway.api_stats import compute_stats
+
+    store = RecordStore(f"sqlite:///{tmp_path / 's.db'}", flush_interval_s=0.02)
+    plus2 = timezone(timedelta(hours=2))
+    try:
+        for hour in (10, 11):
+            row = record(hour)
+            row.ts = datetime(2026, 3, 9, hour, 0, tzinfo=plus2)
+            store.add(row)
+        store.flush()
+        stats = compute_stats(store.engine, window_s=3600, bucket_s=3600,
+                              now=datetime(2026, 3, 9, 9, 30, tzinfo=UTC))
+        assert stats["totals"]["requests"] == 1
+        assert [p["t"] for p in stats["series"]] == ["2026-03-09T09:00:00+00:00"]
+    finally:
+        store.close()
