@@ -18,6 +18,7 @@ for a `MARK` the client sent itself and i + 1 for the i-th control token's text.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,19 +42,23 @@ class SpecialText:
 
     def mask(self, value: Any) -> Any:
         """`value` (a message, a tool: JSON-like) with control-token text (and `MARK`) in
-        every string and key replaced by markers; values without any come back as they are."""
+        every string and key replaced by markers; a value without any comes back itself, not
+        a copy (every request's whole conversation passes through here)."""
         if isinstance(value, str):
             return self._mask_text(value)
         if isinstance(value, dict):
-            return {self._mask_text(k) if isinstance(k, str) else k: self.mask(v)
-                    for k, v in value.items()}
+            items = [(self.mask(k), self.mask(v)) for k, v in value.items()]
+            same = all(k is k0 and v is v0
+                       for (k, v), (k0, v0) in zip(items, value.items(), strict=True))
+            return value if same else dict(items)  # the usual case: no copy
         if isinstance(value, list | tuple):
-            return [self.mask(v) for v in value]
+            masked = [self.mask(v) for v in value]
+            return value if all(map(operator.is_, masked, value)) else masked
         return value
 
     def mask_all(self, values: Sequence[Any] | None) -> list[Any] | None:
         """`mask` of each of `values` (None stays None)."""
-        return None if values is None else [self.mask(v) for v in values]
+        return None if values is None else list(self.mask(list(values)))
 
     def _mask_text(self, text: str) -> str:
         if self._in_client.search(text) is None:
