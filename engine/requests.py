@@ -77,7 +77,8 @@ class SequenceFactory:
         if params.seed is not None:
             generator = torch.Generator(device=lim.device).manual_seed(params.seed)
         detok = IncrementalDetokenizer(
-            self.tokenizer.token_bytes, params.stop, params.include_stop_str_in_output
+            self.tokenizer.token_bytes, params.stop, params.include_stop_str_in_output,
+            free_text_until=params.stop_in_text_before,
         )
         spec = params.constraint
         grammar = self.grammar.new_state(spec) if spec is not None else None

@@ -30,6 +30,10 @@ class SamplingParams:
         kept as pairs in id order (`biases`). Ids are checked against the vocabulary when the
         engine builds the sequence (InvalidRequest, field "logit_bias").
     include_stop_str_in_output: keep the matched stop string in the text.
+    stop_in_text_before: where free text ends and grammar-shaped output begins, so that stop
+        strings never cut a tool call or a JSON document the grammar guarantees whole: stop
+        strings are matched only in the text before the first occurrence of this marker (None:
+        everywhere; "": nowhere, the whole output is shaped).
     speculative: False turns the engine's speculative decoding off for this request (the
         output is the same either way at temperature 0; only speed differs).
     json_schema / regex / grammar: constrain the output (at most one of them): a JSON schema
@@ -51,6 +55,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
+    stop_in_text_before: str | None = None
     speculative: bool = True
     json_schema: str | Mapping[str, Any] | None = None
     regex: str | None = None

@@ -29,6 +29,7 @@ from engine import (
     StreamDelta,
 )
 from engine.tokenizer import Tokenizer
+from gateway import tool_calls
 from gateway.config import GatewayConfig
 from gateway.tool_stream import ToolCallStream
 from gateway.types import BackendError, ChatRequest, Final, TextDelta, TokenCount, Usage
@@ -121,6 +122,7 @@ class EmbeddedBackend:
                 top_k=o.top_k or 0,
                 seed=None if o.seed is None else o.seed % (2**63),
                 stop=o.stop,
+                stop_in_text_before=_free_text_until(req),
                 presence_penalty=o.presence_penalty,
                 frequency_penalty=o.frequency_penalty,
                 logit_bias=o.logit_bias,
@@ -220,6 +222,15 @@ def _early_usage(prompt_tokens: int, delta: StreamDelta) -> Usage:
     cached = delta.output.cached_tokens if delta.output is not None else delta.cached_tokens
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=cached,
                  prefill_saved_ms=delta.prefill_saved_ms)
+
+
+def _free_text_until(req: ChatRequest) -> str | None:
+    """Where stop strings stop applying: a forced call or a JSON document is grammar-shaped from
+    its first token (""), an optional call from its opening tag on; None when nothing is."""
+    c = req.constraint
+    if c is None:
+        return None
+    return "" if c.tool_calls_required or c.json_document else tool_calls.OPEN
 
 
 def _prompt_param(req: ChatRequest) -> str:

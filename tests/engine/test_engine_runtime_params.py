@@ -136,6 +136,44 @@ def test_stop_string_names_the_match_and_stays_none_without_one() -> None:
     assert not free.stopped and free.stop_string is None
 
 
+CALL = '<tool_call>\n{"name": "f", "arguments": {"q": "a\\nb"}}\n</tool_call>'
+
+
+def test_stop_strings_end_free_text_but_never_cut_the_shaped_output_after_it() -> None:
+    # the same stop strings, with and without the marker of where free text ends
+    cut = IncrementalDetokenizer(byte_pieces, stop=('"', "\n"))
+    stream_text(cut, f"Sure{CALL}".encode())
+    assert (cut.text, cut.stop_string) == ("Sure<tool_call>", "\n")  # the call is cut open
+    kept = IncrementalDetokenizer(byte_pieces, stop=('"', "\n"), free_text_until="<tool_call>")
+    deltas = stream_text(kept, f"Sure{CALL}".encode())
+    assert not kept.stopped and kept.text == f"Sure{CALL}" == "".join(deltas)
+    # a stop string in the free text before the call still ends the answer there
+    early = IncrementalDetokenizer(byte_pieces, stop=("\n",), free_text_until="<tool_call>")
+    stream_text(early, f"One.\nTwo.{CALL}".encode())
+    assert (early.text, early.stop_string) == ("One.", "\n")
+    # a match must end before the marker: one that runs into it is not a stop, though the
+    # marker is not whole yet when the match is (nothing past the match streams meanwhile)
+    for stop in ("e<tool", "<"):
+        overlap = IncrementalDetokenizer(byte_pieces, stop=(stop,), free_text_until="<tool_call>")
+        deltas = stream_text(overlap, f"Sure{CALL}".encode())
+        assert not overlap.stopped and "".join(deltas) == f"Sure{CALL}"
+    # ... and when what followed was not the marker after all, the match stops the text
+    almost = IncrementalDetokenizer(byte_pieces, stop=("<",), free_text_until="<tool_call>")
+    deltas = stream_text(almost, b"a<toolbox> b")
+    assert (almost.text, "".join(deltas)) == ("a", "a")
+    assert not any("<" in d for d in deltas)
+    ended = IncrementalDetokenizer(byte_pieces, stop=("<",), free_text_until="<tool_call>")
+    assert "".join(stream_text(ended, b"a<tool")) == "a" == ended.text  # ended still open
+
+
+def test_no_stop_string_applies_to_output_shaped_from_its_first_token() -> None:
+    whole = IncrementalDetokenizer(byte_pieces, stop=('"', "}"), free_text_until="")
+    deltas = stream_text(whole, CALL.encode())
+    assert not whole.stopped and "".join(deltas) == CALL
+    # nothing is held back waiting for a stop string that can no longer match
+    assert all(d for d in deltas[:-1])
+
+
 def test_incomplete_bytes_at_the_end_become_a_replacement_char() -> None:
     detok = IncrementalDetokenizer(byte_pieces)
     deltas = stream_text(detok, "a€".encode()[:-1])

@@ -167,6 +167,45 @@ async def test_anthropic_any_tool_use_always_validates(make_real_app):
     assert len(replies) == 20
 
 
+async def test_stop_strings_never_cut_a_forced_call_or_a_document(make_real_app):
+    """Stop strings that every call's and document's JSON contains ('"', "}") ended the answer
+    inside it: the forced call came back as no call at all, the document as broken JSON. They
+    end free text only; a grammar-shaped output always comes back whole."""
+    app = make_real_app()
+    fmt = {"type": "json_schema",
+           "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    with serve(app) as server:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        claude = anthropic.AsyncAnthropic(base_url=server.url, api_key="none", max_retries=0)
+        extra = {"cache_salt": salt()}
+        calls = [client.chat.completions.create(
+            model=MODEL, messages=messages(p), tools=OPENAI_TOOLS, tool_choice="required",
+            stop=['"', "}"], max_tokens=48, temperature=0, extra_body=extra)
+            for p in PROMPTS[:3]]
+        docs = [client.chat.completions.create(
+            model=MODEL, messages=messages(f"Describe a person related to: {p}"),
+            response_format=fmt, stop=['"'], max_tokens=40, temperature=0, extra_body=extra)
+            for p in PROMPTS[:3]]
+        uses = [claude.messages.create(
+            model=MODEL, system=SYSTEM, messages=[{"role": "user", "content": p}],
+            tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, stop_sequences=['"'],
+            max_tokens=48, extra_body={**extra, "temperature": 0})
+            for p in PROMPTS[:3]]
+        replies = await asyncio.gather(*calls, *docs, *uses)
+        await client.close()
+        await claude.close()
+    for reply in replies[:3]:
+        assert reply.choices[0].finish_reason == "tool_calls"
+        check_openai_calls(reply.choices[0].message)
+    for reply in replies[3:6]:
+        assert reply.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+    for reply in replies[6:]:
+        assert reply.stop_reason == "tool_use" and reply.stop_sequence is None
+        for use in (b for b in reply.content if b.type == "tool_use"):
+            jsonschema.validate(use.input, SCHEMAS[use.name])
+
+
 def test_streamed_tool_calls_reassemble_to_the_same_calls(make_real_app):
     app = make_real_app()
     prompt, extra = "What's the weather in Paris?", {"cache_salt": salt()}
