@@ -55,7 +55,8 @@ ABORTED = frozenset({"abort", "error"})
 
 
 # what vLLM's `/tokenize` takes of a chat body to render the prompt its chat path would
-_VLLM_TOKENIZE_FIELDS = ("model", "messages", "tools", "chat_template", "chat_template_kwargs")
+_VLLM_TOKENIZE_FIELDS = ("model", "messages", "tools", "chat_template", "chat_template_kwargs",
+                         "add_generation_prompt", "continue_final_message")
 PREFILL_EWMA = 0.2  # weight of the newest sample in a replica's prefill rate
 
 
@@ -155,8 +156,27 @@ def _uncarried(block: Any) -> str | None:
     return None
 
 
-def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) for the upstream: `/chat/completions` or `/completions`."""
+def _continuation(req: ChatRequest, options: UpstreamOptions,
+                  server: str | None) -> dict[str, Any]:
+    """An Anthropic client's prefill (a final assistant message) is the start of the answer:
+    vLLM and SGLang continue it when asked (`continue_final_message`, no generation prompt),
+    llama.cpp's server does by itself; api.openai.com has no way to, so a 400 there rather than
+    an answer in a new turn. Other servers get the messages as sent."""
+    if not (req.messages and req.messages[-1].get("role") == "assistant"):
+        return {}
+    if server in ("vllm", "sglang"):
+        return {"continue_final_message": True, "add_generation_prompt": False}
+    if _is_openai(options.url):
+        raise BackendError(400, "a final assistant message (a prefill) is not supported by an "
+                           "api.openai.com upstream: it cannot continue a message",
+                           kind="invalid_request_error", param="messages")
+    return {}
+
+
+def build_body(req: ChatRequest, options: UpstreamOptions,
+               server: str | None = None) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) for the upstream: `/chat/completions` or `/completions`; `server` is
+    the replica's kind where known (vllm, sglang, llamacpp)."""
     path = "/completions" if req.prompt is not None else "/chat/completions"
     if req.provider == "openai":
         body = dict(req.body)
@@ -166,7 +186,8 @@ def build_body(req: ChatRequest, options: UpstreamOptions) -> tuple[str, dict[st
     else:
         uncarried_media(req.body)
         body = {"model": req.model, "messages": list(req.messages),
-                **_sampling_fields(req, options), **_anthropic_fields(req.body)}
+                **_sampling_fields(req, options), **_anthropic_fields(req.body),
+                **_continuation(req, options, server)}
         if req.tools:
             body["tools"] = list(req.tools)
     body["stream"] = req.stream
@@ -212,7 +233,8 @@ class OpenAIUpstream(UpstreamBackend):
         llama.cpp (`POST /apply-template` renders the chat body, `POST /tokenize` counts the
         prompt as its chat path does) and vLLM (`POST /tokenize` with the messages and tools);
         None for other servers, or when the server does not answer with a count."""
-        _, body = build_body(dataclasses.replace(req, stream=False), self.options)
+        _, body = build_body(dataclasses.replace(req, stream=False), self.options,
+                             self.server_kind)
         root = api_root(self.options.url)
         try:
             if self.server_kind == "llamacpp":
@@ -227,7 +249,7 @@ class OpenAIUpstream(UpstreamBackend):
             if self.server_kind == "vllm":
                 fields = {k: body[k] for k in _VLLM_TOKENIZE_FIELDS if k in body}
                 answer = await self._post_json(root + "/tokenize",
-                                               {**fields, "add_generation_prompt": True})
+                                               {"add_generation_prompt": True, **fields})
                 count = answer.get("count") if isinstance(answer, dict) else None
                 return count if isinstance(count, int) and count >= 0 else None
         except BackendError:
@@ -246,7 +268,7 @@ class OpenAIUpstream(UpstreamBackend):
         return _wants_cache_key(self.options)
 
     def _request(self, req: ChatRequest) -> httpx.Request:
-        path, body = build_body(req, self.options)
+        path, body = build_body(req, self.options, self.server_kind)
         return self._post(self._posts[path], dumps_body(body))
 
     async def _read_stream(

@@ -184,6 +184,44 @@ async def test_anthropic_top_k_on_openai_upstreams(tmp_path: Path) -> None:
     await openai_pool.aclose()
 
 
+async def test_an_anthropic_prefill_is_continued_by_servers_that_can(tmp_path: Path) -> None:
+    """An Anthropic client's final assistant message is the start of the answer. vLLM and
+    SGLang answered it in a new assistant turn (the body asked for a generation prompt after
+    it); they are now asked to continue it. A server of unknown kind gets the messages as sent;
+    api.openai.com cannot continue a message, so there it is a 400, before anything is sent."""
+    prefill = [{"role": "user", "content": "Name a colour."},
+               {"role": "assistant", "content": "The colour is"}]
+    for kind, continued in (("vllm", True), ("sglang", True), ("openai", False)):
+        [replica] = fake_replicas(1, server="vllm" if kind == "openai" else kind)
+        pool = pool_over([replica], kind=kind)
+        app = gateway_app(tmp_path / kind, pool)
+        claude = anthropic_sdk(app)
+        await claude.messages.create(model="m", max_tokens=8, messages=prefill)
+        plain = [{"role": "user", "content": "Name a colour."}]
+        await claude.messages.create(model="m", max_tokens=8, messages=plain)
+        first, second = replica.state.replica.config.bodies
+        assert first["messages"][-1] == {"role": "assistant", "content": "The colour is"}
+        flags = {k: first[k] for k in ("continue_final_message", "add_generation_prompt")
+                 if k in first}
+        assert flags == ({"continue_final_message": True, "add_generation_prompt": False}
+                         if continued else {}), kind
+        assert "continue_final_message" not in second and "add_generation_prompt" not in second
+        app.state.store.close()
+        await pool.aclose()
+    sent: list[Any] = []
+    openai_pool = pool_over_handler(lambda request: sent.append(request) or httpx.Response(500),
+                                    url="https://api.openai.com/v1")
+    app = gateway_app(tmp_path / "api", openai_pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json={"model": "m", "max_tokens": 8,
+                                                    "messages": prefill})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "prefill" in r.json()["error"]["message"] and not sent
+    app.state.store.close()
+    await openai_pool.aclose()
+
+
 async def test_anthropic_output_format_and_thinking_on_an_openai_upstream(tmp_path: Path) -> None:
     """An Anthropic client's output_config.format becomes OpenAI's response_format
     json_schema; extended thinking has no OpenAI field, so it is a 400 naming it."""
