@@ -13,7 +13,8 @@ write took 0.62-0.95 ms off the gateway's p50). A stream's head goes out at once
 HTTP/1.1 as uvicorn serves it: keep-alive (closed after `timeout_keep_alive` idle seconds;
 where uvicorn waits forever, a connection that sends no whole request head within that time of
 connecting, or of its head's first byte, is closed too, so idle or trickling sockets cannot
-pile up until the process runs out of file descriptors),
+pile up until the process runs out of file descriptors; a head past `MAX_HEAD_BYTES` is a
+431 that closes the connection, where uvicorn reads one of any length),
 pipelined requests answered in order, `Expect: 100-continue`, reading paused while a body
 past 64 KiB waits for the app and writing awaited while the socket's buffer is full, a client
 gone mid-request heard by the app as `http.disconnect`, `limit_concurrency`'s 503, a 400 for a
@@ -35,12 +36,14 @@ import httptools
 from uvicorn import Config
 
 from gateway.http_wire import (
+    MAX_HEAD_BYTES,
     READ_HIGH_WATER,
     STATUS_LINE,
     client_field,
     is_tls,
     local_address,
     peer_address,
+    refusal,
     service_unavailable,
     target_field,
 )
@@ -93,6 +96,9 @@ class HttpProtocol(asyncio.Protocol):
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.expect_continue = False
+        self.in_head = True  # the bytes arriving are a request head (or what comes first)
+        self.head_bytes = 0  # of the head, counted from the first read that holds only it
+        self.head_began = False  # a head began during this read, after another message
 
     # asyncio.Protocol
 
@@ -122,6 +128,7 @@ class HttpProtocol(asyncio.Protocol):
         return None  # the transport closes itself
 
     def data_received(self, data: bytes) -> None:
+        self.head_began = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -129,6 +136,12 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError:
             _ERROR_LOG.warning("Invalid HTTP request received.")
             self.refuse("Invalid HTTP request received.")
+            return
+        if self.in_head and not self.head_began:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                _ERROR_LOG.warning("Request head larger than %d bytes.", MAX_HEAD_BYTES)
+                self.refuse(f"Request line and headers exceed {MAX_HEAD_BYTES} bytes.", 431)
 
     def pause_writing(self) -> None:
         if self.writable is None or self.writable.done():
@@ -169,6 +182,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.idle_since = None  # busy: a request to serve
+        self.in_head, self.head_bytes = False, 0
         parser = self.parser
         version = parser.get_http_version()
         exchange = Exchange(self, self._scope(parser.get_method().decode("ascii"), version),
@@ -198,6 +212,7 @@ class HttpProtocol(asyncio.Protocol):
         exchange.wake()
 
     def on_message_complete(self) -> None:
+        self.in_head = self.head_began = True  # what follows is the next head
         exchange = self.exchange
         if exchange is None or exchange.complete:
             return
@@ -272,14 +287,10 @@ class HttpProtocol(asyncio.Protocol):
             self.read_paused = False
             self.transport.resume_reading()
 
-    def refuse(self, message: str) -> None:
-        """A 400 for a request the parser refused; the connection is closed."""
-        head = [STATUS_LINE[400]]
-        head += [b"%s: %s\r\n" % pair for pair in self.server_state.default_headers]
-        text = message.encode("ascii")
-        head.append(b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
-                    b"connection: close\r\n\r\n%s" % (len(text), text))
-        self.transport.write(b"".join(head))
+    def refuse(self, message: str, status: int = 400) -> None:
+        """An error for a request refused before the app (400: the parser refused it); the
+        connection is closed."""
+        self.transport.write(refusal(status, message, self.server_state.default_headers))
         self.transport.close()
 
 
