@@ -15,7 +15,9 @@ where uvicorn waits forever, a connection that sends no whole request head withi
 connecting, or of its head's first byte, is closed too, so idle or trickling sockets cannot
 pile up until the process runs out of file descriptors; a head past `MAX_HEAD_BYTES` is a
 431 that closes the connection, where uvicorn reads one of any length),
-pipelined requests answered in order, `Expect: 100-continue`, reading paused while a body
+pipelined requests answered in order, `Expect: 100-continue` (an answer sent before the body
+was asked for closes the connection: uvicorn would read the client's next request as that
+body), reading paused while a body
 past 64 KiB waits for the app and writing awaited while the socket's buffer is full, a client
 gone mid-request heard by the app as `http.disconnect`, `limit_concurrency`'s 503, a 400 for a
 request the parser refuses, a 500 for an app that fails before its head. No WebSocket: an
@@ -407,6 +409,10 @@ class Exchange:
 
     def _start(self, message: Any) -> None:
         self.started = True
+        if self.want_continue and self.more_body:
+            # answered before asking for the body: the client may never send it, and what it
+            # sends next would be read as that body (RFC 9110 10.1.1), so the connection closes
+            self.keep_alive = False
         self.want_continue = False
         status = message["status"]
         conn = self.conn

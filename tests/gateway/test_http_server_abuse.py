@@ -4,6 +4,8 @@ before their body, upgrade requests. Each case is checked against what a client 
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.http_server import HttpProtocol
 from gateway.http_wire import MAX_HEAD_BYTES
 from tests.gateway.test_http_server import GET, answers, connect, post, same_bytes, until
@@ -40,3 +42,32 @@ async def test_heads_within_the_limit_are_served_as_uvicorn_serves_them() -> Non
     two = post(b"/echo", b"z" * (MAX_HEAD_BYTES * 2)) + GET % b"/json"
     _, ours = await same_bytes([two[:-5], two[-5:]], b'x"}', responses=2)
     assert ours.received().count(b"HTTP/1.1 200") == 2
+
+
+async def unread(scope: Any, receive: Any, send: Any) -> None:
+    """Answers 413 from the head alone, as the gateway does for a declared length past its
+    limit (or 401 for a missing key), without reading the body."""
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"no"})
+
+
+async def test_an_answer_before_a_100_continue_closes_the_connection() -> None:
+    """The client was never told to send its body, so it may not; uvicorn keeps the
+    connection, and the client's next request is then read as the refused body (unanswered)."""
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nexpect: 100-continue\r\n" \
+           b"content-length: 40\r\n\r\n"
+    server, transport, _ = connect(HttpProtocol, app=unread)
+    server.data_received(head)
+    got = await until(transport, answers(1, b"no"))
+    assert got.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in got
+    assert b"\r\nconnection: close\r\n" in got and transport.closed
+
+
+async def test_an_answer_after_the_body_came_keeps_the_connection() -> None:
+    request = post(b"/x", b"b" * 40, b"expect: 100-continue")
+    server, transport, _ = connect(HttpProtocol, app=unread)
+    server.data_received(request + request)  # the body sent anyway: nothing is misread
+    got = await until(transport, answers(2, b"no"))
+    assert got.count(b"HTTP/1.1 413 ") == 2 and b"connection: close" not in got
+    assert not transport.closed
