@@ -21,7 +21,9 @@ body), reading paused while a body
 past 64 KiB waits for the app and writing awaited while the socket's buffer is full, a client
 gone mid-request heard by the app as `http.disconnect`, `limit_concurrency`'s 503, a 400 for a
 request the parser refuses, a 500 for an app that fails before its head. No WebSocket: an
-upgrade request is served as plain HTTP (the gateway has no WebSocket route).
+upgrade request (h2c, WebSocket) is served as plain HTTP, its body read as a body (the gateway
+has no WebSocket route; uvicorn's protocol gives the app an empty body and parses a body that
+arrives later as a request of its own); CONNECT is a 400.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from gateway.http_wire import (
     is_tls,
     local_address,
     peer_address,
+    plain_head,
     refusal,
     service_unavailable,
     target_field,
@@ -81,8 +84,7 @@ class HttpProtocol(asyncio.Protocol):
         self.app_state = app_state
         # an access line is formatted only when it would be emitted
         self.access_log = _ACCESS_LOG.hasHandlers() and _ACCESS_LOG.isEnabledFor(logging.INFO)
-        self.parser = httptools.HttpRequestParser(self)
-        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.parser = self._new_parser()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int | None] | None = None
         self.client: tuple[str, int] | None = None
@@ -98,6 +100,7 @@ class HttpProtocol(asyncio.Protocol):
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.expect_continue = False
+        self.upgrade: tuple[bytes, str] | None = None  # an upgrade request's method, version
         self.in_head = True  # the bytes arriving are a request head (or what comes first)
         self.head_bytes = 0  # of the head, counted from the first read that holds only it
         self.head_began = False  # a head began during this read, after another message
@@ -133,8 +136,9 @@ class HttpProtocol(asyncio.Protocol):
         self.head_began = False
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            _ERROR_LOG.warning("Unsupported upgrade request.")
+        except httptools.HttpParserUpgrade as exc:
+            self._parse_plain(data[exc.args[0]:] if exc.args else b"")
+            return
         except httptools.HttpParserError:
             _ERROR_LOG.warning("Invalid HTTP request received.")
             self.refuse("Invalid HTTP request received.")
@@ -187,6 +191,9 @@ class HttpProtocol(asyncio.Protocol):
         self.in_head, self.head_bytes = False, 0
         parser = self.parser
         version = parser.get_http_version()
+        if parser.should_upgrade():  # parsed again without its Upgrade header: _parse_plain
+            self.upgrade = parser.get_method(), version
+            return
         exchange = Exchange(self, self._scope(parser.get_method().decode("ascii"), version),
                             keep_alive=version != "1.0" and parser.should_keep_alive(),
                             expect_continue=self.expect_continue)
@@ -216,12 +223,30 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.in_head = self.head_began = True  # what follows is the next head
         exchange = self.exchange
-        if exchange is None or exchange.complete:
+        if exchange is None or exchange.complete or self.upgrade is not None:
             return
         exchange.more_body = False
         exchange.wake()
 
     # the connection's own
+
+    def _new_parser(self) -> httptools.HttpRequestParser:
+        parser = httptools.HttpRequestParser(self)
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        return parser
+
+    def _parse_plain(self, rest: bytes) -> None:
+        """An upgrade request parsed again, by a fresh parser, without its `Upgrade` header,
+        and served as plain HTTP: httptools stops at an upgrade request's head, so its body
+        would reach the app empty (`curl --http2 -d ...` asks for h2c) and what followed would
+        be read as a request of its own. CONNECT (an upgrade by its method) is refused."""
+        upgrade, self.upgrade = self.upgrade, None
+        if upgrade is None or upgrade[0] == b"CONNECT":
+            _ERROR_LOG.warning("Unsupported upgrade request.")
+            self.refuse("Unsupported upgrade request.")
+            return
+        self.parser = self._new_parser()
+        self.data_received(plain_head(*upgrade, self.url, self.headers) + rest)
 
     def _scope(self, method: str, version: str) -> dict[str, Any]:
         url = httptools.parse_url(self.url)

@@ -42,6 +42,16 @@ def refusal(status: int, message: str, default_headers: list[tuple[bytes, bytes]
     return b"".join(head)
 
 
+def plain_head(method: bytes, version: str, target: bytes,
+               headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A request head written again without its `Upgrade` header (a request that asked to
+    switch protocols, parsed again as the plain HTTP request it is served as)."""
+    lines = [b"%s %s HTTP/%s\r\n" % (method, target, version.encode("ascii"))]
+    lines += [b"%s: %s\r\n" % pair for pair in headers if pair[0] != b"upgrade"]
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
 def _pair(info: Any) -> tuple[str, int] | None:
     """(host, port) from a socket address; None for one that is not an IP pair."""
     if isinstance(info, list | tuple) and len(info) >= 2:

@@ -4,6 +4,7 @@ before their body, upgrade requests. Each case is checked against what a client 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gateway.http_server import HttpProtocol
@@ -71,3 +72,40 @@ async def test_an_answer_after_the_body_came_keeps_the_connection() -> None:
     got = await until(transport, answers(2, b"no"))
     assert got.count(b"HTTP/1.1 413 ") == 2 and b"connection: close" not in got
     assert not transport.closed
+
+
+UPGRADE = b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQ"
+
+
+async def test_an_upgrade_request_is_served_as_plain_http_with_its_body() -> None:
+    """`curl --http2 -d BODY http://...` asks for h2c: httptools stops at the head, and the
+    app saw an empty body (the gateway answered 400 'not valid JSON' to a valid request)."""
+    server, transport, _ = connect(HttpProtocol)
+    server.data_received(post(b"/echo", b"the body", UPGRADE) + GET % b"/echo?next")
+    got = await until(transport, answers(2, b"0:"))
+    assert got.startswith(b"HTTP/1.1 200 ") and b"\r\n\r\n8:the body" in got
+    assert got.count(b"HTTP/1.1 200 ") == 2 and b"101" not in got.split(b"\r\n")[0]
+
+
+async def test_an_upgrade_requests_body_is_never_read_as_a_request() -> None:
+    """A body arriving after an upgrade request's head was parsed as a request of its own
+    (request smuggling behind a proxy that passes Upgrade through): it is the body."""
+    smuggled = GET % b"/json"
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(smuggled), smuggled)
+    for framing, body in ((b"content-length: %d" % len(smuggled), smuggled),
+                          (b"transfer-encoding: chunked", chunked)):
+        server, transport, _ = connect(HttpProtocol)
+        head = b"POST /echo HTTP/1.1\r\nhost: gw\r\n%s\r\n%s\r\n\r\n" % (UPGRADE, framing)
+        server.data_received(head)
+        await asyncio.sleep(0.02)
+        server.data_received(body)
+        got = await until(transport, answers(1, b"host: gw\r\n"))
+        assert b"\r\n\r\n%d:GET /json HTTP/1.1" % len(smuggled) in got
+        assert got.count(b"HTTP/1.1 200 ") == 1 and b'"answer"' not in got
+
+
+async def test_connect_is_refused() -> None:
+    server, transport, _ = connect(HttpProtocol)
+    server.data_received(b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nhost: 127.0.0.1:22\r\n\r\n")
+    got = await until(transport, answers(1))
+    assert got.startswith(b"HTTP/1.1 400 ") and transport.closed
