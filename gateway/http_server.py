@@ -13,17 +13,17 @@ write took 0.62-0.95 ms off the gateway's p50). A stream's head goes out at once
 HTTP/1.1 as uvicorn serves it: keep-alive (closed after `timeout_keep_alive` idle seconds;
 where uvicorn waits forever, a connection that sends no whole request head within that time of
 connecting, or of its head's first byte, is closed too, so idle or trickling sockets cannot
-pile up until the process runs out of file descriptors; a head past `MAX_HEAD_BYTES` is a
-431 that closes the connection, where uvicorn reads one of any length),
-pipelined requests answered in order, `Expect: 100-continue` (an answer sent before the body
-was asked for closes the connection: uvicorn would read the client's next request as that
-body), reading paused while a body
-past 64 KiB waits for the app and writing awaited while the socket's buffer is full, a client
-gone mid-request heard by the app as `http.disconnect`, `limit_concurrency`'s 503, a 400 for a
-request the parser refuses, a 500 for an app that fails before its head. No WebSocket: an
-upgrade request (h2c, WebSocket) is served as plain HTTP, its body read as a body (the gateway
-has no WebSocket route; uvicorn's protocol gives the app an empty body and parses a body that
-arrives later as a request of its own); CONNECT is a 400.
+pile up until the process runs out of file descriptors; a head past `MAX_HEAD_BYTES` is a 431
+that closes the connection, where uvicorn reads one of any length), pipelined requests answered
+in order, `Expect: 100-continue` (an answer sent before the body was asked for closes the
+connection: uvicorn would read the client's next request as that body), reading paused while a
+body past 64 KiB waits for the app and writing awaited while the socket's buffer is full, a
+client gone mid-request heard by the app as `http.disconnect` (so is one that sends none of an
+awaited body, or takes none of the response, for `STALL_S` seconds: uvicorn waits forever),
+`limit_concurrency`'s 503, a 400 for a request the parser refuses, a 500 for an app that fails
+before its head. No WebSocket: an upgrade request (h2c, WebSocket) is served as plain HTTP, its
+body read as a body (the gateway has no WebSocket route; uvicorn's protocol gives the app an
+empty body and parses a body that arrives later as a request of its own); CONNECT is a 400.
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ NO_BODY = frozenset({204, 304})
 _BAD_NAME = re.compile(rb'[\x00-\x1f\x7f()<>@,;:\[\]={} \t\\"]')  # not a token character
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # a control character other than tab
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# a client whose request body, awaited by the app, or whose reading of the response makes no
+# progress for this many seconds is taken as gone (a vanished peer is otherwise never noticed)
+STALL_S = 60.0
 _ERROR_LOG = logging.getLogger("uvicorn.error")
 _ACCESS_LOG = logging.getLogger("uvicorn.access")
 
@@ -378,6 +381,15 @@ class Exchange:
                 _ERROR_LOG.error("ASGI callable returned without completing response.")
                 self._close()
 
+    def _stalled(self) -> None:
+        """No byte of the awaited body, or none of the response taken, for `STALL_S` seconds:
+        the connection closes and the app hears `http.disconnect` (held forever, it would keep
+        its tenant's concurrency slot, and a stream its KV pages)."""
+        _ERROR_LOG.warning("Client made no progress for %.0f s; closing the connection.",
+                           STALL_S)
+        self.hang_up()
+        self.conn.transport.abort()  # a close would wait for the unread response to drain
+
     def _close(self) -> None:
         """Close the connection (a held head written first, as uvicorn had written it)."""
         self._flush()
@@ -399,8 +411,11 @@ class Exchange:
                 self.more_body or self.delivered):  # a body to wait for, or the end
             conn.resume_reading()
             self.waiter = conn.loop.create_future()
+            stall = conn.loop.call_later(STALL_S, self._stalled) if self.more_body else None
             await self.waiter
             self.waiter = None
+            if stall is not None:
+                stall.cancel()
         if self.disconnected or self.complete:
             return {"type": "http.disconnect"}
         body = self.body
@@ -414,7 +429,10 @@ class Exchange:
         conn = self.conn
         writable = conn.writable
         if writable is not None and not writable.done() and not self.disconnected:
-            await writable
+            try:
+                await asyncio.wait_for(asyncio.shield(writable), STALL_S)
+            except TimeoutError:
+                self._stalled()
         if self.disconnected:
             return
         kind = message["type"]

@@ -7,9 +7,22 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from gateway import http_server
 from gateway.http_server import HttpProtocol
 from gateway.http_wire import MAX_HEAD_BYTES
-from tests.gateway.test_http_server import GET, answers, connect, post, same_bytes, until
+from tests.gateway import test_http_server as http_server_test
+from tests.gateway.test_http_server import (
+    GET,
+    SEEN,
+    RecordingTransport,
+    answers,
+    connect,
+    post,
+    same_bytes,
+    until,
+)
 
 
 async def test_a_head_past_the_limit_is_refused_with_431_and_closed() -> None:
@@ -109,3 +122,56 @@ async def test_connect_is_refused() -> None:
     server.data_received(b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nhost: 127.0.0.1:22\r\n\r\n")
     got = await until(transport, answers(1))
     assert got.startswith(b"HTTP/1.1 400 ") and transport.closed
+
+
+class AbortableTransport(RecordingTransport):
+    def abort(self) -> None:
+        self.closed = True
+
+
+def stalled_connection(monkeypatch: pytest.MonkeyPatch) -> tuple[HttpProtocol, AbortableTransport]:
+    monkeypatch.setattr(http_server, "STALL_S", 0.1)
+    server, _, _ = connect(HttpProtocol)
+    transport = AbortableTransport()
+    server.connection_made(transport)
+    return server, transport
+
+
+async def test_a_body_that_stops_arriving_is_a_disconnect(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that vanished mid-upload (no FIN, no RST) was waited for forever, holding its
+    tenant's concurrency slot (with --tenant-max-concurrency N, N such uploads lock the tenant
+    out for good)."""
+    SEEN.clear()
+    server, transport = stalled_connection(monkeypatch)
+    server.data_received(post(b"/echo", b"x" * 100)[:-60])
+    for _ in range(100):
+        if SEEN[-1:] == ["disconnected"]:
+            break
+        await asyncio.sleep(0.01)
+    assert SEEN[-1] == "disconnected" and transport.closed and transport.received() == b""
+
+
+async def test_a_body_that_keeps_arriving_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    SEEN.clear()
+    server, transport = stalled_connection(monkeypatch)
+    request = post(b"/echo", b"y" * 100)
+    for i in range(0, len(request), 20):  # the whole body takes longer than STALL_S
+        server.data_received(request[i:i + 20])
+        await asyncio.sleep(0.04)
+    got = await until(transport, answers(1, b"y" * 40))
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"\r\n\r\n100:" + b"y" * 40)
+
+
+async def test_a_response_the_client_stops_taking_ends_the_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that keeps its socket but reads nothing held a stream (and the engine's KV
+    pages under it) for as long as it liked."""
+    SEEN.clear()
+    server, transport = stalled_connection(monkeypatch)
+    monkeypatch.setattr(http_server_test, "RELEASE", asyncio.Event())
+    server.data_received(GET % b"/stream")
+    await until(transport, lambda got: b"first" in got)
+    server.pause_writing()  # the socket's buffer is full and stays full
+    http_server_test.RELEASE.set()
+    await until(transport, lambda got: False)
+    assert transport.closed and b"second" not in transport.received()
