@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway import http_server
+from gateway import http_exchange
 from gateway.http_server import HttpProtocol
 from gateway.http_wire import MAX_HEAD_BYTES
 from tests.gateway import test_http_server as http_server_test
@@ -130,7 +130,7 @@ class AbortableTransport(RecordingTransport):
 
 
 def stalled_connection(monkeypatch: pytest.MonkeyPatch) -> tuple[HttpProtocol, AbortableTransport]:
-    monkeypatch.setattr(http_server, "STALL_S", 0.1)
+    monkeypatch.setattr(http_exchange, "STALL_S", 0.1)
     server, _, _ = connect(HttpProtocol)
     transport = AbortableTransport()
     server.connection_made(transport)
