@@ -24,7 +24,9 @@ awaited body, or takes none of the response, for `STALL_S` seconds: uvicorn wait
 `limit_concurrency`'s 503, a 400 for a request the parser refuses, a 500 for an app that fails
 before its head. No WebSocket: an upgrade request (h2c, WebSocket) is served as plain HTTP, its
 body read as a body (the gateway has no WebSocket route; uvicorn's protocol gives the app an
-empty body and parses a body that arrives later as a request of its own); CONNECT is a 400.
+empty body and parses a body that arrives later as a request of its own); CONNECT is a 400. A
+chunked body's trailer fields are dropped (uvicorn's protocol appends them to the request's
+headers while the app runs).
 """
 
 from __future__ import annotations
@@ -172,6 +174,8 @@ class HttpProtocol(asyncio.Protocol):
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.in_head:  # a chunked body's trailer: never one of the request's headers
+            return
         name = name.lower()
         value = value.rstrip(b" \t")  # the parser keeps trailing whitespace; a value has none
         if name == b"expect" and value.lower() == b"100-continue":

@@ -175,3 +175,26 @@ async def test_a_response_the_client_stops_taking_ends_the_request(
     http_server_test.RELEASE.set()
     await until(transport, lambda got: False)
     assert transport.closed and b"second" not in transport.received()
+
+
+async def headers_after_body(scope: Any, receive: Any, send: Any) -> None:
+    """Reads the whole body, then answers with the header names its scope holds."""
+    message = {"more_body": True}
+    while message.get("more_body"):
+        message = await receive()
+    names = b",".join(name for name, _ in scope["headers"])
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", b"%d" % len(names))]})
+    await send({"type": "http.response.body", "body": names})
+
+
+async def test_a_trailer_never_becomes_a_request_header() -> None:
+    """httptools reports a chunked body's trailer fields as headers; they were appended to the
+    running request's header list, after a proxy in front had vetted its headers (RFC 9110
+    6.5.2: a trailer is not merged into the header section)."""
+    server, transport, _ = connect(HttpProtocol, app=headers_after_body)
+    server.data_received(b"POST /x HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n"
+                         b"3\r\nabc\r\n0\r\nauthorization: Bearer smuggled\r\n\r\n" + GET % b"/")
+    got = await until(transport, answers(2, b"host"))
+    assert got.count(b"HTTP/1.1 200 ") == 2
+    assert b"\r\n\r\nhost,transfer-encoding" in got and b"authorization" not in got
