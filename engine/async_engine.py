@@ -110,7 +110,13 @@ class AsyncEngine:
         """
         if self._closed:
             raise EngineUnavailable("AsyncEngine is shut down")
-        seq = self.engine.make_sequence(prompt, params, namespace, request_id)
+        if params is not None and params.constraint is not None:
+            # compiling a grammar takes up to seconds (a schema of thousands of properties);
+            # llguidance releases the GIL, so the loop serves other requests meanwhile
+            seq = await asyncio.to_thread(self.engine.make_sequence, prompt, params, namespace,
+                                          request_id)
+        else:
+            seq = self.engine.make_sequence(prompt, params, namespace, request_id)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._commands.put(_Add(seq, stream))
         finished = False

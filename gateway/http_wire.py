@@ -15,6 +15,9 @@ from typing import Any
 
 # reading pauses while a request body past this many bytes waits for the app
 READ_HIGH_WATER = 64 * 1024
+# a request line and headers past this many bytes are refused (431) and the connection closed:
+# httptools keeps a head whole in memory, joining each piece to the last, however long it is
+MAX_HEAD_BYTES = 64 * 1024
 
 
 def _status_line(status: int) -> bytes:
@@ -26,6 +29,27 @@ def _status_line(status: int) -> bytes:
 
 
 STATUS_LINE: Mapping[int, bytes] = {status: _status_line(status) for status in range(100, 600)}
+
+
+def refusal(status: int, message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A plain-text error response that closes the connection (for a request the server
+    refuses before any app sees it)."""
+    head = [STATUS_LINE[status]]
+    head += [b"%s: %s\r\n" % pair for pair in default_headers]
+    text = message.encode("ascii")
+    head.append(b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n%s" % (len(text), text))
+    return b"".join(head)
+
+
+def plain_head(method: bytes, version: str, target: bytes,
+               headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A request head written again without its `Upgrade` header (a request that asked to
+    switch protocols, parsed again as the plain HTTP request it is served as)."""
+    lines = [b"%s %s HTTP/%s\r\n" % (method, target, version.encode("ascii"))]
+    lines += [b"%s: %s\r\n" % pair for pair in headers if pair[0] != b"upgrade"]
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 def _pair(info: Any) -> tuple[str, int] | None:

@@ -21,7 +21,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from gateway import http_server
+from gateway import http_exchange
 from gateway.http_server import HttpProtocol
 
 Protocol = type[HttpToolsProtocol] | type[HttpProtocol]
@@ -434,7 +434,7 @@ async def test_an_access_line_is_formatted_only_when_it_would_be_logged(
         logger.addHandler(handler)
 
     asked: list[object] = []
-    monkeypatch.setattr(http_server, "client_field",
+    monkeypatch.setattr(http_exchange, "client_field",
                         lambda scope: asked.append(scope) or "127.0.0.1:50000")
     try:
         ours = await serve_once(HttpProtocol, GET % b"/json", b"x\"}", configured=configured)
