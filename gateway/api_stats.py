@@ -1,9 +1,10 @@
 """`GET /api/stats`: the gateway's cache statistics as JSON (admin key).
 
 `compute_stats(engine, prices, window_s, bucket_s)` reads the `RecordStore`'s database with
-SQLAlchemy, grouping in SQL: windows over 15 minutes read whole days, hours and minutes from the
-rollups (gateway.rollups) and only the partial first minute from the `requests` table, so a
-refresh over days stays cheap on a busy gateway (gateway.stats_sums). It returns:
+SQLAlchemy, grouping in SQL: windows over 15 minutes first bring the rollups up to date
+(gateway.rollups.catch_up), then read whole days, hours and minutes from them and only the
+partial first minute and the rows written since from the `requests` table, so a refresh over
+days stays cheap on a busy gateway (gateway.stats_sums). It returns:
 totals, a time series (hit rate, tokens, prefill time and money saved per bucket), breakdowns
 per tenant / model / replica, predicted vs reported upstream hits, the most frequent lint
 findings and prompt families. The dashboard and `prefixgate stats` show exactly these numbers.
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -35,7 +36,7 @@ from starlette.routing import Route
 from gateway.admission import Overloaded
 from gateway.errors import error_body
 from gateway.pricing import PriceTable
-from gateway.rollups import EPOCH, PERIODS, rollups_ready
+from gateway.rollups import EPOCH, PERIODS, catch_up, read_snapshot, watermark
 from gateway.stats_sums import NUMBERS, Span, Sums, bucketed, grouped, lint_counts, status_counts
 
 StateGetter = Callable[[], Any]  # () -> app.state, as create_app passes it
@@ -104,9 +105,9 @@ def _table(groups: dict[Any, dict[str, float]], name: str) -> list[dict[str, Any
     return [{name: shown(k) if k in (None, "") else k, **_finish(v)} for k, v in ranked]
 
 
-def _series(engine: Engine, span: Span, bucket_s: int, prices: PriceTable,
+def _series(conn: Connection, span: Span, bucket_s: int, prices: PriceTable,
             ) -> list[dict[str, Any]]:
-    groups = _by_key(bucketed(engine, bucket_s, span), prices)
+    groups = _by_key(bucketed(conn, bucket_s, span), prices)
     points = []
     for key in sorted(k for k in groups if k is not None):
         start = datetime.fromtimestamp(int(key) * bucket_s, UTC)
@@ -115,16 +116,16 @@ def _series(engine: Engine, span: Span, bucket_s: int, prices: PriceTable,
     return points
 
 
-def _lint(engine: Engine, span: Span) -> list[dict[str, Any]]:
+def _lint(conn: Connection, span: Span) -> list[dict[str, Any]]:
     """The TOP_N lint rule ids on the most requests (ties by id: the order the database
     groups in differs between SQLite and PostgreSQL, and picks which tied rules make it)."""
-    ranked = sorted(lint_counts(engine, span).items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
+    ranked = sorted(lint_counts(conn, span).items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
     return [{"id": k, "requests": n} for k, n in ranked]
 
 
-def _statuses(engine: Engine, span: Span) -> list[dict[str, Any]]:
+def _statuses(conn: Connection, span: Span) -> list[dict[str, Any]]:
     return [{"status": status, "requests": n}
-            for status, n in sorted(status_counts(engine, span).items())]
+            for status, n in sorted(status_counts(conn, span).items())]
 
 
 def _sum_all(rows: Iterable[dict[str, float]]) -> dict[str, float]:
@@ -141,20 +142,34 @@ def _ceil(ts: datetime, period_s: int) -> datetime:
     return EPOCH + timedelta(microseconds=-(-micros // unit) * unit)
 
 
-def _span(engine: Engine, since: datetime, window_s: int, source: str) -> Span:
-    """What to read: raw rows only (`source="raw"`, a short window under "auto", a database
-    whose rollups are not built with this version's columns), or raw rows up to the first
-    minute boundary, then minute, hour and day rollups, each from its first boundary on."""
+def _use_rollups(window_s: int, source: str) -> bool:
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-    if source == "raw" or (source == "auto" and window_s <= RAW_WINDOW_S):
-        return Span(since)
-    if not rollups_ready(engine):
-        if source == "rollup":
+    return source == "rollup" or (source == "auto" and window_s > RAW_WINDOW_S)
+
+
+def _catch_up(engine: Engine) -> None:
+    """Bring the rollups up to date; on failure (a lock held too long) the rows above the
+    watermark are read raw: slower, same answer."""
+    try:
+        catch_up(engine)
+    except SQLAlchemyError as exc:
+        log.warning("stats rollups not caught up (%s); reading newer rows raw",
+                    type(exc).__name__)
+
+
+def _span(conn: Connection, since: datetime, rollups: bool, source: str) -> Span:
+    """What to read: raw rows only (`rollups` False, or a database whose rollups are not
+    built with this version's columns), or raw rows up to the first minute boundary, then
+    minute, hour and day rollups, each from its first boundary on, and the raw rows above
+    the watermark after that boundary."""
+    mark = watermark(conn) if rollups else None
+    if mark is None:
+        if rollups and source == "rollup":
             raise ValueError("this database's rollups are not built")
         return Span(since)
     return Span(since, tuple((period, int(_ceil(since, period).timestamp()))
-                             for period in PERIODS))
+                             for period in PERIODS), mark)
 
 
 def compute_stats(engine: Engine, prices: PriceTable | None = None, *,
@@ -169,22 +184,30 @@ def compute_stats(engine: Engine, prices: PriceTable | None = None, *,
     now = now or datetime.now(UTC)
     since = (now - timedelta(seconds=window_s)).astimezone(UTC)
     bucket_s = bucket_s or pick_bucket(window_s)
-    span = _span(engine, since, window_s, source)
-    series_span = span.for_bucket(bucket_s)
-    by_model = _by_key(grouped(engine, "model", span), prices)
-    families = _by_key(grouped(engine, "family", span), prices)
+    rollups = _use_rollups(window_s, source)
+    if rollups:
+        _catch_up(engine)
+    with read_snapshot(engine) as conn:
+        return _answer(conn, _span(conn, since, rollups, source), now, window_s, bucket_s,
+                       prices)
+
+
+def _answer(conn: Connection, span: Span, now: datetime, window_s: int, bucket_s: int,
+            prices: PriceTable) -> dict[str, Any]:
+    by_model = _by_key(grouped(conn, "model", span), prices)
+    families = _by_key(grouped(conn, "family", span), prices)
     families.pop(None, None)
     return {
         "generated_at": now.isoformat(), "window_s": window_s, "bucket_s": bucket_s,
         "totals": _finish(_sum_all(by_model.values())),
-        "series": _series(engine, series_span, bucket_s, prices),
-        "by_tenant": _table(_by_key(grouped(engine, "tenant", span), prices), "tenant"),
+        "series": _series(conn, span.for_bucket(bucket_s), bucket_s, prices),
+        "by_tenant": _table(_by_key(grouped(conn, "tenant", span), prices), "tenant"),
         "by_model": _table(by_model, "model"),
-        "by_replica": _table(_by_key(grouped(engine, "replica", span), prices), "replica"),
-        "by_backend": _table(_by_key(grouped(engine, "backend", span), prices), "backend"),
-        "lint": _lint(engine, span),
+        "by_replica": _table(_by_key(grouped(conn, "replica", span), prices), "replica"),
+        "by_backend": _table(_by_key(grouped(conn, "backend", span), prices), "backend"),
+        "lint": _lint(conn, span),
         "families": _table(families, "family")[:TOP_N],
-        "statuses": _statuses(engine, span),
+        "statuses": _statuses(conn, span),
         "prices": prices.as_json(),
     }
 

@@ -1,67 +1,62 @@
 """Per-minute, per-hour and per-day rollups of the `requests` table, so /api/stats over days
-reads days, hours and minutes, not rows.
+reads days, hours and minutes, not rows; kept up at read time, so the stats writer pays nothing.
 
-`request_rollups` holds, per (period, start, tenant, model, replica, backend, family, status),
+`stats_rollups` holds, per (period, start, tenant, model, replica, backend, family, status),
 the additive sums /api/stats is made of (gateway.stats_sums): requests, prompt / cached /
 completion tokens, the *paired* predicted and reported cached tokens (an answered request
 that has both), the requests with a prediction, prefill time saved and latency. Errors and
-client errors / failures follow from `status`. `lint_rollups` counts requests per (period,
-start, lint rule id). A period is a minute, an hour or a day (PERIODS, in seconds); `start` is
-the epoch second the row's UTC period starts at. Every raw row is in one row of each period.
+client errors / failures follow from `status`. `stats_lint_rollups` counts requests per
+(period, start, lint rule id). A period is a minute, an hour or a day (PERIODS, in seconds);
+`start` is the epoch second the row's UTC period starts at.
 
-The stats writer adds each batch to both tables in the transaction that inserts its raw rows
-(grouped here, then one upsert per table), and so does every other write path (one row at a
-time, spill replay): the rollups always equal the raw rows. A key's columns may be NULL
-(replica, family), and NULLs never conflict in a unique index, so a row's identity is
-`group_key`, a digest of its key columns in which NULL and '' differ.
+The rollups hold exactly the raw rows with `id <= watermark` (`stats_rollup_state`); readers
+add the rows above it from the raw table (few: the ones written since the last catch-up).
+`catch_up` moves the watermark forward, a chunk of ids per transaction: one
+INSERT ... SELECT ... GROUP BY ... ON CONFLICT DO UPDATE per period, all in SQL (lint ids are
+split here, from the chunk's rows grouped per (minute, lint_ids)), and the new watermark, in
+the transaction that locks the state row, so two readers catching up at once take turns and
+count each row once. It only goes up to ids no transaction can still commit below
+(`_safe_top`): SQLite has one writer at a time, so every id under the largest visible one is
+final; PostgreSQL hands ids out before commit, so several gateways commit them out of order,
+and `_safe_top` waits (SHARE lock on `requests`, at most LOCK_TIMEOUT) for the inserts in
+flight. Rows replayed from a spill file get new ids, above the watermark.
 
-`ensure_rollups` (run when the database is opened) rebuilds both tables from the raw rows when
-they were never built (a database written by an older gateway) or were built with other
-columns than this version's (a column added later); `rollups_ready` tells readers whether
-they may use them.
+`ensure_rollups` (run when the database is opened) starts them empty at watermark 0 when they
+were never built or were built with other columns than this version's, then catches up;
+`rollups_ready` tells readers whether they may use them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
-from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import (
-    Table,
-    Text,
-    case,
-    cast,
-    delete,
-    func,
-    insert,
-    inspect,
-    literal_column,
-    select,
-)
+from sqlalchemy import Table, case, delete, func, insert, inspect, literal_column, select, update
 from sqlalchemy import text as sql_text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.orm import Session
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ColumnElement
 
-from gateway.stats_sums import lint_rules, raw_sums, start_sql
+from gateway.stats_sums import EPOCH, lint_rules, raw_sums, start_sql
 from gateway.stats_tables import Base, LintRollup, RequestRecord, RequestRollup, RollupState
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+__all__ = ["EPOCH", "PERIODS", "catch_up", "ensure_rollups", "read_snapshot", "rollups_ready",
+           "watermark"]
+
+R = RequestRecord
 STATE_NAME = "rollups"
-REBUILD_WAIT_S = 300.0  # how long a second process waits for another's rebuild
-KEY_COLUMNS = ("tenant", "model", "replica", "backend", "family", "status")
-INT_SUMS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens",
-            "predicted_cached_tokens", "reported_cached_tokens", "predicted_requests")
-FLOAT_SUMS = ("prefill_saved_ms", "latency_ms")
-SUMS = INT_SUMS + FLOAT_SUMS
+REBUILD_WAIT_S = 300.0  # how long a second process waits for another's reset
+CHUNK_IDS = 20_000  # ids per catch-up transaction (SQLite: the writer waits at most this long)
+LOCK_TIMEOUT_MS = 2000  # PostgreSQL: how long _safe_top waits for inserts in flight
+KEY_COLUMNS = ("tenant", "model", "replica", "backend", "family", "status", "nulls")
+SUMS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens",
+        "predicted_cached_tokens", "reported_cached_tokens", "predicted_requests",
+        "prefill_saved_ms", "latency_ms")
 PERIODS = (60, 3600, 86400)  # ascending, each a multiple of the one before
-
-
 ROLLUP_TABLES: tuple[Table, ...] = tuple(
     Base.metadata.tables[t] for t in (RequestRollup.__tablename__, LintRollup.__tablename__))
 
@@ -72,206 +67,162 @@ def fingerprint() -> str:
                     for t in ROLLUP_TABLES)
 
 
-def start_of(ts: datetime, period: int) -> int:
-    """The epoch second the UTC period (PERIODS) holding `ts` starts at (a naive `ts` is UTC,
-    as SQLite stores it)."""
-    aware = ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
-    return (aware - EPOCH) // timedelta(seconds=period) * period
+def _keys() -> list[Any]:
+    """A raw row's rollup key, in KEY_COLUMNS order (NULL replica / family as '' and a bit of
+    `nulls`, see RequestRollup)."""
+    def inline(sql: str) -> ColumnElement[Any]:  # PostgreSQL matches GROUP BY text: no $1
+        return literal_column(sql)
+
+    nulls = (case((R.replica.is_(None), inline("1")), else_=inline("0"))
+             + case((R.family.is_(None), inline("2")), else_=inline("0")))
+    return [R.tenant, R.model, func.coalesce(R.replica, inline("''")), R.backend,
+            func.coalesce(R.family, inline("''")), R.status, nulls]
 
 
-def group_key(key: Iterable[Any]) -> str:
-    """The digest naming one rollup group: MD5 of its key columns, each `-` when NULL or its
-    length, `:` and its text, joined by `|` (so NULL and '' differ, and PostgreSQL computes the
-    same with md5() when rebuilding, see `_group_key_sql`)."""
-    text = "|".join("-" if v is None else f"{len(str(v))}:{v}" for v in key)
-    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+def _upsert(dialect: str, table: Table, columns: list[str], rows: Any, sums: tuple[str, ...],
+            ) -> Any:
+    """INSERT `rows` (a SELECT, or None for an executemany) adding `sums` to a row that has
+    the same primary key."""
+    make = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = make(table)
+    if rows is not None:
+        stmt = stmt.from_select(columns, rows)
+    keys = [c.name for c in table.primary_key.columns]
+    return stmt.on_conflict_do_update(index_elements=keys,
+                                      set_={s: table.c[s] + stmt.excluded[s] for s in sums})
 
 
-def _group_key_sql(conn: Connection) -> ColumnElement[Any]:
-    """`group_key` of a `requests` row's key columns, in SQL (SQLite: `group_key` itself,
-    registered on the connection)."""
-    columns = [getattr(RequestRecord, name) for name in KEY_COLUMNS]
-    if conn.dialect.name == "sqlite":
-        raw = conn.connection.dbapi_connection
-        raw.create_function("prefixgate_group_key", len(columns),  # type: ignore[union-attr]
-                            lambda *key: group_key(key), deterministic=True)
-        return func.prefixgate_group_key(*columns)
-    joined: ColumnElement[Any] | None = None
-    for column in columns:
-        value = cast(column, Text)
-        part = case((column.is_(None), literal_column("'-'", Text)),
-                    else_=cast(func.length(value), Text).concat(literal_column("':'", Text))
-                    .concat(value))
-        joined = part if joined is None else joined.concat(literal_column("'|'", Text)).concat(part)
-    return func.md5(joined)
-
-
-def _row_sums(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """One raw row's contribution, in INT_SUMS order (see gateway.stats_sums.paired)."""
-    predicted, reported = row.get("predicted_cached_tokens"), row.get("reported_cached_tokens")
-    paired = row["status"] < 400 and predicted is not None and reported is not None
-    return (1, row["prompt_tokens"] or 0, row["cached_tokens"] or 0,
-            row["completion_tokens"] or 0, predicted if paired else 0,
-            reported if paired else 0, int(predicted is not None))
-
-
-def group_rows(rows: Iterable[Mapping[str, Any]],
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Normalised raw rows as rollup rows of every period: (request_rollups rows, lint_rollups
-    rows), each key once, in key order (concurrent upserts take row locks in one order)."""
-    groups: dict[tuple[Any, ...], list[Any]] = {}
-    lints: dict[tuple[int, int, str], int] = {}
-    for row in rows:
-        key = tuple(row[name] for name in KEY_COLUMNS)
-        sums = _row_sums(row)
-        rules = lint_rules(row.get("lint_ids"))
-        for period in PERIODS:
-            start = start_of(row["ts"], period)
-            acc = groups.get((period, start, *key))
-            if acc is None:
-                acc = groups[(period, start, *key)] = [0] * len(INT_SUMS) + [0.0, 0.0]
-            for i, value in enumerate(sums):
-                acc[i] += value
-            acc[-2] += row["prefill_saved_ms"] or 0.0
-            acc[-1] += row["latency_ms"] or 0.0
-            for rule in rules:
-                lints[(period, start, rule)] = lints.get((period, start, rule), 0) + 1
-    out = []
-    for (period, start, *columns), acc in groups.items():
-        out.append({"period": period, "start": start, "group_key": group_key(columns),
-                    **dict(zip(KEY_COLUMNS, columns, strict=True)),
-                    **dict(zip(SUMS, acc, strict=True))})
-    out.sort(key=lambda r: (r["period"], r["start"], r["group_key"]))
-    lint_rows = [{"period": p, "start": t, "rule": rule, "requests": n}
-                 for (p, t, rule), n in sorted(lints.items())]
-    return out, lint_rows
-
-
-def _upsert(dialect: str, table: Table, index: list[str], sums: Iterable[str]) -> Any:
-    """SQLite: one INSERT ... ON CONFLICT DO UPDATE, executed per row (no round trips)."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = insert(table)
-    added = {name: func.coalesce(table.c[name], 0) + stmt.excluded[name] for name in sums}
-    return stmt.on_conflict_do_update(index_elements=index, set_=added)
-
-
-def _pg_upsert(db: Session | Connection, table: Table, index: list[str], sums: Iterable[str],
-               rows: list[dict[str, Any]]) -> None:
-    """PostgreSQL: the same upsert as one statement whose rows come in as one array per
-    column (`unnest`): pg8000 runs an executemany row by row, a round trip each."""
-    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    names = list(rows[0])
-    arrays = ", ".join(f"CAST(:{n} AS {table.c[n].type.compile(dialect)}[])" for n in names)
-    added = ", ".join(f'"{n}" = COALESCE({table.name}."{n}", 0) + EXCLUDED."{n}"'
-                      for n in sums)
-    columns = ", ".join(f'"{n}"' for n in names)
-    keys = ", ".join(f'"{n}"' for n in index)
-    statement = (f"INSERT INTO {table.name} ({columns}) SELECT * FROM unnest({arrays}) "
-                 f"ON CONFLICT ({keys}) DO UPDATE SET {added}")
-    db.execute(sql_text(statement), {n: [row[n] for row in rows] for n in names})
-
-
-def add_to_rollups(db: Session | Connection, dialect: str, rows: list[dict[str, Any]]) -> None:
-    """Add normalised raw rows to both rollups (in the caller's transaction on a `dialect`
-    database)."""
-    groups, lints = group_rows(rows)
-    for table, index, sums, batch in (
-            (ROLLUP_TABLES[0], ["period", "start", "group_key"], SUMS, groups),
-            (ROLLUP_TABLES[1], ["period", "start", "rule"], ("requests",), lints)):
-        if not batch:
-            continue
-        if dialect == "postgresql":
-            _pg_upsert(db, table, index, sums, batch)
-        else:
-            db.execute(_upsert(dialect, table, index, sums), batch)
-
-
-def rollups_ready(engine: Engine) -> bool:
-    """True when this database's rollups were built with this version's columns."""
-    if not inspect(engine).has_table(RollupState.__tablename__):
-        return False
-    with engine.connect() as conn:
-        built = conn.scalar(select(RollupState.columns).where(RollupState.name == STATE_NAME))
-    return built == fingerprint()
-
-
-def ensure_rollups(engine: Engine, wait_s: float = REBUILD_WAIT_S) -> None:
-    """Build the rollups from the raw rows unless they are ready. Another process rebuilding
-    at the same time holds the database's write lock: this one waits and finds them built."""
-    deadline = time.monotonic() + wait_s
-    while not rollups_ready(engine):
-        try:
-            with engine.begin() as conn:
-                _lock(conn)
-                if _built(conn):
-                    return
-                rebuild(conn)
-            return
-        except (OperationalError, InterfaceError):  # locked, or a wait that timed out
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.5)
-
-
-def _lock(conn: Connection) -> None:
-    """Hold off other writers for the rebuild: a raw row is then either counted by it or
-    written after it, with its own rollup upsert."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(sql_text("LOCK TABLE requests, request_rollups, lint_rollups, "
-                              "rollup_state IN SHARE ROW EXCLUSIVE MODE"))
-    else:  # SQLite: a first statement that writes takes the database's write lock
-        conn.execute(delete(RollupState).where(RollupState.name == ""))
-
-
-def _built(conn: Connection) -> bool:
-    built = conn.scalar(select(RollupState.columns).where(RollupState.name == STATE_NAME))
-    return built == fingerprint()
-
-
-def rebuild(conn: Connection, days_per_step: int = 1) -> None:
-    """Replace both rollups with the sums of every raw row and mark them built: one
-    INSERT ... SELECT ... GROUP BY per period for `request_rollups`; lint ids are split here,
-    from the rows grouped per (minute, lint_ids), a day of rows at a time."""
-    conn.execute(delete(RequestRollup))
-    conn.execute(delete(LintRollup))
-    R = RequestRecord
-    keys = [getattr(R, name) for name in KEY_COLUMNS]
+def _add_range(conn: Connection, low: int, high: int) -> None:
+    """Add the raw rows with low < id <= high to both rollups."""
+    dialect = conn.dialect.name
+    in_range = (R.id > low, R.id <= high)
     sums = {column.name: column.element for column in raw_sums()}
+    keys = _keys()
     for period in PERIODS:
-        start = start_sql(conn.dialect.name, R.ts, period)
-        grouped = (select(literal_column(str(period)), start, _group_key_sql(conn), *keys,
-                          *(func.coalesce(sums[name], 0) for name in SUMS))
-                   .group_by(start, *keys))
-        columns = ["period", "start", "group_key", *KEY_COLUMNS, *SUMS]
-        conn.execute(insert(RequestRollup).from_select(columns, grouped))
-    first, last = conn.execute(select(func.min(R.ts), func.max(R.ts))).one()
-    if first is not None:
-        step = timedelta(days=days_per_step)
-        day = _as_utc(first).replace(hour=0, minute=0, second=0, microsecond=0)
-        while day <= _as_utc(last):
-            _rebuild_lints(conn, day, day + step)
-            day += step
-    conn.execute(delete(RollupState).where(RollupState.name == STATE_NAME))
-    conn.execute(insert(RollupState), [{"name": STATE_NAME, "columns": fingerprint()}])
-
-
-def _as_utc(ts: datetime) -> datetime:
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-
-
-def _rebuild_lints(conn: Connection, day: datetime, end: datetime) -> None:
-    """Lint rows of the raw rows in [day, end): a whole number of hours."""
-    R = RequestRecord
-    minute: ColumnElement[Any] = start_sql(conn.dialect.name, R.ts, 60)
-    query = (select(minute.label("minute"), R.lint_ids, func.count().label("n"))
-             .where(R.ts >= day, R.ts < end, R.lint_ids != "")
-             .group_by(minute, R.lint_ids))
+        start = start_sql(dialect, R.ts, period)
+        rows = (select(literal_column(str(period)), start, *keys,
+                       *(func.coalesce(sums[name], 0) for name in SUMS))
+                .where(*in_range).group_by(start, *keys))
+        conn.execute(_upsert(dialect, ROLLUP_TABLES[0], ["period", "start", *KEY_COLUMNS, *SUMS],
+                             rows, SUMS))
+    minute = start_sql(dialect, R.ts, 60)
     lints: dict[tuple[int, int, str], int] = {}
+    query = (select(minute.label("minute"), R.lint_ids, func.count().label("n"))
+             .where(*in_range, R.lint_ids != "").group_by(minute, R.lint_ids))
     for row in conn.execute(query):
         for rule in lint_rules(row.lint_ids):
             for period in PERIODS:
                 key = (period, int(row.minute) // period * period, rule)
                 lints[key] = lints.get(key, 0) + int(row.n)
     if lints:
-        conn.execute(insert(LintRollup), [{"period": p, "start": t, "rule": r, "requests": n}
-                                          for (p, t, r), n in lints.items()])
+        conn.execute(_upsert(dialect, ROLLUP_TABLES[1], [], None, ("requests",)),
+                     [{"period": p, "start": t, "rule": r, "requests": n}
+                      for (p, t, r), n in sorted(lints.items())])
+
+
+def _safe_top(engine: Engine) -> int | None:
+    """The largest id under which no row can still be committed (None: not known now)."""
+    top = select(func.coalesce(func.max(R.id), 0))
+    if engine.dialect.name != "postgresql":
+        with engine.connect() as conn:
+            return int(conn.scalar(top) or 0)
+    try:
+        with engine.begin() as conn:  # waits for every insert in flight; new ones wait for it
+            conn.execute(sql_text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
+            conn.execute(sql_text(f"LOCK TABLE {R.__tablename__} IN SHARE MODE"))
+            return int(conn.scalar(top) or 0)
+    except DBAPIError:  # a lock timeout: an insert held it longer; catch up next time
+        return None
+
+
+def _claim(conn: Connection) -> int | None:
+    """Lock the state row for this transaction (catch-ups and resets take turns: SQLite's
+    write lock, PostgreSQL's row lock) and return the watermark; None when not built."""
+    S = RollupState
+    conn.execute(update(S).where(S.name == STATE_NAME).values(watermark=S.watermark))
+    row = conn.execute(select(S.columns, S.watermark).where(S.name == STATE_NAME)).first()
+    if row is None or row.columns != fingerprint():
+        return None
+    return int(row.watermark or 0)
+
+
+def catch_up(engine: Engine, chunk: int = CHUNK_IDS) -> int | None:
+    """Add every raw row above the watermark (up to `_safe_top`) to the rollups, `chunk` ids
+    per transaction; the watermark reached (None: rollups not built)."""
+    top = _safe_top(engine)
+    while True:
+        with engine.begin() as conn:
+            low = _claim(conn)
+            if low is None or top is None or low >= top:
+                return low
+            high = min(top, low + chunk)
+            _add_range(conn, low, high)
+            conn.execute(update(RollupState).where(RollupState.name == STATE_NAME)
+                         .values(watermark=high))
+
+
+def watermark(conn: Connection) -> int | None:
+    """The rollups' watermark as `conn` sees it; None unless built with this version's
+    columns."""
+    if not inspect(conn).has_table(RollupState.__tablename__):
+        return None
+    row = conn.execute(select(RollupState.columns, RollupState.watermark)
+                       .where(RollupState.name == STATE_NAME)).first()
+    if row is None or row.columns != fingerprint():
+        return None
+    return int(row.watermark or 0)
+
+
+def rollups_ready(engine: Engine) -> bool:
+    """True when this database's rollups were built with this version's columns."""
+    with engine.connect() as conn:
+        return watermark(conn) is not None
+
+
+@contextmanager
+def read_snapshot(engine: Engine) -> Iterator[Connection]:
+    """A connection whose reads all see one state of the database: the watermark, the
+    rollups and the raw rows above it agree (a catch-up committed between two reads would
+    otherwise count its rows twice or not at all)."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+            yield conn
+            conn.rollback()
+        return
+    with engine.connect() as conn:
+        # pysqlite opens no transaction for a SELECT: BEGIN makes the first read start one
+        # (not on an in-memory database's one shared connection, which the writer uses too)
+        snapshot = not isinstance(engine.pool, StaticPool)
+        if snapshot:
+            conn.exec_driver_sql("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+
+
+def ensure_rollups(engine: Engine, wait_s: float = REBUILD_WAIT_S) -> None:
+    """Start the rollups empty at watermark 0 unless built with this version's columns (a
+    second process doing the same waits on the lock and finds them started), then catch up
+    with the raw rows."""
+    deadline = time.monotonic() + wait_s
+    while not rollups_ready(engine):
+        try:
+            with engine.begin() as conn:
+                if _claim(conn) is None:
+                    _reset(conn)
+            break
+        except (OperationalError, InterfaceError, IntegrityError):  # locked, or a race
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+    catch_up(engine)
+
+
+def _reset(conn: Connection) -> None:
+    conn.execute(delete(RequestRollup))
+    conn.execute(delete(LintRollup))
+    conn.execute(delete(RollupState).where(RollupState.name == STATE_NAME))
+    conn.execute(insert(RollupState), [{"name": STATE_NAME, "columns": fingerprint(),
+                                        "watermark": 0}])
+

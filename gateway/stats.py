@@ -13,10 +13,9 @@ and are replayed in order when the database answers again. `lost` counts rows dr
 all that (a row the database refuses on its own); `pending()` counts rows queued or spilled;
 `degraded` is True while the last database operation failed.
 
-Rollups: every write path (a batch, a row alone, a replayed spill batch) goes through
-`_insert`, which adds the rows' per-minute sums to the rollup tables (gateway.rollups) in the
-same transaction, so /api/stats can read minutes instead of rows and still count every row
-exactly once.
+Rollups: the writer inserts raw rows only. /api/stats keeps per-minute, per-hour and per-day
+rollups of them up to date when it reads (gateway.rollups), so the writer thread does no more
+work per row than it would without them.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from gateway.record_rows import column_rules, normalise_row, to_json_row
-from gateway.rollups import add_to_rollups, ensure_rollups
+from gateway.rollups import ensure_rollups
 from gateway.spill import SpillFile
 from gateway.stats_tables import Base, RequestRecord, utcnow
 
@@ -285,10 +284,8 @@ class RecordStore:
         return batch, markers, False
 
     def _insert(self, rows: list[dict[str, Any]]) -> None:
-        """The raw rows and their rollup sums, in one transaction (every write path)."""
         with self._sessions() as session, session.begin():
             session.execute(_INSERT, rows)
-            add_to_rollups(session, self.engine.dialect.name, rows)
 
     def database_up(self) -> bool:
         """True when the database takes a write now: a known-good row inserted and rolled

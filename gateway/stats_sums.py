@@ -4,7 +4,10 @@ per-day rollups (gateway.rollups).
 A `Span` is what a query covers: every row from `since` on. With rollup levels, the rows
 before the first minute boundary at or after `since` (the window's partial first minute) are
 read raw, the whole minutes up to the first hour boundary from minute rollups, the whole hours
-up to the first day boundary from hour rollups, and the days from there on from day rollups.
+up to the first day boundary from hour rollups, and the days from there on from day rollups;
+the rollups hold the rows up to their watermark (an id), so the rows above it after the first
+minute boundary are read raw too (found through the primary key). The queries of one answer
+run on one connection that sees one state of the database (gateway.rollups.read_snapshot).
 The parts are added before any ratio or price is taken, so the result is what the raw rows
 alone give (integer sums exactly; float sums up to the order of addition, which SQL leaves
 unspecified anyway).
@@ -21,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal_column, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -43,6 +46,7 @@ class Span(NamedTuple):
 
     since: datetime
     levels: tuple[tuple[int, int], ...] = ()
+    watermark: int = 0  # the rollups hold the rows with id <= watermark
 
     @property
     def raw_until(self) -> datetime | None:
@@ -64,7 +68,7 @@ class Span(NamedTuple):
             if bucket_s % period:
                 break
             levels.append((period, start))
-        return Span(self.since, tuple(levels))
+        return Span(self.since, tuple(levels), self.watermark)
 
 
 def lint_rules(lint_ids: str | None) -> list[str]:
@@ -145,14 +149,14 @@ def _rollup_sums() -> list[ColumnElement[Any]]:
     ]
 
 
-def _unindexed(engine: Engine, key: Any) -> Any:
+def _unindexed(conn: Connection, key: Any) -> Any:
     """`key` as SQLite may not read through an index of its own (`key || ''`, same values).
 
     For `GROUP BY tenant` SQLite's planner walks the whole `tenant` index (rows come out
     grouped, no sort) instead of the `ts` index that finds the window's rows, so a one-hour
     window read every row of the table. Other databases plan by statistics and get the
     column as it is."""
-    if engine.dialect.name == "sqlite" and isinstance(key, InstrumentedAttribute):
+    if conn.dialect.name == "sqlite" and isinstance(key, InstrumentedAttribute):
         return key.concat(literal_column("''"))
     return key
 
@@ -175,71 +179,85 @@ def _in(table: Any, part: tuple[int, int, int | None]) -> list[ColumnElement[boo
             *([table.start < end] if end is not None else [])]
 
 
-def _raw_where(span: Span) -> list[ColumnElement[bool]]:
+def _raw_parts(conn: Connection, span: Span) -> list[list[ColumnElement[bool]]]:
+    """Where the raw rows of `span` are: every row from `since` on (no rollups), or the
+    partial first minute and the rows above the watermark after it. The latter are found
+    through the primary key: SQLite's planner is kept off the `ts` index (a whole window of
+    rows) by comparing an expression of `ts`, not the column."""
     until = span.raw_until
-    return [R.ts >= span.since] + ([R.ts < until] if until is not None else [])
+    if until is None:
+        return [[R.ts >= span.since]]
+    ts = func.coalesce(R.ts, R.ts) if conn.dialect.name == "sqlite" else R.ts
+    return [[R.ts >= span.since, R.ts < until], [R.id > span.watermark, ts >= until]]
 
 
-def _grouped_by(engine: Engine, raw_key: Any, rollup_key: Any, span: Span,
+def _rollup_key(name: str) -> Any:
+    """A rollup column as the raw rows hold it (NULL back where `nulls` says so)."""
+    bit = {"replica": 1, "family": 2}.get(name)
+    column = getattr(U, name)
+    if bit is None:
+        return column
+    return case((U.nulls.op("&")(_literal(bit)) != _literal(0), None), else_=column)
+
+
+def _grouped_by(conn: Connection, raw_key: Any, rollup_key: Any, span: Span,
                 ) -> dict[tuple[Any, str], Sums]:
     out: dict[tuple[Any, str], Sums] = {}
-    raw = (select(raw_key.label("key"), R.model, *raw_sums()).where(*_raw_where(span))
-           .group_by(raw_key, R.model))
-    with engine.connect() as conn:
+    for where in _raw_parts(conn, span):
+        raw = (select(raw_key.label("key"), R.model, *raw_sums()).where(*where)
+               .group_by(raw_key, R.model))
         for row in conn.execute(raw):
             _add(out, (row.key, row.model), row)
-        for part in span.rollups():
-            rolled = (select(rollup_key.label("key"), U.model, *_rollup_sums())
-                      .where(*_in(U, part)).group_by(rollup_key, U.model))
-            for row in conn.execute(rolled):
-                _add(out, (row.key, row.model), row)
+    for part in span.rollups():
+        rolled = (select(rollup_key.label("key"), U.model, *_rollup_sums())
+                  .where(*_in(U, part)).group_by(rollup_key, U.model))
+        for row in conn.execute(rolled):
+            _add(out, (row.key, row.model), row)
     return out
 
 
-def grouped(engine: Engine, key: str, span: Span) -> dict[tuple[Any, str], Sums]:
+def grouped(conn: Connection, key: str, span: Span) -> dict[tuple[Any, str], Sums]:
     """(value of column `key`, model) -> sums, over `span`."""
-    return _grouped_by(engine, _unindexed(engine, getattr(R, key)),
-                       getattr(U, key), span)
+    return _grouped_by(conn, _unindexed(conn, getattr(R, key)), _rollup_key(key), span)
 
 
-def bucketed(engine: Engine, bucket_s: int, span: Span) -> dict[tuple[Any, str], Sums]:
+def bucketed(conn: Connection, bucket_s: int, span: Span) -> dict[tuple[Any, str], Sums]:
     """(bucket index = epoch // bucket_s, model) -> sums over `span`: each rollup period it
     reads must hold whole buckets' worth (`bucket_s` a multiple of the period)."""
     for period, _, _ in span.rollups():
         if bucket_s % period:
             raise ValueError(f"a {bucket_s} s bucket splits a {period} s rollup period")
-    dialect = engine.dialect.name
-    return _grouped_by(engine, bucket_sql(dialect, R.ts, bucket_s),
+    dialect = conn.dialect.name
+    return _grouped_by(conn, bucket_sql(dialect, R.ts, bucket_s),
                        U.start // _literal(bucket_s), span)
 
 
-def lint_counts(engine: Engine, span: Span) -> Counter[str]:
+def lint_counts(conn: Connection, span: Span) -> Counter[str]:
     """Requests per lint rule id over `span`."""
     counts: Counter[str] = Counter()
-    raw = (select(R.lint_ids, func.count().label("n")).where(*_raw_where(span))
-           .group_by(R.lint_ids))
-    with engine.connect() as conn:
+    for where in _raw_parts(conn, span):
+        raw = select(R.lint_ids, func.count().label("n")).where(*where).group_by(R.lint_ids)
         for row in conn.execute(raw):
             for rule in lint_rules(row.lint_ids):
                 counts[rule] += int(row.n)
-        for part in span.rollups():
-            rolled = (select(L.rule, func.sum(L.requests).label("n"))
-                      .where(*_in(L, part)).group_by(L.rule))
-            for row in conn.execute(rolled):
-                counts[row.rule] += int(row.n)
+    for part in span.rollups():
+        rolled = (select(L.rule, func.sum(L.requests).label("n"))
+                  .where(*_in(L, part)).group_by(L.rule))
+        for row in conn.execute(rolled):
+            counts[row.rule] += int(row.n)
     return counts
 
 
-def status_counts(engine: Engine, span: Span) -> Counter[int]:
+def status_counts(conn: Connection, span: Span) -> Counter[int]:
     """Requests per HTTP status over `span`."""
     counts: Counter[int] = Counter()
-    raw = select(R.status, func.count().label("n")).where(*_raw_where(span)).group_by(R.status)
-    with engine.connect() as conn:
+    for where in _raw_parts(conn, span):
+        raw = select(R.status, func.count().label("n")).where(*where).group_by(R.status)
         for row in conn.execute(raw):
             counts[int(row.status)] += int(row.n)
-        for part in span.rollups():
-            rolled = (select(U.status, func.sum(U.requests).label("n"))
-                      .where(*_in(U, part)).group_by(U.status))
-            for row in conn.execute(rolled):
-                counts[int(row.status)] += int(row.n)
+    for part in span.rollups():
+        rolled = (select(U.status, func.sum(U.requests).label("n"))
+                  .where(*_in(U, part)).group_by(U.status))
+        for row in conn.execute(rolled):
+            counts[int(row.status)] += int(row.n)
     return counts

@@ -1,5 +1,6 @@
 """The stats database's tables: one `RequestRecord` per request (gateway.stats writes them),
-and beside them the per-minute rollups of those rows (gateway.rollups keeps them)."""
+and beside them the per-minute, per-hour and per-day rollups of those rows (gateway.rollups
+keeps them)."""
 
 from __future__ import annotations
 
@@ -52,19 +53,23 @@ class RequestRecord(Base):
 
 class RequestRollup(Base):
     """The sums of the requests of one period (a minute, an hour or a day: `period` seconds from
-    `start`, an epoch second) with one (tenant, model, replica, backend, family, status)."""
+    `start`, an epoch second) with one (tenant, model, replica, backend, family, status).
 
-    __tablename__ = "request_rollups"
+    The key is the primary key, so gateway.rollups adds to a row with one SQL upsert. A primary
+    key holds no NULL: a NULL replica or family is stored as '' with its bit set in `nulls`
+    (1: replica, 2: family), so NULL and '' stay two groups."""
+
+    __tablename__ = "stats_rollups"
 
     period: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     start: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    group_key: Mapped[str] = mapped_column(String(32), primary_key=True)
-    tenant: Mapped[str] = mapped_column(String(128))
-    model: Mapped[str] = mapped_column(String(256))
-    replica: Mapped[str | None] = mapped_column(String(512), nullable=True)
-    backend: Mapped[str] = mapped_column(String(32))
-    family: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    status: Mapped[int] = mapped_column(Integer)
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    replica: Mapped[str] = mapped_column(String(512), primary_key=True)
+    backend: Mapped[str] = mapped_column(String(32), primary_key=True)
+    family: Mapped[str] = mapped_column(String(128), primary_key=True)
+    status: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    nulls: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -79,7 +84,7 @@ class RequestRollup(Base):
 class LintRollup(Base):
     """How many of one period's requests one lint rule fired on."""
 
-    __tablename__ = "lint_rollups"
+    __tablename__ = "stats_lint_rollups"
 
     period: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     start: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
@@ -88,9 +93,11 @@ class LintRollup(Base):
 
 
 class RollupState(Base):
-    """Which rollups were built, and with which columns (rebuilt when these change)."""
+    """Which rollups were built, with which columns (rebuilt when these change), and up to
+    which `requests.id` they hold every row (`watermark`; rows above it are read raw)."""
 
-    __tablename__ = "rollup_state"
+    __tablename__ = "stats_rollup_state"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     columns: Mapped[str] = mapped_column(Text)
+    watermark: Mapped[int] = mapped_column(BigInteger, default=0)
