@@ -1,7 +1,7 @@
-"""The per-minute rollups behind /api/stats: whatever path rows took into the database (batches,
-one by one after a refused batch, spill replay, two writers on one file, rows written before
-rollups existed), `compute_stats` over the rollups answers exactly what it answers over the raw
-rows, for windows and buckets of every kind, on SQLite and on PostgreSQL.
+"""The per-minute, per-hour and per-day rollups behind /api/stats: whatever path rows took into the
+database (batches, one by one after a refused batch, spill replay, two writers on one file, rows
+written before rollups existed), `compute_stats` over the rollups answers exactly what it answers
+over the raw rows, for windows and buckets of every kind, on SQLite and on PostgreSQL.
 
 The reference is `compute_stats(..., source="raw")`, the raw-row computation /api/stats made
 before rollups existed (itself checked against naive recomputations in test_dashboard_stats and

@@ -9,6 +9,7 @@ The reference is `compute_stats(..., source="raw")` (see test_stats_rollups) and
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -132,12 +133,39 @@ def test_a_row_committed_after_a_larger_id_is_counted_once_on_postgres(
             write(store, random_rows(44, 100))  # gateway B: larger ids, committed
             monkeypatch.setattr(rollups, "LOCK_TIMEOUT_MS", 200)
             catch_up(store.engine)  # cannot know A's rows yet: stops below them
+            # B's rows, above the watermark, are read raw
+            assert _total(store.engine, "rollup") == 300
+            assert_paths_agree(store.engine, kinds=FEW)
             slow.commit()
         assert (store.count(), _total(store.engine, "rollup")) == (350, 350)
         assert_every_row_once_per_period(store.engine)
         assert_paths_agree(store.engine, kinds=FEW)
     finally:
         late.dispose()
+        store.close()
+
+
+def test_rows_written_since_the_last_catch_up_are_read_raw(tmp_path: Path) -> None:
+    """While another connection holds SQLite's write lock, /api/stats cannot catch up (it
+    waits out the busy timeout): it reads the rows above the watermark raw, same answer."""
+    url = _sqlite(tmp_path)
+    store = RecordStore(url, flush_interval_s=0.02)
+    try:
+        write(store, random_rows(49, 600))
+        assert _total(store.engine, "rollup") == 600
+        write(store, random_rows(50, 300))
+        holder = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            raw = compute_stats(store.engine, window_s=MONTH, now=NOW, source="raw")
+            rolled = compute_stats(store.engine, window_s=MONTH, now=NOW, source="rollup")
+            with store.engine.connect() as conn:
+                assert rollups.watermark(conn) == 600  # not caught up
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert rolled == raw and raw["totals"]["requests"] == 900
+    finally:
         store.close()
 
 
