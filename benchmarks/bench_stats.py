@@ -1,18 +1,20 @@
-"""/api/stats on a busy gateway's database: raw rows vs per-minute rollups, and what the rollups
-cost the stats writer.
+"""/api/stats on a busy gateway's database: raw rows vs per-minute/hour/day rollups, and what the
+stats writer costs.
 
     python benchmarks/bench_stats.py [--quick] [--rows N] [--days D] [--no-postgres]
 
 Bulk-loads N request records (default 1,000,000; --quick 100,000) spread over the D days
 (default 30) before now, with a skewed mix of tenants, models, replicas, families, statuses and lint
 findings, as a database an older gateway wrote (raw rows, no rollups); times building the
-rollups from them (what opening such a database does once); then times `compute_stats` over
-1 h / 24 h / 7 d / 30 d windows reading raw rows (`source="raw"`, what /api/stats did before
-rollups) and reading rollups (`source="rollup"`), and checks that both answer the same. The
-stats writer's throughput (rows/s from `RecordStore.add` to commit) is measured with and
-without the rollup upserts on fresh databases (SQLite 100,000 rows, PostgreSQL 20,000; a
-fifth of that with --quick). SQLite, and PostgreSQL when its server binaries are installed (a
-throwaway cluster, loaded with COPY). Two threads at most: this one and the stats writer.
+rollups from them (catching up from watermark 0: what opening such a database does once); then
+times `compute_stats` over 1 h / 24 h / 7 d / 30 d windows reading raw rows (`source="raw"`,
+what /api/stats did before rollups) and reading rollups (`source="rollup"`, its catch-up
+included), and checks that both answer the same. The stats writer's throughput (rows/s from
+`RecordStore.add` to commit) and its thread's CPU time per row are measured on a fresh
+database (SQLite 100,000 rows, PostgreSQL 20,000; a fifth of that with --quick); the writer
+does no rollup work, so these are what it costs without rollups too. SQLite, and PostgreSQL
+when its server binaries are installed (a throwaway cluster, loaded with COPY). Two threads at
+most: this one and the stats writer.
 
 Writes benchmarks/results/stats.json (a --quick run writes nowhere under results/).
 """
@@ -54,14 +56,6 @@ MODELS = (("gpt-4o", 30), ("gpt-4o-mini", 25), ("claude-sonnet-4", 20), ("claude
 STATUSES = ((200, 930), (400, 20), (429, 20), (499, 10), (500, 10), (502, 10))
 LINTS = (("", 70), ("PL001", 10), ("PL001,PL004", 8), ("PL004", 5), ("PL009", 4),
          ("PL002,PL007", 3))
-
-
-class RawOnlyStore(RecordStore):
-    """The writer as it was before rollups: raw rows only (for the throughput comparison)."""
-
-    def _insert(self, rows: list[dict[str, Any]]) -> None:
-        with self._sessions() as session, session.begin():
-            session.execute(_INSERT, rows)
 
 
 def _pick(rng: random.Random, weighted: tuple[tuple[Any, int], ...]) -> Any:
@@ -106,8 +100,11 @@ def make_rows(n: int, now: datetime, days: int = 30, seed: int = 7,
             lint_ids=_pick(rng, LINTS), family=family)
 
 
-def load(store: RecordStore, n: int, now: datetime, label: str) -> float:
-    """Add N rows through the writer as fast as it commits them; rows per second."""
+def load(store: RecordStore, n: int, now: datetime, label: str) -> tuple[float, float]:
+    """Add N rows through the writer as fast as it commits them; rows per second, and the
+    writer thread's CPU microseconds per row."""
+    clock = time.pthread_getcpuclockid(store._thread.ident or 0)
+    cpu = time.clock_gettime(clock)
     start = time.perf_counter()
     with tqdm(total=n, desc=label, unit="row", leave=False, mininterval=0.5) as bar:
         for i, row in enumerate(make_rows(n, now)):
@@ -118,8 +115,10 @@ def load(store: RecordStore, n: int, now: datetime, label: str) -> float:
                     time.sleep(0.002)
         assert store.flush(timeout=None)
         bar.update(n - bar.n)
+    wall = time.perf_counter() - start
+    cpu = time.clock_gettime(clock) - cpu
     assert store.spilled == 0 and store.lost == 0
-    return n / (time.perf_counter() - start)
+    return n / wall, cpu / n * 1e6
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -171,10 +170,10 @@ def bulk_load(engine: Any, n: int, days: int, now: datetime, label: str) -> None
             bar.update(len(chunk))
 
 
-def bench_database(name: str, url: str, scratch_urls: tuple[str, str], n: int, days: int,
+def bench_database(name: str, url: str, scratch_url: str, n: int, days: int,
                    now: datetime, throughput_rows: int) -> dict[str, Any]:
-    """Bulk-load, build the rollups, query both ways; writer throughput on two scratch
-    databases."""
+    """Bulk-load, build the rollups, query both ways; writer throughput on a scratch
+    database."""
     out: dict[str, Any] = {"database": name, "rows": n}
     # no pg8000 socket timeout: a raw 30-day query on PostgreSQL may run longer than the
     # writer's 10 s
@@ -198,13 +197,12 @@ def bench_database(name: str, url: str, scratch_urls: tuple[str, str], n: int, d
                                    "same_answer": _same(raw, rolled)})
     finally:
         engine.dispose()
-    for key, kind, scratch in (("insert_rows_per_s_with_rollups", RecordStore, scratch_urls[0]),
-                               ("insert_rows_per_s_raw_only", RawOnlyStore, scratch_urls[1])):
-        writer = kind(scratch)
-        try:
-            out[key] = round(load(writer, throughput_rows, now, f"{name}: {key}"))
-        finally:
-            writer.close()
+    writer = RecordStore(scratch_url)
+    try:
+        rate, cpu = load(writer, throughput_rows, now, f"{name}: writer")
+        out["insert_rows_per_s"], out["writer_cpu_us_per_row"] = round(rate), round(cpu, 1)
+    finally:
+        writer.close()
     out["throughput_rows"] = throughput_rows
     return out
 
@@ -237,11 +235,11 @@ def print_table(results: list[dict[str, Any]]) -> None:
             print(f"{db['database']:<10} {w['window']:>6} {w['requests']:>9,} {w['raw_s']:>8.3f} "
                   f"{w['rollup_s']:>9.3f} {speed:>7.1f}x {str(w['same_answer']):>5}")
     print(f"\n{'database':<10} {'rows':>10} {'rollup rows':>11} {'build s':>8}   "
-          f"writer rows/s: {'raw only':>8} {'with rollups':>12} (of {'rows':>7})")
+          f"writer: {'rows/s':>7} {'CPU us/row':>10} (of {'rows':>7})")
     for db in results:
         print(f"{db['database']:<10} {db['rows']:>10,} {db['rollup_rows']:>11,} "
-              f"{db['build_rollups_s']:>8.1f}   {'':>14} {db['insert_rows_per_s_raw_only']:>8,} "
-              f"{db['insert_rows_per_s_with_rollups']:>12,} (of {db['throughput_rows']:>7,})")
+              f"{db['build_rollups_s']:>8.1f}   {'':>7} {db['insert_rows_per_s']:>7,} "
+              f"{db['writer_cpu_us_per_row']:>10} (of {db['throughput_rows']:>7,})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,15 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.now(UTC)
     results = []
     with tempfile.TemporaryDirectory(prefix="prefixgate-bench-stats-") as tmp:
-        sqlite = [f"sqlite:///{tmp}/{name}.db" for name in ("stats", "with", "raw")]
-        results.append(bench_database("sqlite", sqlite[0], (sqlite[1], sqlite[2]), n, args.days,
-                                      now,
+        sqlite = [f"sqlite:///{tmp}/{name}.db" for name in ("stats", "writer")]
+        results.append(bench_database("sqlite", sqlite[0], sqlite[1], n, args.days, now,
                                       throughput("sqlite")))
         if not args.no_postgres:
             with postgres() as cluster:
                 if cluster is not None:
-                    urls = [cluster.new_database() for _ in range(3)]
-                    results.append(bench_database("postgresql", urls[0], (urls[1], urls[2]),
+                    urls = [cluster.new_database() for _ in range(2)]
+                    results.append(bench_database("postgresql", urls[0], urls[1],
                                                   n, args.days, now, throughput("postgresql")))
     print_table(results)
     report = {"benchmark": "stats", "rows": n, "spread_days": args.days,

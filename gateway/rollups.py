@@ -94,30 +94,60 @@ def _upsert(dialect: str, table: Table, columns: list[str], rows: Any, sums: tup
 
 def _add_range(conn: Connection, low: int, high: int) -> None:
     """Add the raw rows with low < id <= high to both rollups."""
+    in_range = [R.id > low, R.id <= high]
+    _add_sums(conn, in_range)
+    _add_lints(conn, in_range)
+
+
+def _add_sums(conn: Connection, where: list[ColumnElement[bool]]) -> None:
+    """The rows' sums into `stats_rollups`: one INSERT ... SELECT per period, in SQL."""
     dialect = conn.dialect.name
-    in_range = (R.id > low, R.id <= high)
     sums = {column.name: column.element for column in raw_sums()}
     keys = _keys()
     for period in PERIODS:
         start = start_sql(dialect, R.ts, period)
-        rows = (select(literal_column(str(period)), start, *keys,
-                       *(func.coalesce(sums[name], 0) for name in SUMS))
-                .where(*in_range).group_by(start, *keys))
+        grouped = (select(literal_column(str(period)), start, *keys,
+                          *(func.coalesce(sums[name], 0) for name in SUMS))
+                   .where(*where).group_by(start, *keys))
         conn.execute(_upsert(dialect, ROLLUP_TABLES[0], ["period", "start", *KEY_COLUMNS, *SUMS],
-                             rows, SUMS))
+                             grouped, SUMS))
+
+
+def _add_lints(conn: Connection, where: list[ColumnElement[bool]]) -> None:
+    """The rows' lint rule counts into `stats_lint_rollups`: the rows grouped per (minute,
+    lint_ids) in SQL, the ids split here as the raw path splits them (`lint_rules`)."""
+    dialect = conn.dialect.name
     minute = start_sql(dialect, R.ts, 60)
     lints: dict[tuple[int, int, str], int] = {}
     query = (select(minute.label("minute"), R.lint_ids, func.count().label("n"))
-             .where(*in_range, R.lint_ids != "").group_by(minute, R.lint_ids))
+             .where(*where, R.lint_ids != "").group_by(minute, R.lint_ids))
     for row in conn.execute(query):
         for rule in lint_rules(row.lint_ids):
             for period in PERIODS:
                 key = (period, int(row.minute) // period * period, rule)
                 lints[key] = lints.get(key, 0) + int(row.n)
-    if lints:
-        conn.execute(_upsert(dialect, ROLLUP_TABLES[1], [], None, ("requests",)),
-                     [{"period": p, "start": t, "rule": r, "requests": n}
-                      for (p, t, r), n in sorted(lints.items())])
+    if not lints:
+        return
+    rows = [{"period": p, "start": t, "rule": r, "requests": n}
+            for (p, t, r), n in sorted(lints.items())]
+    if dialect == "postgresql":
+        _pg_add_lints(conn, rows)
+    else:
+        conn.execute(_upsert(dialect, ROLLUP_TABLES[1], [], None, ("requests",)), rows)
+
+
+def _pg_add_lints(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """PostgreSQL: the lint upsert as one statement whose rows come in as one array per
+    column (`unnest`): pg8000 runs an executemany a round trip per row."""
+    table = ROLLUP_TABLES[1]
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    names = list(rows[0])
+    arrays = ", ".join(f"CAST(:{n} AS {table.c[n].type.compile(dialect)}[])" for n in names)
+    keys = ", ".join(f'"{c.name}"' for c in table.primary_key.columns)
+    conn.execute(sql_text(
+        f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({arrays}) "
+        f"ON CONFLICT ({keys}) DO UPDATE SET requests = {table.name}.requests "
+        "+ EXCLUDED.requests"), {n: [row[n] for row in rows] for n in names})
 
 
 def _safe_top(engine: Engine) -> int | None:
