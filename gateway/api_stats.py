@@ -36,7 +36,14 @@ from starlette.routing import Route
 from gateway.admission import Overloaded
 from gateway.errors import error_body
 from gateway.pricing import PriceTable
-from gateway.rollups import EPOCH, PERIODS, catch_up, read_snapshot, watermark
+from gateway.rollups import (
+    EPOCH,
+    PERIODS,
+    catch_up,
+    read_snapshot,
+    shared_connection,
+    watermark,
+)
 from gateway.stats_sums import NUMBERS, Span, Sums, bucketed, grouped, lint_counts, status_counts
 
 StateGetter = Callable[[], Any]  # () -> app.state, as create_app passes it
@@ -151,6 +158,8 @@ def _use_rollups(window_s: int, source: str) -> bool:
 def _catch_up(engine: Engine) -> None:
     """Bring the rollups up to date; on failure (a lock held too long) the rows above the
     watermark are read raw: slower, same answer."""
+    if shared_connection(engine):
+        return
     try:
         catch_up(engine)
     except SQLAlchemyError as exc:

@@ -45,12 +45,12 @@ from gateway.stats_sums import EPOCH, lint_rules, raw_sums, start_sql
 from gateway.stats_tables import Base, LintRollup, RequestRecord, RequestRollup, RollupState
 
 __all__ = ["EPOCH", "PERIODS", "catch_up", "ensure_rollups", "read_snapshot", "rollups_ready",
-           "watermark"]
+           "shared_connection", "watermark"]
 
 R = RequestRecord
 STATE_NAME = "rollups"
 REBUILD_WAIT_S = 300.0  # how long a second process waits for another's reset
-CHUNK_IDS = 20_000  # ids per catch-up transaction (SQLite: the writer waits at most this long)
+CHUNK_IDS = 5000  # ids per catch-up transaction (SQLite: the writer waits for one, ~0.25 s)
 LOCK_TIMEOUT_MS = 2000  # PostgreSQL: how long _safe_top waits for inserts in flight
 KEY_COLUMNS = ("tenant", "model", "replica", "backend", "family", "status", "nulls")
 SUMS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens",
@@ -150,9 +150,13 @@ def _pg_add_lints(conn: Connection, rows: list[dict[str, Any]]) -> None:
         "+ EXCLUDED.requests"), {n: [row[n] for row in rows] for n in names})
 
 
+def _top() -> Any:
+    return select(func.coalesce(func.max(R.id), 0))
+
+
 def _safe_top(engine: Engine) -> int | None:
     """The largest id under which no row can still be committed (None: not known now)."""
-    top = select(func.coalesce(func.max(R.id), 0))
+    top = _top()
     if engine.dialect.name != "postgresql":
         with engine.connect() as conn:
             return int(conn.scalar(top) or 0)
@@ -178,7 +182,12 @@ def _claim(conn: Connection) -> int | None:
 
 def catch_up(engine: Engine, chunk: int = CHUNK_IDS) -> int | None:
     """Add every raw row above the watermark (up to `_safe_top`) to the rollups, `chunk` ids
-    per transaction; the watermark reached (None: rollups not built)."""
+    per transaction; the watermark reached (None: rollups not built). With no row above the
+    watermark it takes no lock and writes nothing (a dashboard refreshing an idle gateway)."""
+    with engine.connect() as conn:
+        mark = watermark(conn)
+        if mark is None or mark >= int(conn.scalar(_top()) or 0):
+            return mark
     top = _safe_top(engine)
     while True:
         with engine.begin() as conn:
@@ -209,6 +218,13 @@ def rollups_ready(engine: Engine) -> bool:
         return watermark(conn) is not None
 
 
+def shared_connection(engine: Engine) -> bool:
+    """True for an in-memory SQLite database: one connection, which the writer thread uses
+    too (a catch-up there could commit or roll back the writer's batch half-way; its rows
+    above the watermark are read raw instead)."""
+    return isinstance(engine.pool, StaticPool)
+
+
 @contextmanager
 def read_snapshot(engine: Engine) -> Iterator[Connection]:
     """A connection whose reads all see one state of the database: the watermark, the
@@ -221,9 +237,7 @@ def read_snapshot(engine: Engine) -> Iterator[Connection]:
         return
     with engine.connect() as conn:
         # pysqlite opens no transaction for a SELECT: BEGIN makes the first read start one
-        # (not on an in-memory database's one shared connection, which the writer uses too)
-        snapshot = not isinstance(engine.pool, StaticPool)
-        if snapshot:
+        if not shared_connection(engine):
             conn.exec_driver_sql("BEGIN")
         try:
             yield conn

@@ -71,6 +71,42 @@ def test_the_writer_runs_no_rollup_statement(tmp_path: Path) -> None:
         store.close()
 
 
+def test_reading_an_idle_database_writes_nothing(tmp_path: Path) -> None:
+    """With no row above the watermark, /api/stats takes no lock and writes nothing (a
+    dashboard refreshing every few seconds would otherwise take the writer's lock each time);
+    with rows above it, it catches up."""
+    store = RecordStore(_sqlite(tmp_path), flush_interval_s=0.02)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement.lstrip().split()[0].upper())
+
+    try:
+        write(store, random_rows(51, 300))
+        event.listen(store.engine, "before_cursor_execute", seen)
+        assert _total(store.engine, "rollup") == 300
+        assert "INSERT" in statements and "UPDATE" in statements
+        statements.clear()
+        assert _total(store.engine, "rollup") == 300
+        assert statements and {"INSERT", "UPDATE", "DELETE"} & set(statements) == set()
+    finally:
+        store.close()
+
+
+def test_an_in_memory_database_reads_rows_above_the_watermark_raw() -> None:
+    """An in-memory database is one connection the writer thread shares: /api/stats does not
+    catch up there (it could commit or roll back a batch half-way) and still answers right."""
+    store = RecordStore("sqlite://", flush_interval_s=0.02)
+    try:
+        write(store, random_rows(52, 300))
+        assert _total(store.engine, "rollup") == 300
+        with store.engine.connect() as conn:
+            assert rollups.watermark(conn) == 0
+        assert_paths_agree(store.engine, kinds=FEW)
+    finally:
+        store.close()
+
+
 def _catch_up_at_once(url: str, readers: int) -> None:
     """`readers` processes' worth of engines catch up at the same moment, in small chunks."""
     engines = [make_engine(url) for _ in range(readers)]
