@@ -153,8 +153,12 @@ def _csv_field(value: Any) -> str:
 def bulk_load(engine: Any, n: int, days: int, now: datetime, label: str) -> None:
     """N raw rows, as fast as the database takes them (executemany; COPY on PostgreSQL)."""
     Base.metadata.tables["requests"].create(engine)
+    insert_rows(engine, make_rows(n, now, days), n, label)
+
+
+def insert_rows(engine: Any, rows: Iterator[dict[str, Any]], n: int, label: str) -> None:
+    """N rows from `rows` into `requests`, BULK_CHUNK per transaction."""
     columns = sorted(RECORD_COLUMNS)
-    rows = make_rows(n, now, days)
     with tqdm(total=n, desc=label, unit="row", leave=False, mininterval=0.5) as bar:
         while bar.n < n:
             chunk = [_row(next(rows)) for _ in range(min(BULK_CHUNK, n - bar.n))]
@@ -195,6 +199,7 @@ def bench_database(name: str, url: str, scratch_url: str, n: int, days: int,
                                    "rollup_s": round(rollup_s, 4),
                                    "requests": raw["totals"]["requests"],
                                    "same_answer": _same(raw, rolled)})
+        out.update(_day_later(engine, n // days, now, name))
     finally:
         engine.dispose()
     writer = RecordStore(scratch_url)
@@ -205,6 +210,18 @@ def bench_database(name: str, url: str, scratch_url: str, n: int, days: int,
         writer.close()
     out["throughput_rows"] = throughput_rows
     return out
+
+
+def _day_later(engine: Any, n: int, now: datetime, name: str) -> dict[str, Any]:
+    """A day's rows written after the last read, in time order as a gateway writes them:
+    the 30-day rollup read that catches them up, and the one after it."""
+    later = now + timedelta(days=1)
+    day = iter(sorted(make_rows(n, later, 1, seed=8), key=lambda r: r["ts"]))
+    insert_rows(engine, day, n, f"{name}: a day later")
+    first_s, _ = _timed(engine, 30 * 86400, later, "rollup")
+    again_s, _ = _timed(engine, 30 * 86400, later, "rollup")
+    return {"day_rows": n, "rollup_30d_catching_up_a_day_s": round(first_s, 4),
+            "rollup_30d_after_s": round(again_s, 4)}
 
 
 @contextmanager
@@ -240,6 +257,11 @@ def print_table(results: list[dict[str, Any]]) -> None:
         print(f"{db['database']:<10} {db['rows']:>10,} {db['rollup_rows']:>11,} "
               f"{db['build_rollups_s']:>8.1f}   {'':>7} {db['insert_rows_per_s']:>7,} "
               f"{db['writer_cpu_us_per_row']:>10} (of {db['throughput_rows']:>7,})")
+    print()
+    for db in results:
+        print(f"{db['database']:<10} 30 d read catching up a day ({db['day_rows']:,} rows): "
+              f"{db['rollup_30d_catching_up_a_day_s']:.3f} s, the next read "
+              f"{db['rollup_30d_after_s']:.3f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
