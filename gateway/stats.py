@@ -12,6 +12,10 @@ bounded in-memory queue is full, rows go to an append-only local spill file (gat
 and are replayed in order when the database answers again. `lost` counts rows dropped after
 all that (a row the database refuses on its own); `pending()` counts rows queued or spilled;
 `degraded` is True while the last database operation failed.
+
+Rollups: the writer inserts raw rows only. /api/stats keeps per-minute, per-hour and per-day
+rollups of them up to date when it reads (gateway.rollups), so the writer thread does no more
+work per row than it would without them.
 """
 
 from __future__ import annotations
@@ -22,78 +26,27 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (
-    Boolean,
-    DateTime,
-    Float,
-    Integer,
-    String,
-    Text,
-    create_engine,
-    event,
-    func,
-    insert,
-    inspect,
-    select,
-)
+from sqlalchemy import create_engine, event, func, insert, inspect, select
 from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from gateway.record_rows import column_rules, normalise_row, to_json_row
+from gateway.rollups import ensure_rollups
 from gateway.spill import SpillFile
+from gateway.stats_tables import Base, RequestRecord, utcnow
+
+__all__ = ["RecordStore", "RequestRecord", "StatsDatabaseError", "open_database"]
 
 log = logging.getLogger("prefixgate.stats")
 REPLAY_BATCH = 2048
 REPLAY_PAUSE_S = 0.5
 DEFAULT_MAX_QUEUE = 10_000
-
-
-class Base(DeclarativeBase):
-    """Declarative base of the gateway's tables."""
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class RequestRecord(Base):
-    """What the gateway remembers about one request (no prompt text unless --store-prompts)."""
-
-    __tablename__ = "requests"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_utcnow, index=True)
-    request_id: Mapped[str] = mapped_column(String(64), index=True)
-    tenant: Mapped[str] = mapped_column(String(128), index=True)
-    model: Mapped[str] = mapped_column(String(256))
-    backend: Mapped[str] = mapped_column(String(32))
-    replica: Mapped[str | None] = mapped_column(String(512), nullable=True)
-    provider: Mapped[str] = mapped_column(String(16))
-    route: Mapped[str] = mapped_column(String(64))
-    status: Mapped[int] = mapped_column(Integer)
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    predicted_cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    reported_cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    tpot_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
-    prefill_saved_ms: Mapped[float] = mapped_column(Float, default=0.0)
-    # token counts are the gateway's estimate: the upstream sent no usage
-    usage_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
-    lint_ids: Mapped[str] = mapped_column(String(512), default="")
-    family: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    stream: Mapped[bool] = mapped_column(Boolean, default=False)
-    prompt_text: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 RECORD_COLUMNS = frozenset(c.name for c in RequestRecord.__table__.columns) - {"id"}
@@ -112,7 +65,7 @@ def _row(record: RequestRecord | Mapping[str, Any]) -> dict[str, Any]:
         record = {name: getattr(record, name) for name in RECORD_COLUMNS}
     row = {**_DEFAULTS, **{k: v for k, v in record.items() if v is not None}}
     if row["ts"] is None:
-        row["ts"] = _utcnow()
+        row["ts"] = utcnow()
     return normalise_row(row, _RULES)
 
 
@@ -136,17 +89,32 @@ class StatsDatabaseError(RuntimeError):
 
 
 def open_database(url: str) -> Engine:
-    """`make_engine(url)` with the `requests` table created (or its missing columns added);
-    a StatsDatabaseError saying which database and why when that fails."""
+    """`make_engine(url)` with its tables created (or their missing columns added) and the
+    rollups built from the raw rows if they are not (gateway.rollups); a StatsDatabaseError
+    saying which database and why when that fails."""
     try:
         engine = make_engine(url)
         Base.metadata.create_all(engine)
         add_missing_columns(engine)
+        _build_rollups(engine)
     except (OSError, SQLAlchemyError) as exc:
         shown = make_url(url).render_as_string(hide_password=True) if "://" in url else url
         reason = exc.orig if isinstance(exc, DBAPIError) else exc
         raise StatsDatabaseError(f"stats database {shown}: {reason}") from exc
     return engine
+
+
+def _build_rollups(engine: Engine) -> None:
+    """`ensure_rollups`, on PostgreSQL over connections without the writer's socket timeout
+    (building the rollups of a large table takes longer than one batch insert may)."""
+    if engine.dialect.name == "sqlite":
+        ensure_rollups(engine)
+        return
+    patient = create_engine(engine.url)
+    try:
+        ensure_rollups(patient)
+    finally:
+        patient.dispose()
 
 
 def make_engine(url: str) -> Engine:
@@ -168,16 +136,18 @@ def make_engine(url: str) -> Engine:
 
 
 def add_missing_columns(engine: Engine) -> None:
-    """Add columns this version's RequestRecord has and an older database lacks (nullable
-    adds only: a database written by an older gateway keeps working)."""
-    table = Base.metadata.tables[RequestRecord.__tablename__]
-    have = {c["name"] for c in inspect(engine).get_columns(table.name)}
+    """Add columns this version's tables have and an older database lacks (nullable adds
+    only: a database written by an older gateway keeps working; rollups built without a
+    column are rebuilt by gateway.rollups.ensure_rollups)."""
+    inspector = inspect(engine)
     with engine.begin() as conn:
-        for column in table.columns:
-            if column.name not in have:
-                kind = column.type.compile(engine.dialect)
-                ddl = f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'
-                conn.execute(sql_text(ddl))
+        for table in Base.metadata.sorted_tables:
+            have = {c["name"] for c in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in have:
+                    kind = column.type.compile(engine.dialect)
+                    ddl = f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'
+                    conn.execute(sql_text(ddl))
 
 
 def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:
