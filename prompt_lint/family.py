@@ -93,7 +93,7 @@ class Family:
     chars: int = 0
     requests: int = 0
     tool_names: list[str] | None = None
-    tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
+    tool_json: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     last_tools: object | None = None  # the ToolSet of the last request (identity check)
     sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
     bytes: int = 0  # estimated bytes of the templates and hashes, set when founded

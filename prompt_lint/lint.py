@@ -75,7 +75,8 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
         match = learner.observe(targets, spans, list(toolset.labels),
                                 conversation(body, session, turn))
     findings = _dynamic_findings(targets, spans, match, layout, counter)
-    tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset)
+    tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset,
+                                         _moved_spans(findings))
     findings += tool_found
     if tracker is not None:
         key = session_key(body, match.family.id if match.family else None, session, turn)
@@ -182,6 +183,15 @@ def _message(d: Dynamic) -> str:
     if d.evidence:
         return f"{d.label} in the cached prefix; varies across requests of this prompt family"
     return f"{d.label} in the cached prefix (pattern only, no evidence from the family)"
+
+
+def _moved_spans(findings: list[Finding]) -> dict[str, list[tuple[int, int]]]:
+    """The spans rewrite_request moves out, by path."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for f in findings:
+        if is_moved(f) and f.start is not None and f.end is not None:
+            out.setdefault(f.path, []).append((f.start, f.end))
+    return out
 
 
 def is_moved(f: Finding) -> bool:

