@@ -89,6 +89,7 @@ class Family:
     id: str
     line_hashes: frozenset[int]
     pair_sample: frozenset[int] = frozenset()  # the founding request's (prompt_lint.pairs)
+    tools: frozenset[str] = frozenset()  # its tool names: a request with others is not of it
     templates: dict[str, _Template] = field(default_factory=dict)
     chars: int = 0
     requests: int = 0

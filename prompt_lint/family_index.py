@@ -49,10 +49,12 @@ _TEMPLATE_COPIES = 3
 
 class _Key(NamedTuple):
     """What a request (or one of its strings) is matched to families by: its line hashes
-    and its word-pair sample."""
+    and its word-pair sample; for a request, also the set of its tool names (`tools`): only
+    a family with the same tools can hold it."""
 
     lines: frozenset[int]
     pairs: frozenset[int]
+    tools: frozenset[str] = frozenset()
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -136,7 +138,8 @@ class FamilyIndex:
             hashes |= part.lines
         if len(hashes) > self.config.max_lines:
             hashes = set(list(hashes)[: self.config.max_lines])
-        found = _Key(frozenset(hashes), merge_samples(part.pairs for part in parts))
+        found = _Key(frozenset(hashes), merge_samples(part.pairs for part in parts),
+                     frozenset(tool_names))
         weight = sum(map(text_bytes, tool_names)) + _HASH_BYTES * (
             _key_size(found) + sum(map(_key_size, parts)))
         return self._sets.put(key, found, weight)
@@ -153,10 +156,14 @@ class FamilyIndex:
         return family
 
     def _match(self, key: _Key) -> Family | None:
-        """The family most like the request: the Jaccard similarity of their line hashes
-        and word-pair samples together, or of their line hashes alone where that is higher
-        (the samples only add matches: a request that shares enough lines joins as it
-        did without them, whatever its value does to the pairs)."""
+        """The family most like the request among those with its tool names: the Jaccard
+        similarity of their line hashes and word-pair samples together, or of their line
+        hashes alone where that is higher (the samples only add matches: a request that
+        shares enough lines joins as it did without them, whatever its value does to the
+        pairs). Two agents with other tools are two families, however alike their system
+        prompts: a coder and a reviewer whose prompts share a long preamble and differ in
+        their first words were one family, where each agent's own words, the same in all
+        its sessions, were a session-scoped value that fix moved out of the system prompt."""
         candidates: set[str] = set()
         for h in sorted(key.lines)[:_PROBES]:
             candidates.update(self.lines.get(h, ()))
@@ -164,7 +171,7 @@ class FamilyIndex:
             candidates.update(self.pairs.get(h, ()))
         best, best_score = None, 0.0
         for fid, family in zip(candidates, map(self.families.peek, candidates), strict=True):
-            if family is None:
+            if family is None or family.tools != key.tools:
                 continue
             score = _similarity(key, _Key(family.line_hashes, family.pair_sample))
             if score > best_score or (score == best_score and best is not None and fid < best):
@@ -184,7 +191,7 @@ class FamilyIndex:
         while fid in self.families:  # same skeleton but below similarity: keep ids unique
             fid = hashlib.blake2b(fid.encode(), digest_size=6).hexdigest()
         hashes = key.lines
-        family = Family(fid, hashes, pair_sample=key.pairs)
+        family = Family(fid, hashes, pair_sample=key.pairs, tools=key.tools)
         for target in targets:
             if family.chars + len(target.text) <= self.config.max_template_chars:
                 family.templates[keys[target.path]] = _Template(target.text.split("\n"))
