@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gzip
 import json
 import os
 import sys
@@ -177,12 +178,13 @@ def _check_output(path: str | None, inputs: list[str]) -> None:
 
 
 def _write(prog: str, path: str | None, text: str) -> bool:
-    """Write `text` to `path` (stdout for None or "-"); False, after one error line on
-    stderr, when the file cannot be written."""
+    """Write `text` to `path` (stdout for None or "-"; gzipped for a name ending in .gz);
+    False, after one error line on stderr, when the file cannot be written."""
     if path is None or path == "-":
         return _write_stdout(prog, text)
-    try:
-        Path(path).write_text(text, encoding="utf-8")
+    data = text.encode("utf-8")
+    try:  # a name ending in .gz is written gzipped, as such an input is read
+        Path(path).write_bytes(gzip.compress(data, mtime=0) if path.endswith(".gz") else data)
     except OSError as exc:
         print(f"{prog}: {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return False
@@ -209,7 +211,7 @@ def _write_stdout(prog: str, text: str) -> bool:
 def _fixed_text(records: list[dict[str, Any]], path: str) -> str:
     """What `fix` writes: one JSON document when `path` ends in .json (the record itself when
     there is one, else an array: JSONL in a .json file was read by no JSON tool), else JSONL."""
-    if not path.endswith(".json"):
+    if not path.removesuffix(".gz").endswith(".json"):
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     document: Any = records[0] if len(records) == 1 else records
     return json.dumps(document, ensure_ascii=False, indent=2) + "\n"

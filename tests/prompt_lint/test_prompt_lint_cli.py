@@ -127,7 +127,7 @@ SURROGATE = ('{"model": "x", "messages": [{"role": "system", "content": "You are
 
 @pytest.mark.parametrize(("line", "problem"), [
     ('{"model": "x", "messages": [', "invalid JSON"),
-    ('{"model": "x"}', "'messages' must be a non-empty list"),
+    ('{"model": "x"}', "no 'messages': not an OpenAI Chat Completions or Anthropic Messages"),
     ('{"messages": [{"role": "wizard", "content": "x"}]}', "role 'wizard'"),
     # a RecursionError traceback and exit 1 (read by CI as a finding) before
     (_nested(1100), "JSON nested deeper than 128 levels"),
@@ -231,6 +231,7 @@ def test_an_output_that_cannot_be_written_is_one_line_and_exit_two(
         def refuse(self: Path, *args: Any, **kwargs: Any) -> int:
             raise PermissionError(13, "Permission denied", str(self))
         monkeypatch.setattr(Path, "write_text", refuse)
+        monkeypatch.setattr(Path, "write_bytes", refuse)
     code, out, err = run(main, [str(src), "-o", str(out_path)], capsys)
     prog = "prefixgate lint" if main is lint_main else "prefixgate fix"
     assert (code, out, err) == (2, "", f"{prog}: {out_path}: cannot write: {reason}\n")
