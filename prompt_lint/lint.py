@@ -14,6 +14,7 @@ from prompt_lint.checks import (
 )
 from prompt_lint.detectors import Span, detect
 from prompt_lint.evidence import FIX_CONFIDENCE, LIKELY, Dynamic, decide
+from prompt_lint.family import _SESSIONS_PER_FAMILY, Family
 from prompt_lint.layout import TokenLayout, token_layout
 from prompt_lint.providers import (
     Provider,
@@ -160,7 +161,8 @@ def _dynamic_findings(targets: list[Segment], spans: dict[str, list[Span]],
                 continue  # the rewriter's own marker (see the docstring)
             rule = _RULE_FOR_KIND[d.kind]
             low = d.confidence < FIX_CONFIDENCE and RULES[rule].severity == "error"
-            out.append(finding(rule, target.path, _message(d), start=d.start, end=d.end,
+            out.append(finding(rule, target.path, _message(d, match.family), start=d.start,
+                               end=d.end,
                                value=target.text[d.start:d.end], token_offset=offset,
                                confidence=round(d.confidence, 2),
                                severity="warning" if low else None))
@@ -175,14 +177,25 @@ def _overlaps_marker(text: str, start: int, end: int) -> bool:
     return any(m.start() < end and start < m.end() for m in _MARKER.finditer(text))
 
 
-def _message(d: Dynamic) -> str:
+def _message(d: Dynamic, family: Family | None) -> str:
+    if not d.evidence or family is None:
+        return f"{d.label} in the cached prefix (pattern only, no evidence from the family)"
     if d.kind == "session":
-        return "constant within a session but different across sessions of this prompt family"
-    if d.kind == "learned":
-        return "varies across requests of this prompt family"
-    if d.evidence:
-        return f"{d.label} in the cached prefix; varies across requests of this prompt family"
-    return f"{d.label} in the cached prefix (pattern only, no evidence from the family)"
+        what = "constant within a session but different across sessions of this prompt family"
+    elif d.kind == "learned":
+        what = "varies across requests of this prompt family"
+    else:
+        what = f"{d.label} in the cached prefix; varies across requests of this prompt family"
+    return f"{what} ({_evidence(family)})"
+
+
+def _evidence(family: Family) -> str:
+    """How much of the log the family's evidence comes from: its requests and sessions (the
+    sessions it remembers: at most `_SESSIONS_PER_FAMILY`)."""
+    sessions = len(family.session_lines)
+    many = "at least " if sessions >= _SESSIONS_PER_FAMILY else ""
+    return (f"evidence: {family.requests} request{'s' * (family.requests != 1)} in "
+            f"{many}{sessions} session{'s' * (sessions != 1)}")
 
 
 def _moved_spans(findings: list[Finding]) -> dict[str, list[tuple[int, int]]]:
