@@ -67,7 +67,8 @@ def _lint_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixgate lint",
                                      description="Find prefix-cache killers in request logs.")
     _common(parser)
-    parser.add_argument("--format", choices=["text", "json", "sarif"], default="text")
+    parser.add_argument("--format", choices=["text", "json", "sarif", "github"], default="text",
+                        help="github: GitHub Actions annotations (workflow commands)")
     parser.add_argument("--fail-on", choices=["error", "warning", "info", "never"],
                         default="error", help="exit 1 when a finding is at least this severe")
     parser.add_argument("--show-values", action="store_true", help="print raw values")
