@@ -246,7 +246,9 @@ def _records(source: str, text: str, skipped: list[Skipped] | None = None
         if records is not None:
             return records
     out = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    # JSONL lines end at "\n" only: str.splitlines() also cut at U+2028, U+2029 and U+0085,
+    # which JSON strings may hold raw (a log written with ensure_ascii=False, as `fix` writes)
+    for n, line in enumerate(text.split("\n"), start=1):
         if line.strip():
             try:
                 out.append((n, _parse(f"{source}:{n}", line)))

@@ -89,3 +89,29 @@ def test_a_record_of_another_format_says_what_is_read(
         f"prefixgate lint: {path}:1: no 'messages': not an OpenAI Chat Completions or "
         "Anthropic Messages request body, nor an envelope holding one under 'request' or "
         f"'body' (its keys: {keys})\n"))
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"],
+                         ids=["line-separator", "paragraph-separator", "next-line"])
+def test_a_line_separator_inside_a_string_does_not_end_the_line(
+        char: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON strings may hold these raw (`json.dumps(..., ensure_ascii=False)`, the way `fix`
+    itself writes): the log was refused as "Unterminated string", and so was a fixed log of
+    one that held them escaped. Read raw, the log lints as the escaped one does, and its fix
+    reads back."""
+    bodies = [json.loads(line) for line in _log().decode().splitlines()]
+    for b in bodies:
+        b["messages"][1]["content"] += f"{char}Window seat, please."
+    escaped, raw = tmp_path / "escaped.jsonl", tmp_path / "raw.jsonl"
+    escaped.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+    raw.write_text("".join(json.dumps(b, ensure_ascii=False) + "\n" for b in bodies),
+                   encoding="utf-8")
+    assert char in raw.read_text(encoding="utf-8")
+    want = _run(lint_main, [str(escaped), "--format", "json"], capsys)
+    got = _run(lint_main, [str(raw), "--format", "json"], capsys)
+    assert want[0] == 1 and got == (want[0], want[1].replace(str(escaped), str(raw)), "")
+    fixed = tmp_path / "fixed.jsonl"
+    assert _run(fix_main, [str(escaped), "-o", str(fixed)], capsys)[0] == 0
+    assert char in fixed.read_text(encoding="utf-8")
+    code, out, err = _run(lint_main, [str(fixed), "--format", "json"], capsys)
+    assert (code, err) == (0, "") and json.loads(out)["summary"]["requests"] == len(bodies)
