@@ -63,3 +63,35 @@ def test_each_agents_own_system_prompt_is_not_a_dynamic_value(
     assert fix_main([str(log), "-o", str(tmp_path / "fixed.jsonl")]) == 0
     fixed = [json.loads(line) for line in (tmp_path / "fixed.jsonl").read_text().splitlines()]
     assert [b["system"] for b in fixed] == [b["system"] for b in bodies]
+
+
+def _function(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": f"The {name} tool.",
+                                             "parameters": {"type": "object"}}}
+
+
+def test_an_agent_that_adds_a_tool_to_one_request_keeps_its_family(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One request of one session sends a fourth tool. Were it a family of its own, it
+    would have no evidence, and its tenant id, the same UUID in every request of the log,
+    would be a pattern-only PL002 error that fix moves out. The timestamp, which changes
+    every request, is the only dynamic value (written out by hand)."""
+    guide = "\n".join(f"Rule {i}: keep answers about area {i} short." for i in range(30))
+    tenant = "3f1c2a9e-7b4d-4e21-9a0c-5d8e2f6b1a47"
+    bodies = []
+    for s in range(5):
+        for t in range(3):
+            names = ["lookup", "refund", "notify"] + (["escalate"] if (s, t) == (2, 2) else [])
+            system = f"Current time: 2026-12-01T1{s}:{10 + t}:00Z\nTenant id: {tenant}\n{guide}"
+            bodies.append({"model": "gpt-4o", "tools": [_function(n) for n in names],
+                           "messages": [{"role": "system", "content": system},
+                                        {"role": "user", "content": f"Case {s}, question {t}."}]})
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+    capsys.readouterr()
+    lint_main([str(log), "--format", "json", "--show-values", "--fail-on", "never"])
+    report = json.loads(capsys.readouterr().out)
+    values = [[(f["rule"], f["value"]) for f in r["findings"] if f["start"] is not None]
+              for r in report["requests"]]
+    stamps = [b["messages"][0]["content"][14:34] for b in bodies]
+    assert values == [[("PL001", stamp)] for stamp in stamps]
