@@ -76,6 +76,7 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
         return out, resolved
     out += _tool_changes(tools, names, layout, family, resolved, moved or {})
     family.tool_names = names
+    _remember_order(family, names)
     family.last_tools = toolset
     for i, name in enumerate(names):
         compact = layout.segments[i].text  # tools come first in the layout
@@ -83,6 +84,19 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
         if old is None or old[0] != hash(compact):
             family.tool_json[name] = _tool_prints(tools[i], compact, i, moved or {})
     return out, resolved
+
+
+#: Distinct tool orders a family remembers (the most recent): an order it sent before has a
+#: cache entry of its own, which a request returning to that order reuses.
+TOOL_ORDERS = 4
+
+
+def _remember_order(family: Family, names: list[str]) -> None:
+    order = tuple(names)
+    if order in family.tool_orders:
+        family.tool_orders.remove(order)
+    family.tool_orders.append(order)
+    del family.tool_orders[:-TOOL_ORDERS]
 
 
 def _tool_prints(tool: Any, compact: str, i: int, moved: Moved) -> tuple[int, int, int]:
@@ -113,9 +127,13 @@ def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, famil
     before = family.tool_names
     if before is not None and before != names and sorted(before) == sorted(names):
         first = next(i for i, (a, b) in enumerate(zip(before, names, strict=True)) if a != b)
+        # an order sent before (an agent whose workers order a set each their own way) is
+        # its own cache entry, still there: it ends no reusable prefix (no token offset)
+        seen = tuple(names) in family.tool_orders
         out.append(finding("PL004", "tools", f"tool order changed at position {first} "
-                           f"({before[first]!r} before, {names[first]!r} now)",
-                           token_offset=layout.start_of(f"tools[{first}]")))
+                           f"({before[first]!r} before, {names[first]!r} now)" +
+                           ("; an order this family sent before, cached apart" if seen else ""),
+                           token_offset=None if seen else layout.start_of(f"tools[{first}]")))
     for i, (name, tool) in enumerate(zip(names, tools, strict=True)):
         old = family.tool_json.get(name)
         compact = layout.segments[i].text
