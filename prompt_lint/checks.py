@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from prompt_lint.layout import TokenLayout
@@ -74,9 +75,14 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
         # the very tool list this family saw last (memoised ToolSet): nothing changed
         family.tool_names = names
         return out, resolved
-    out += _tool_changes(tools, names, layout, family, resolved, moved or {})
+    changes = _tool_changes(tools, names, layout, family, resolved, moved or {})
+    block = hash(tuple(seg.text for seg in toolset.segments))
+    if block in family.tool_blocks:  # sent before: its own cache entry is there
+        changes = [replace(f, token_offset=None, message=f"{f.message}; a tool list this "
+                           "family sent before, cached apart") for f in changes]
+    out += changes
     family.tool_names = names
-    _remember_order(family, names)
+    _remember_block(family, block)
     family.last_tools = toolset
     for i, name in enumerate(names):
         compact = layout.segments[i].text  # tools come first in the layout
@@ -86,17 +92,18 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
     return out, resolved
 
 
-#: Distinct tool orders a family remembers (the most recent): an order it sent before has a
-#: cache entry of its own, which a request returning to that order reuses.
-TOOL_ORDERS = 4
+#: Distinct tool lists (as sent: order and JSON) a family remembers, the most recent: a list
+#: it sent before has a cache entry of its own, which a request returning to it reuses (an
+#: agent whose workers order a set, or serialise a schema, each their own way), so the PL004 /
+#: PL006 of such a request end no cacheable prefix.
+TOOL_BLOCKS = 4
 
 
-def _remember_order(family: Family, names: list[str]) -> None:
-    order = tuple(names)
-    if order in family.tool_orders:
-        family.tool_orders.remove(order)
-    family.tool_orders.append(order)
-    del family.tool_orders[:-TOOL_ORDERS]
+def _remember_block(family: Family, block: int) -> None:
+    if block in family.tool_blocks:
+        family.tool_blocks.remove(block)
+    family.tool_blocks.append(block)
+    del family.tool_blocks[:-TOOL_BLOCKS]
 
 
 def _tool_prints(tool: Any, compact: str, i: int, moved: Moved) -> tuple[int, int, int]:
@@ -127,13 +134,9 @@ def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, famil
     before = family.tool_names
     if before is not None and before != names and sorted(before) == sorted(names):
         first = next(i for i, (a, b) in enumerate(zip(before, names, strict=True)) if a != b)
-        # an order sent before (an agent whose workers order a set each their own way) is
-        # its own cache entry, still there: it ends no reusable prefix (no token offset)
-        seen = tuple(names) in family.tool_orders
         out.append(finding("PL004", "tools", f"tool order changed at position {first} "
-                           f"({before[first]!r} before, {names[first]!r} now)" +
-                           ("; an order this family sent before, cached apart" if seen else ""),
-                           token_offset=None if seen else layout.start_of(f"tools[{first}]")))
+                           f"({before[first]!r} before, {names[first]!r} now)",
+                           token_offset=layout.start_of(f"tools[{first}]")))
     for i, (name, tool) in enumerate(zip(names, tools, strict=True)):
         old = family.tool_json.get(name)
         compact = layout.segments[i].text

@@ -94,7 +94,7 @@ class Family:
     chars: int = 0
     requests: int = 0
     tool_names: list[str] | None = None
-    tool_orders: list[tuple[str, ...]] = field(default_factory=list)  # recent distinct orders
+    tool_blocks: list[int] = field(default_factory=list)  # hashes of recent distinct tool lists
     tool_json: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     last_tools: object | None = None  # the ToolSet of the last request (identity check)
     sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
