@@ -43,9 +43,10 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
-#: Spans of a string the rewriter moves out (path -> [(start, end)]): `tool_findings` masks
-#: them in a tool's description to tell a tool whose JSON changed only by such a value.
-Moved = dict[str, list[tuple[int, int]]]
+#: Spans of a string the rewriter moves out (path -> [(start, end, finding kind)]):
+#: `tool_findings` masks them in a tool's description to tell a tool whose JSON changed only
+#: by such a value.
+Moved = dict[str, list[tuple[int, int, str]]]
 
 
 def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
@@ -106,6 +107,13 @@ def _remember_block(family: Family, block: int) -> None:
     del family.tool_blocks[:-TOOL_BLOCKS]
 
 
+def _session_only(tool: Any, i: int, moved: Moved) -> bool:
+    """Whether every value moved out of the tool's description is session-scoped."""
+    found = tool_description_path(tool, i) if isinstance(tool, dict) else None
+    spans = moved.get(found[0], []) if found is not None else []
+    return bool(spans) and all(kind == "session" for _, _, kind in spans)
+
+
 def _tool_prints(tool: Any, compact: str, i: int, moved: Moved) -> tuple[int, int, int]:
     """(hash of the JSON as sent, hash of its canonical form, hash of the canonical form with
     the moved spans of its description masked: the tool as the rewriter leaves it);
@@ -116,7 +124,7 @@ def _tool_prints(tool: Any, compact: str, i: int, moved: Moved) -> tuple[int, in
     if found is None or not spans:
         return hash(compact), hash(canonical), hash(canonical)
     text, pos, parts = found[1], 0, []
-    for start, end in sorted(spans):
+    for start, end, _ in sorted(spans):
         parts += [text[pos:start], "\x00"]
         pos = max(pos, end)
     masked = dict(without_breakpoints(tool))
@@ -148,8 +156,11 @@ def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, famil
             resolved.discard("PL006")
         what = "key order" if key_order_only else "content" if old[2] != new[2] else \
             "content: only the value moved out of its description"
+        # a new session's own value (its PL013 ends the prefix there already): the
+        # session's next request sends the same, so this change is no break of its own
+        scoped = not key_order_only and old[2] == new[2] and _session_only(tool, i, moved)
         out.append(finding("PL006", f"tools[{i}]", f"tool {name!r} JSON changed ({what})",
-                           token_offset=layout.start_of(f"tools[{i}]")))
+                           token_offset=None if scoped else layout.start_of(f"tools[{i}]")))
     return out
 
 

@@ -23,11 +23,12 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from prompt_lint.lint import learn_request, lint_request
+from prompt_lint.lint import first_turn, learn_request, lint_request
 from prompt_lint.loader import InputError, LoadedRequest, Skipped, load_requests
 from prompt_lint.output import render
 from prompt_lint.rewrite import rewrite_request
@@ -113,12 +114,23 @@ def _progress(items: list[T], what: str) -> Iterator[T]:
 
 def _lint_all(requests: list[LoadedRequest], args: argparse.Namespace,
               learner: TemplateLearner) -> list[LintReport]:
-    if not args.online:
-        for req in _progress(requests, "learning from"):
-            learn_request(req.body, learner, req.provider)
-        learner.freeze()
-    return [lint_request(req.body, req.provider, learner=learner, encoding=args.encoding)
-            for req in _progress(requests, "linting")]
+    """Each request linted; two passes (learn the whole log, then lint) unless `--online`.
+    With the whole log read first, a request knows whether its session (prompt family and
+    first turn) sends another one later: its session-scoped values are then reused, not
+    lost (`lint_request`'s `session_continues`)."""
+    if args.online:
+        return [lint_request(req.body, req.provider, learner=learner, encoding=args.encoding)
+                for req in _progress(requests, "linting")]
+    sessions = [(learn_request(req.body, learner, req.provider), first_turn(req.body))
+                for req in _progress(requests, "learning from")]
+    learner.freeze()
+    left = Counter(sessions)
+    reports = []
+    for req, session in zip(_progress(requests, "linting"), sessions, strict=True):
+        left[session] -= 1
+        reports.append(lint_request(req.body, req.provider, learner=learner,
+                                    encoding=args.encoding, session_continues=left[session] > 0))
+    return reports
 
 
 class Prepared(NamedTuple):

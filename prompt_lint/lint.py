@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from prompt_lint.checks import (
+    Moved,
     cache_control_findings,
     finding,
     history_findings,
@@ -48,11 +49,15 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
                  learner: TemplateLearner | None = None,
                  session: SessionTracker | str | None = None,
                  encoding: str | None = None, layout: TokenLayout | None = None,
-                 validated: bool = False) -> LintReport:
+                 validated: bool = False, session_continues: bool = False) -> LintReport:
     """Lint one OpenAI or Anthropic request body; see the package docstring. `layout`: the
     body's token layout when the caller has tokenized it already (`layout_of`), in the
     encoding `encoding` names. `validated`: the caller has checked the body already, at least
-    as strictly as `providers.validate` (the gateway's parsers do), so it is not checked again."""
+    as strictly as `providers.validate` (the gateway's parsers do), so it is not checked again.
+    `session_continues`: the caller knows that this request's session sends another one later
+    (`prefixgate lint` reads the whole log first): that request reuses the session-scoped
+    values, so they end neither cacheable prefix (the next request of the family is the
+    session's own, not another session's)."""
     prov = provider or detect_provider(body)
     if not validated:
         toolset = check_request(body, prov)
@@ -82,13 +87,15 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     if tracker is not None:
         key = session_key(body, match.family.id if match.family else None, session, turn)
         findings += history_findings(body, layout, tracker, key)
-    cacheable = _first_break(findings, layout.total)
-    after = _after_fix(body, prov, findings, resolved, layout, counter)
+    shared = _first_break(findings, layout.total)  # what the family's sessions share
+    cacheable = _first_break(findings, layout.total, session_continues)
+    after = _after_fix(body, prov, findings, resolved, layout, counter, session_continues)
     model = body.get("model") if isinstance(body.get("model"), str) else None
-    findings += minimum_findings(prov, model, layout.total, cacheable, after)
+    findings += minimum_findings(prov, model, layout.total, shared,
+                                 _after_fix(body, prov, findings, resolved, layout, counter))
     if prov == "anthropic":
-        scoped = _first_break_kinds(findings, cacheable) == {"session"}
-        findings += cache_control_findings(body, model, layout, cacheable, scoped)
+        scoped = _first_break_kinds(findings, shared) == {"session"}
+        findings += cache_control_findings(body, model, layout, shared, scoped)
     return LintReport(findings, layout.total, cacheable, after,
                       match.family.id if match.family else None, prov)
 
@@ -198,12 +205,12 @@ def _evidence(family: Family) -> str:
             f"{many}{sessions} session{'s' * (sessions != 1)}")
 
 
-def _moved_spans(findings: list[Finding]) -> dict[str, list[tuple[int, int]]]:
-    """The spans rewrite_request moves out, by path."""
-    out: dict[str, list[tuple[int, int]]] = {}
+def _moved_spans(findings: list[Finding]) -> Moved:
+    """The spans rewrite_request moves out, by path, with their finding kinds."""
+    out: Moved = {}
     for f in findings:
         if is_moved(f) and f.start is not None and f.end is not None:
-            out.setdefault(f.path, []).append((f.start, f.end))
+            out.setdefault(f.path, []).append((f.start, f.end, f.kind))
     return out
 
 
@@ -212,10 +219,13 @@ def is_moved(f: Finding) -> bool:
     return f.kind in DYNAMIC_KINDS and f.start is not None and f.confidence >= FIX_CONFIDENCE
 
 
-def _first_break(findings: list[Finding], total: int) -> int:
+def _first_break(findings: list[Finding], total: int, in_session: bool = False) -> int:
+    """The token offset of the first finding that ends the reusable prefix (`total` when
+    none does); `in_session`: for the session's next request, where a session-scoped value
+    is the same."""
     offsets = [f.token_offset for f in findings
                if f.rule in BREAKING_RULES and f.token_offset is not None
-               and f.confidence >= LIKELY]
+               and f.confidence >= LIKELY and not (in_session and f.kind == "session")]
     return min(offsets, default=total)
 
 
@@ -236,8 +246,10 @@ def context_target(body: dict[str, Any], provider: Provider) -> int | None:
 
 
 def _after_fix(body: dict[str, Any], provider: Provider, findings: list[Finding],
-               resolved: set[str], layout: TokenLayout, counter: TokenCounter) -> int:
-    """Estimate of the cacheable prefix once rewrite_request has run."""
+               resolved: set[str], layout: TokenLayout, counter: TokenCounter,
+               in_session: bool = False) -> int:
+    """Estimate of the cacheable prefix once rewrite_request has run (`in_session`: for the
+    session's next request, which resends this one's last turn, context block and all)."""
     moved = [f for f in findings if is_moved(f)]
     breaks = [f.token_offset for f in findings if f.rule in BREAKING_RULES
               and not is_moved(f) and f.rule not in resolved
@@ -245,6 +257,8 @@ def _after_fix(body: dict[str, Any], provider: Provider, findings: list[Finding]
     limit = min(breaks, default=layout.total)
     if not moved:
         return limit
+    if in_session:
+        return limit  # the moved values sit in a turn the next request resends as it is
     target = context_target(body, provider)
     at = layout.total if target is None else layout.message_start(target)
     saved = sum(counter.count(f.value) - MARKER_TOKENS for f in moved

@@ -321,9 +321,12 @@ def test_lint_finds_a_user_id_at_the_front_of_a_one_line_prompt(
     doc = json.loads(out)
     assert code == 1
     assert len({r["family"] for r in doc["requests"]}) == 1
-    for entry, uid in zip(doc["requests"], ids, strict=True):
+    for n, (entry, uid) in enumerate(zip(doc["requests"], ids, strict=True)):
         assert [(f["rule"], f["value"]) for f in entry["findings"]] == [("PL013", uid)]
-        assert entry["cacheable_tokens"] < entry["prompt_tokens"] // 4  # it breaks at the id
+        if n % 3 == 2:  # a session's last turn: the next request, another session's, breaks at
+            assert entry["cacheable_tokens"] < entry["prompt_tokens"] // 4  # the id
+        else:  # the session's next turn sends the same id
+            assert entry["cacheable_tokens"] == entry["prompt_tokens"]
     code, out, _ = run(lint_main, [str(path)], capsys)
     assert code == 1 and "by rule: PL013 12" in out and "cacheable prefix: 100.0%" not in out
 

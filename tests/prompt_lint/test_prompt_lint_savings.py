@@ -20,6 +20,7 @@ from prompt_lint.cli import fix_main, lint_main
 HANDBOOK = " ".join(f"Section {i}: for an issue of class {i}, verify the account region, "
                     "check the status page and attach the last day of logs to the ticket."
                     for i in range(60))
+NAMES = ["Maria", "Dae-jung", "Priya", "Tom", "Wei", "Jonas", "Anna", "Omar"]
 QUESTIONS = ["My invoice is wrong.", "How do I rotate my API key?", "The dashboard is slow.",
              "Can I get a refund?"]
 
@@ -43,8 +44,9 @@ def _log(tweak: str, sessions: int = 4, turns: int = 3) -> list[dict[str, Any]]:
         history: list[dict[str, Any]] = []
         for t in range(turns):
             history.append({"role": "user", "content": f"{QUESTIONS[(s + t) % 4]} (case {s})"})
+            who = f"You are talking to {NAMES[s]}.\n" if tweak == "user-name" else ""
             out.append({"model": "gpt-4o-mini", "tools": _tools(s, tweak), "messages": [
-                {"role": "system", "content": "You are a support agent.\n\n" + HANDBOOK},
+                {"role": "system", "content": who + "You are a support agent.\n\n" + HANDBOOK},
                 *history]})
             history = [*history, {"role": "assistant", "content": f"Answer {t}."}]
     return out
@@ -135,3 +137,27 @@ def test_tool_lists_that_alternate_are_each_cached(
     real = _hit_share(fixed) - _hit_share(bodies)
     assert summary["hit_rate_after_fix"] - summary["hit_rate_now"] == pytest.approx(real,
                                                                                     abs=0.03)
+
+
+@pytest.mark.parametrize("tweak", ["user-name", "session-id"])
+def test_a_session_scoped_value_is_reused_inside_its_session(
+        tweak: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's name at the top of the system prompt (or a session id in a tool's
+    description) is the same in every turn of the session, so each turn but the last reuses
+    it: the lint counted it as the end of every request's cacheable prefix, and promised +86
+    points from fix where a cache gains 18 (the session id's PL006 at each session's start
+    was a second break for the same change)."""
+    bodies = _log(tweak, sessions=6, turns=4)
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+    capsys.readouterr()
+    assert lint_main([str(log), "--format", "json", "--fail-on", "never"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["by_rule"]["PL013"] == len(bodies)  # still an error in every request
+    assert fix_main([str(log), "-o", str(tmp_path / "fixed.jsonl")]) == 0
+    fixed = [json.loads(line) for line in (tmp_path / "fixed.jsonl").read_text().splitlines()]
+    now = _hit_share(bodies)
+    assert summary["hit_rate_now"] == pytest.approx(now, abs=0.05)
+    real = _hit_share(fixed) - now
+    assert summary["hit_rate_after_fix"] - summary["hit_rate_now"] == pytest.approx(real,
+                                                                                    abs=0.06)
