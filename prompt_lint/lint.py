@@ -27,6 +27,7 @@ from prompt_lint.providers import (
     segments,
 )
 from prompt_lint.rules import DYNAMIC_KINDS, RULES
+from prompt_lint.segment import without_breakpoints
 from prompt_lint.session import SessionTracker, fingerprint
 from prompt_lint.templates import FamilyMatch, TemplateLearner
 from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
@@ -49,15 +50,16 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
                  learner: TemplateLearner | None = None,
                  session: SessionTracker | str | None = None,
                  encoding: str | None = None, layout: TokenLayout | None = None,
-                 validated: bool = False, session_continues: bool = False) -> LintReport:
+                 validated: bool = False, session_continues: bool | None = None) -> LintReport:
     """Lint one OpenAI or Anthropic request body; see the package docstring. `layout`: the
     body's token layout when the caller has tokenized it already (`layout_of`), in the
     encoding `encoding` names. `validated`: the caller has checked the body already, at least
     as strictly as `providers.validate` (the gateway's parsers do), so it is not checked again.
-    `session_continues`: the caller knows that this request's session sends another one later
-    (`prefixgate lint` reads the whole log first): that request reuses the session-scoped
-    values, so they end neither cacheable prefix (the next request of the family is the
-    session's own, not another session's)."""
+    `session_continues`: whether this request's session sends another one later, where the
+    caller knows (`prefixgate lint` reads the whole log first; None: unknown). True: that
+    request reuses the session-scoped values, so they end neither cacheable prefix. False:
+    the family's next request is another session's, which shares no turn of this one, so
+    neither prefix reaches past its first non-system message."""
     prov = provider or detect_provider(body)
     if not validated:
         toolset = check_request(body, prov)
@@ -88,8 +90,12 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
         key = session_key(body, match.family.id if match.family else None, session, turn)
         findings += history_findings(body, layout, tracker, key)
     shared = _first_break(findings, layout.total)  # what the family's sessions share
-    cacheable = _first_break(findings, layout.total, session_continues)
-    after = _after_fix(body, prov, findings, resolved, layout, counter, session_continues)
+    continues = session_continues is True
+    cacheable = _first_break(findings, layout.total, continues)
+    after = _after_fix(body, prov, findings, resolved, layout, counter, continues)
+    if session_continues is False:
+        end = _conversation_start(body, layout)
+        cacheable, after = min(cacheable, end), min(after, end)
     model = body.get("model") if isinstance(body.get("model"), str) else None
     findings += minimum_findings(prov, model, layout.total, shared,
                                  _after_fix(body, prov, findings, resolved, layout, counter))
@@ -98,6 +104,13 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
         findings += cache_control_findings(body, model, layout, shared, scoped)
     return LintReport(findings, layout.total, cacheable, after,
                       match.family.id if match.family else None, prov)
+
+
+def _conversation_start(body: dict[str, Any], layout: TokenLayout) -> int:
+    """Token offset of the first non-system message (the prompt's end when there is none)."""
+    first = next((i for i, m in enumerate(body["messages"])
+                  if m.get("role") not in {"system", "developer"}), None)
+    return layout.total if first is None else layout.message_start(first)
 
 
 def learn_request(body: dict[str, Any], learner: TemplateLearner,
@@ -134,9 +147,15 @@ def session_key(body: dict[str, Any], family: str | None,
 
 def first_turn(body: dict[str, Any]) -> str:
     """A fingerprint of the first non-system message's compact JSON (of "{}" when there is
-    none): what the turns of one conversation share."""
+    none), its blocks' Anthropic breakpoints left out: what the turns of one conversation
+    share (an agent that moves its breakpoint to the newest block has one on its first
+    message in the first turn only, which made that turn a conversation of its own)."""
     first: Any = next((m for m in body["messages"] if m.get("role") not in {"system", "developer"}),
                       {})
+    content = first.get("content")
+    if isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b
+                                         for b in content):
+        first = {**first, "content": [without_breakpoints(b) for b in content]}
     return fingerprint(compact_json(first))
 
 

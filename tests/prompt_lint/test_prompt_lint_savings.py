@@ -20,6 +20,7 @@ from prompt_lint.cli import fix_main, lint_main
 HANDBOOK = " ".join(f"Section {i}: for an issue of class {i}, verify the account region, "
                     "check the status page and attach the last day of logs to the ticket."
                     for i in range(60))
+ANSWER = " Checked the order history, the refund policy and the ticket log." * 25
 NAMES = ["Maria", "Dae-jung", "Priya", "Tom", "Wei", "Jonas", "Anna", "Omar"]
 QUESTIONS = ["My invoice is wrong.", "How do I rotate my API key?", "The dashboard is slow.",
              "Can I get a refund?"]
@@ -48,7 +49,8 @@ def _log(tweak: str, sessions: int = 4, turns: int = 3) -> list[dict[str, Any]]:
             out.append({"model": "gpt-4o-mini", "tools": _tools(s, tweak), "messages": [
                 {"role": "system", "content": who + "You are a support agent.\n\n" + HANDBOOK},
                 *history]})
-            history = [*history, {"role": "assistant", "content": f"Answer {t}."}]
+            answer = f"Answer {t}." + (ANSWER if tweak == "long-answers" else "")
+            history = [*history, {"role": "assistant", "content": answer}]
     return out
 
 
@@ -161,3 +163,21 @@ def test_a_session_scoped_value_is_reused_inside_its_session(
     real = _hit_share(fixed) - now
     assert summary["hit_rate_after_fix"] - summary["hit_rate_now"] == pytest.approx(real,
                                                                                     abs=0.06)
+
+
+def test_a_sessions_last_request_is_reused_only_up_to_its_conversation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The next request of the family after a session's last one is another session's,
+    which shares the tools and system prompt but none of the conversation: the lint counted
+    the last request as reusable up to its last turn, and long answers made that 100%
+    promised where the next request of the agent reuses 91%."""
+    bodies = _log("long-answers", sessions=6, turns=4)
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+    capsys.readouterr()
+    assert lint_main([str(log), "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    real = _reused_share(bodies)
+    assert real < 0.95
+    assert summary["hit_rate_now"] == pytest.approx(real, abs=0.02)
+    assert summary["hit_rate_after_fix"] == pytest.approx(real, abs=0.02)
