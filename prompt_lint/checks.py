@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from prompt_lint.layout import TokenLayout
 from prompt_lint.providers import Provider
 from prompt_lint.rules import RULES, Severity
-from prompt_lint.segment import without_breakpoints
+from prompt_lint.segment import tool_description_path, without_breakpoints
 from prompt_lint.session import SessionTracker
 from prompt_lint.templates import Family
 from prompt_lint.toolset import ToolSet, tool_set
@@ -42,14 +43,22 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
+#: Spans of a string the rewriter moves out (path -> [(start, end, finding kind)]):
+#: `tool_findings` masks them in a tool's description to tell a tool whose JSON changed only
+#: by such a value.
+Moved = dict[str, list[tuple[int, int, str]]]
+
+
 def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
-                  family: Family | None,
-                  toolset: ToolSet | None = None) -> tuple[list[Finding], set[str]]:
+                  family: Family | None, toolset: ToolSet | None = None,
+                  moved: Moved | None = None) -> tuple[list[Finding], set[str]]:
     """PL004-PL007; returns findings and the rules a rewrite resolves.
 
     The family's tool state (last order, JSON per tool name) is updated on
     every call, frozen learner or not: it is "the previous request", not a
-    learned template."""
+    learned template. `moved`: the spans the rewriter moves into the context block; a tool
+    whose content changed only there (a session id in its description) is the same tool
+    once fixed, so its PL006 stays resolved."""
     tools = body.get("tools") or []
     toolset = toolset or tool_set(tools)
     names = list(toolset.labels)
@@ -60,31 +69,75 @@ def tool_findings(body: dict[str, Any], provider: Provider, layout: TokenLayout,
     if unsorted:
         out.append(finding("PL007", "tools", f"{len(unsorted)} tool schema(s) with unsorted "
                            f"JSON keys: {', '.join(unsorted[:5])}"))
-    resolved = {"PL004", "PL005", "PL007"}
+    resolved = {"PL004", "PL005", "PL006", "PL007"}  # PL006 left out below where it is not
     if family is None:
         return out, resolved
     if family.last_tools is toolset and len(set(names)) == len(names):
         # the very tool list this family saw last (memoised ToolSet): nothing changed
         family.tool_names = names
         return out, resolved
-    out += _tool_changes(tools, names, layout, family, resolved)
+    changes = _tool_changes(tools, names, layout, family, resolved, moved or {})
+    block = hash(tuple(seg.text for seg in toolset.segments))
+    if block in family.tool_blocks:  # sent before: its own cache entry is there
+        changes = [replace(f, token_offset=None, message=f"{f.message}; a tool list this "
+                           "family sent before, cached apart") for f in changes]
+    out += changes
     family.tool_names = names
+    _remember_block(family, block)
     family.last_tools = toolset
     for i, name in enumerate(names):
         compact = layout.segments[i].text  # tools come first in the layout
         old = family.tool_json.get(name)
         if old is None or old[0] != hash(compact):
-            family.tool_json[name] = _tool_prints(tools[i], compact)
+            family.tool_json[name] = _tool_prints(tools[i], compact, i, moved or {})
     return out, resolved
 
 
-def _tool_prints(tool: Any, compact: str) -> tuple[int, int]:
-    """(hash of the JSON as sent, hash of its canonical form); in-process state only."""
-    return hash(compact), hash(canonical_json(without_breakpoints(tool)))
+#: Distinct tool lists (as sent: order and JSON) a family remembers, the most recent: a list
+#: it sent before has a cache entry of its own, which a request returning to it reuses (an
+#: agent whose workers order a set, or serialise a schema, each their own way), so the PL004 /
+#: PL006 of such a request end no cacheable prefix.
+TOOL_BLOCKS = 4
+
+
+def _remember_block(family: Family, block: int) -> None:
+    if block in family.tool_blocks:
+        family.tool_blocks.remove(block)
+    family.tool_blocks.append(block)
+    del family.tool_blocks[:-TOOL_BLOCKS]
+
+
+def _session_only(tool: Any, i: int, moved: Moved) -> bool:
+    """Whether every value moved out of the tool's description is session-scoped."""
+    found = tool_description_path(tool, i) if isinstance(tool, dict) else None
+    spans = moved.get(found[0], []) if found is not None else []
+    return bool(spans) and all(kind == "session" for _, _, kind in spans)
+
+
+def _tool_prints(tool: Any, compact: str, i: int, moved: Moved) -> tuple[int, int, int]:
+    """(hash of the JSON as sent, hash of its canonical form, hash of the canonical form with
+    the moved spans of its description masked: the tool as the rewriter leaves it);
+    in-process state only."""
+    canonical = canonical_json(without_breakpoints(tool))
+    found = tool_description_path(tool, i) if isinstance(tool, dict) else None
+    spans = moved.get(found[0]) if found is not None else None
+    if found is None or not spans:
+        return hash(compact), hash(canonical), hash(canonical)
+    text, pos, parts = found[1], 0, []
+    for start, end, _ in sorted(spans):
+        parts += [text[pos:start], "\x00"]
+        pos = max(pos, end)
+    masked = dict(without_breakpoints(tool))
+    description = "".join(parts) + text[pos:]
+    if isinstance(masked.get("function"), dict):
+        masked["function"] = {**masked["function"], "description": description}
+    else:
+        masked["description"] = description
+    return hash(compact), hash(canonical), hash(canonical_json(masked))
 
 
 def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, family: Family,
-                  resolved: set[str]) -> list[Finding]:
+                  resolved: set[str], moved: Moved) -> list[Finding]:
     out: list[Finding] = []
     before = family.tool_names
     if before is not None and before != names and sorted(before) == sorted(names):
@@ -97,13 +150,17 @@ def _tool_changes(tools: list[Any], names: list[str], layout: TokenLayout, famil
         compact = layout.segments[i].text
         if old is None or old[0] == hash(compact):
             continue
-        new = _tool_prints(tool, compact)
+        new = _tool_prints(tool, compact, i, moved)
         key_order_only = old[1] == new[1]
-        if not key_order_only:
+        if old[2] != new[2]:  # not the same tool once fixed either
             resolved.discard("PL006")
-        what = "key order" if key_order_only else "content"
+        what = "key order" if key_order_only else "content" if old[2] != new[2] else \
+            "content: only the value moved out of its description"
+        # a new session's own value (its PL013 ends the prefix there already): the
+        # session's next request sends the same, so this change is no break of its own
+        scoped = not key_order_only and old[2] == new[2] and _session_only(tool, i, moved)
         out.append(finding("PL006", f"tools[{i}]", f"tool {name!r} JSON changed ({what})",
-                           token_offset=layout.start_of(f"tools[{i}]")))
+                           token_offset=None if scoped else layout.start_of(f"tools[{i}]")))
     return out
 
 

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gzip
 import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from prompt_lint.lint import learn_request, lint_request
+from prompt_lint.lint import first_turn, learn_request, lint_request
 from prompt_lint.loader import InputError, LoadedRequest, Skipped, load_requests
 from prompt_lint.output import render
 from prompt_lint.rewrite import rewrite_request
@@ -66,7 +68,8 @@ def _lint_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixgate lint",
                                      description="Find prefix-cache killers in request logs.")
     _common(parser)
-    parser.add_argument("--format", choices=["text", "json", "sarif"], default="text")
+    parser.add_argument("--format", choices=["text", "json", "sarif", "github"], default="text",
+                        help="github: GitHub Actions annotations (workflow commands)")
     parser.add_argument("--fail-on", choices=["error", "warning", "info", "never"],
                         default="error", help="exit 1 when a finding is at least this severe")
     parser.add_argument("--show-values", action="store_true", help="print raw values")
@@ -111,12 +114,23 @@ def _progress(items: list[T], what: str) -> Iterator[T]:
 
 def _lint_all(requests: list[LoadedRequest], args: argparse.Namespace,
               learner: TemplateLearner) -> list[LintReport]:
-    if not args.online:
-        for req in _progress(requests, "learning from"):
-            learn_request(req.body, learner, req.provider)
-        learner.freeze()
-    return [lint_request(req.body, req.provider, learner=learner, encoding=args.encoding)
-            for req in _progress(requests, "linting")]
+    """Each request linted; two passes (learn the whole log, then lint) unless `--online`.
+    With the whole log read first, a request knows whether its session (prompt family and
+    first turn) sends another one later: its session-scoped values are then reused, not
+    lost (`lint_request`'s `session_continues`)."""
+    if args.online:
+        return [lint_request(req.body, req.provider, learner=learner, encoding=args.encoding)
+                for req in _progress(requests, "linting")]
+    sessions = [(learn_request(req.body, learner, req.provider), first_turn(req.body))
+                for req in _progress(requests, "learning from")]
+    learner.freeze()
+    left = Counter(sessions)
+    reports = []
+    for req, session in zip(_progress(requests, "linting"), sessions, strict=True):
+        left[session] -= 1
+        reports.append(lint_request(req.body, req.provider, learner=learner,
+                                    encoding=args.encoding, session_continues=left[session] > 0))
+    return reports
 
 
 class Prepared(NamedTuple):
@@ -177,12 +191,13 @@ def _check_output(path: str | None, inputs: list[str]) -> None:
 
 
 def _write(prog: str, path: str | None, text: str) -> bool:
-    """Write `text` to `path` (stdout for None or "-"); False, after one error line on
-    stderr, when the file cannot be written."""
+    """Write `text` to `path` (stdout for None or "-"; gzipped for a name ending in .gz);
+    False, after one error line on stderr, when the file cannot be written."""
     if path is None or path == "-":
         return _write_stdout(prog, text)
-    try:
-        Path(path).write_text(text, encoding="utf-8")
+    data = text.encode("utf-8")
+    try:  # a name ending in .gz is written gzipped, as such an input is read
+        Path(path).write_bytes(gzip.compress(data, mtime=0) if path.endswith(".gz") else data)
     except OSError as exc:
         print(f"{prog}: {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return False
@@ -209,7 +224,7 @@ def _write_stdout(prog: str, text: str) -> bool:
 def _fixed_text(records: list[dict[str, Any]], path: str) -> str:
     """What `fix` writes: one JSON document when `path` ends in .json (the record itself when
     there is one, else an array: JSONL in a .json file was read by no JSON tool), else JSONL."""
-    if not path.endswith(".json"):
+    if not path.removesuffix(".gz").endswith(".json"):
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     document: Any = records[0] if len(records) == 1 else records
     return json.dumps(document, ensure_ascii=False, indent=2) + "\n"

@@ -89,11 +89,13 @@ class Family:
     id: str
     line_hashes: frozenset[int]
     pair_sample: frozenset[int] = frozenset()  # the founding request's (prompt_lint.pairs)
+    tools: frozenset[str] = frozenset()  # its tool names: a request with others is not of it
     templates: dict[str, _Template] = field(default_factory=dict)
     chars: int = 0
     requests: int = 0
     tool_names: list[str] | None = None
-    tool_json: dict[str, tuple[int, int]] = field(default_factory=dict)
+    tool_blocks: list[int] = field(default_factory=list)  # hashes of recent distinct tool lists
+    tool_json: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     last_tools: object | None = None  # the ToolSet of the last request (identity check)
     sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
     bytes: int = 0  # estimated bytes of the templates and hashes, set when founded

@@ -32,6 +32,9 @@ from prompt_lint.providers import Segment
 
 __all__ = ["FamilyIndex", "masked_text"]
 
+#: Similarity a family with other tool names needs to take a request (one with the same tools
+#: needs `LearnerConfig.min_similarity`): the same prompt up to its values, not a shared part.
+OTHER_TOOLS_SIMILARITY = 0.9
 #: Line hashes probed in the index to find candidate families (then scored exactly).
 _PROBES = 48
 #: Characters at each end of a long line that are hashed on their own (`_line_hashes`).
@@ -49,10 +52,12 @@ _TEMPLATE_COPIES = 3
 
 class _Key(NamedTuple):
     """What a request (or one of its strings) is matched to families by: its line hashes
-    and its word-pair sample."""
+    and its word-pair sample; for a request, also the set of its tool names (`tools`): only
+    a family with the same tools can hold it."""
 
     lines: frozenset[int]
     pairs: frozenset[int]
+    tools: frozenset[str] = frozenset()
 
 
 def masked_text(text: str, spans: list[Span]) -> str:
@@ -136,7 +141,8 @@ class FamilyIndex:
             hashes |= part.lines
         if len(hashes) > self.config.max_lines:
             hashes = set(list(hashes)[: self.config.max_lines])
-        found = _Key(frozenset(hashes), merge_samples(part.pairs for part in parts))
+        found = _Key(frozenset(hashes), merge_samples(part.pairs for part in parts),
+                     frozenset(tool_names))
         weight = sum(map(text_bytes, tool_names)) + _HASH_BYTES * (
             _key_size(found) + sum(map(_key_size, parts)))
         return self._sets.put(key, found, weight)
@@ -153,25 +159,32 @@ class FamilyIndex:
         return family
 
     def _match(self, key: _Key) -> Family | None:
-        """The family most like the request: the Jaccard similarity of their line hashes
-        and word-pair samples together, or of their line hashes alone where that is higher
-        (the samples only add matches: a request that shares enough lines joins as it
-        did without them, whatever its value does to the pairs)."""
+        """The family most like the request among those with its tool names: the Jaccard
+        similarity of their line hashes and word-pair samples together, or of their line
+        hashes alone where that is higher (the samples only add matches: a request that
+        shares enough lines joins as it did without them, whatever its value does to the
+        pairs). A family with other tools takes the request only at `OTHER_TOOLS_SIMILARITY`:
+        two agents whose prompts share a long preamble and differ in their first words (a
+        coder and a reviewer) were one family, where each agent's own words, the same in all
+        its sessions, were a session-scoped value that fix moved out of the system prompt;
+        an agent that adds a tool to one request keeps its prompt, and its family."""
         candidates: set[str] = set()
         for h in sorted(key.lines)[:_PROBES]:
             candidates.update(self.lines.get(h, ()))
         for h in key.pairs:
             candidates.update(self.pairs.get(h, ()))
-        best, best_score = None, 0.0
+        best: dict[bool, tuple[float, str]] = {}  # same tools or not -> (score, family id)
         for fid, family in zip(candidates, map(self.families.peek, candidates), strict=True):
             if family is None:
                 continue
             score = _similarity(key, _Key(family.line_hashes, family.pair_sample))
-            if score > best_score or (score == best_score and best is not None and fid < best):
-                best, best_score = fid, score
-        if best is None or best_score < self.config.min_similarity:
-            return None
-        return self.families.peek(best)
+            same = family.tools == key.tools
+            if same not in best or (-score, fid) < (-best[same][0], best[same][1]):
+                best[same] = (score, fid)
+        for same, floor in ((True, self.config.min_similarity), (False, OTHER_TOOLS_SIMILARITY)):
+            if same in best and best[same][0] >= floor:
+                return self.families.peek(best[same][1])
+        return None
 
     def found(self, key: _Key, targets: list[Segment],
               lines: dict[str, list[str]], keys: dict[str, str]) -> Family:
@@ -184,7 +197,7 @@ class FamilyIndex:
         while fid in self.families:  # same skeleton but below similarity: keep ids unique
             fid = hashlib.blake2b(fid.encode(), digest_size=6).hexdigest()
         hashes = key.lines
-        family = Family(fid, hashes, pair_sample=key.pairs)
+        family = Family(fid, hashes, pair_sample=key.pairs, tools=key.tools)
         for target in targets:
             if family.chars + len(target.text) <= self.config.max_template_chars:
                 family.templates[keys[target.path]] = _Template(target.text.split("\n"))

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from prompt_lint.checks import (
+    Moved,
     cache_control_findings,
     finding,
     history_findings,
@@ -14,6 +15,7 @@ from prompt_lint.checks import (
 )
 from prompt_lint.detectors import Span, detect
 from prompt_lint.evidence import FIX_CONFIDENCE, LIKELY, Dynamic, decide
+from prompt_lint.family import _SESSIONS_PER_FAMILY, Family
 from prompt_lint.layout import TokenLayout, token_layout
 from prompt_lint.providers import (
     Provider,
@@ -25,6 +27,7 @@ from prompt_lint.providers import (
     segments,
 )
 from prompt_lint.rules import DYNAMIC_KINDS, RULES
+from prompt_lint.segment import without_breakpoints
 from prompt_lint.session import SessionTracker, fingerprint
 from prompt_lint.templates import FamilyMatch, TemplateLearner
 from prompt_lint.tokens import DEFAULT_ENCODING, TokenCounter, shared_counter
@@ -47,11 +50,16 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
                  learner: TemplateLearner | None = None,
                  session: SessionTracker | str | None = None,
                  encoding: str | None = None, layout: TokenLayout | None = None,
-                 validated: bool = False) -> LintReport:
+                 validated: bool = False, session_continues: bool | None = None) -> LintReport:
     """Lint one OpenAI or Anthropic request body; see the package docstring. `layout`: the
     body's token layout when the caller has tokenized it already (`layout_of`), in the
     encoding `encoding` names. `validated`: the caller has checked the body already, at least
-    as strictly as `providers.validate` (the gateway's parsers do), so it is not checked again."""
+    as strictly as `providers.validate` (the gateway's parsers do), so it is not checked again.
+    `session_continues`: whether this request's session sends another one later, where the
+    caller knows (`prefixgate lint` reads the whole log first; None: unknown). True: that
+    request reuses the session-scoped values, so they end neither cacheable prefix. False:
+    the family's next request is another session's, which shares no turn of this one, so
+    neither prefix reaches past its first non-system message."""
     prov = provider or detect_provider(body)
     if not validated:
         toolset = check_request(body, prov)
@@ -75,20 +83,34 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
         match = learner.observe(targets, spans, list(toolset.labels),
                                 conversation(body, session, turn))
     findings = _dynamic_findings(targets, spans, match, layout, counter)
-    tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset)
+    tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset,
+                                         _moved_spans(findings))
     findings += tool_found
     if tracker is not None:
         key = session_key(body, match.family.id if match.family else None, session, turn)
         findings += history_findings(body, layout, tracker, key)
-    cacheable = _first_break(findings, layout.total)
-    after = _after_fix(body, prov, findings, resolved, layout, counter)
+    shared = _first_break(findings, layout.total)  # what the family's sessions share
+    continues = session_continues is True
+    cacheable = _first_break(findings, layout.total, continues)
+    after = _after_fix(body, prov, findings, resolved, layout, counter, continues)
+    if session_continues is False:
+        end = _conversation_start(body, layout)
+        cacheable, after = min(cacheable, end), min(after, end)
     model = body.get("model") if isinstance(body.get("model"), str) else None
-    findings += minimum_findings(prov, model, layout.total, cacheable, after)
+    findings += minimum_findings(prov, model, layout.total, shared,
+                                 _after_fix(body, prov, findings, resolved, layout, counter))
     if prov == "anthropic":
-        scoped = _first_break_kinds(findings, cacheable) == {"session"}
-        findings += cache_control_findings(body, model, layout, cacheable, scoped)
+        scoped = _first_break_kinds(findings, shared) == {"session"}
+        findings += cache_control_findings(body, model, layout, shared, scoped)
     return LintReport(findings, layout.total, cacheable, after,
                       match.family.id if match.family else None, prov)
+
+
+def _conversation_start(body: dict[str, Any], layout: TokenLayout) -> int:
+    """Token offset of the first non-system message (the prompt's end when there is none)."""
+    first = next((i for i, m in enumerate(body["messages"])
+                  if m.get("role") not in {"system", "developer"}), None)
+    return layout.total if first is None else layout.message_start(first)
 
 
 def learn_request(body: dict[str, Any], learner: TemplateLearner,
@@ -125,9 +147,15 @@ def session_key(body: dict[str, Any], family: str | None,
 
 def first_turn(body: dict[str, Any]) -> str:
     """A fingerprint of the first non-system message's compact JSON (of "{}" when there is
-    none): what the turns of one conversation share."""
+    none), its blocks' Anthropic breakpoints left out: what the turns of one conversation
+    share (an agent that moves its breakpoint to the newest block has one on its first
+    message in the first turn only, which made that turn a conversation of its own)."""
     first: Any = next((m for m in body["messages"] if m.get("role") not in {"system", "developer"}),
                       {})
+    content = first.get("content")
+    if isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b
+                                         for b in content):
+        first = {**first, "content": [without_breakpoints(b) for b in content]}
     return fingerprint(compact_json(first))
 
 
@@ -159,7 +187,8 @@ def _dynamic_findings(targets: list[Segment], spans: dict[str, list[Span]],
                 continue  # the rewriter's own marker (see the docstring)
             rule = _RULE_FOR_KIND[d.kind]
             low = d.confidence < FIX_CONFIDENCE and RULES[rule].severity == "error"
-            out.append(finding(rule, target.path, _message(d), start=d.start, end=d.end,
+            out.append(finding(rule, target.path, _message(d, match.family), start=d.start,
+                               end=d.end,
                                value=target.text[d.start:d.end], token_offset=offset,
                                confidence=round(d.confidence, 2),
                                severity="warning" if low else None))
@@ -174,14 +203,34 @@ def _overlaps_marker(text: str, start: int, end: int) -> bool:
     return any(m.start() < end and start < m.end() for m in _MARKER.finditer(text))
 
 
-def _message(d: Dynamic) -> str:
+def _message(d: Dynamic, family: Family | None) -> str:
+    if not d.evidence or family is None:
+        return f"{d.label} in the cached prefix (pattern only, no evidence from the family)"
     if d.kind == "session":
-        return "constant within a session but different across sessions of this prompt family"
-    if d.kind == "learned":
-        return "varies across requests of this prompt family"
-    if d.evidence:
-        return f"{d.label} in the cached prefix; varies across requests of this prompt family"
-    return f"{d.label} in the cached prefix (pattern only, no evidence from the family)"
+        what = "constant within a session but different across sessions of this prompt family"
+    elif d.kind == "learned":
+        what = "varies across requests of this prompt family"
+    else:
+        what = f"{d.label} in the cached prefix; varies across requests of this prompt family"
+    return f"{what} ({_evidence(family)})"
+
+
+def _evidence(family: Family) -> str:
+    """How much of the log the family's evidence comes from: its requests and sessions (the
+    sessions it remembers: at most `_SESSIONS_PER_FAMILY`)."""
+    sessions = len(family.session_lines)
+    many = "at least " if sessions >= _SESSIONS_PER_FAMILY else ""
+    return (f"evidence: {family.requests} request{'s' * (family.requests != 1)} in "
+            f"{many}{sessions} session{'s' * (sessions != 1)}")
+
+
+def _moved_spans(findings: list[Finding]) -> Moved:
+    """The spans rewrite_request moves out, by path, with their finding kinds."""
+    out: Moved = {}
+    for f in findings:
+        if is_moved(f) and f.start is not None and f.end is not None:
+            out.setdefault(f.path, []).append((f.start, f.end, f.kind))
+    return out
 
 
 def is_moved(f: Finding) -> bool:
@@ -189,10 +238,13 @@ def is_moved(f: Finding) -> bool:
     return f.kind in DYNAMIC_KINDS and f.start is not None and f.confidence >= FIX_CONFIDENCE
 
 
-def _first_break(findings: list[Finding], total: int) -> int:
+def _first_break(findings: list[Finding], total: int, in_session: bool = False) -> int:
+    """The token offset of the first finding that ends the reusable prefix (`total` when
+    none does); `in_session`: for the session's next request, where a session-scoped value
+    is the same."""
     offsets = [f.token_offset for f in findings
                if f.rule in BREAKING_RULES and f.token_offset is not None
-               and f.confidence >= LIKELY]
+               and f.confidence >= LIKELY and not (in_session and f.kind == "session")]
     return min(offsets, default=total)
 
 
@@ -213,8 +265,10 @@ def context_target(body: dict[str, Any], provider: Provider) -> int | None:
 
 
 def _after_fix(body: dict[str, Any], provider: Provider, findings: list[Finding],
-               resolved: set[str], layout: TokenLayout, counter: TokenCounter) -> int:
-    """Estimate of the cacheable prefix once rewrite_request has run."""
+               resolved: set[str], layout: TokenLayout, counter: TokenCounter,
+               in_session: bool = False) -> int:
+    """Estimate of the cacheable prefix once rewrite_request has run (`in_session`: for the
+    session's next request, which resends this one's last turn, context block and all)."""
     moved = [f for f in findings if is_moved(f)]
     breaks = [f.token_offset for f in findings if f.rule in BREAKING_RULES
               and not is_moved(f) and f.rule not in resolved
@@ -222,6 +276,8 @@ def _after_fix(body: dict[str, Any], provider: Provider, findings: list[Finding]
     limit = min(breaks, default=layout.total)
     if not moved:
         return limit
+    if in_session:
+        return limit  # the moved values sit in a turn the next request resends as it is
     target = context_target(body, provider)
     at = layout.total if target is None else layout.message_start(target)
     saved = sum(counter.count(f.value) - MARKER_TOKENS for f in moved

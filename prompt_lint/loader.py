@@ -17,10 +17,12 @@ sent may hold other records; an unreadable file or a missing path is still refus
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
 import sys
+import zlib
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -143,12 +145,34 @@ def _texts(path: str, own: Path | None = None, skipped: list[Skipped] | None = N
         return [("<stdin>", _read_stdin(skipped))]
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.suffix in {".json", ".jsonl"} and f.is_file()
+        files = sorted(f for f in p.rglob("*") if _is_log_name(f.name) and f.is_file()
                        and (own is None or f.resolve() != own))
         return [(str(f), _read(f, skipped)) for f in files]
     if not p.exists():
         raise InputError(f"{path}: no such file or directory")
     return [(path, _read(p, skipped))]
+
+
+#: What a directory's walk reads: JSON and JSONL files, gzipped or not.
+LOG_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+#: The first bytes of a gzip stream.
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _is_log_name(name: str) -> bool:
+    return name.endswith(LOG_SUFFIXES)
+
+
+def _gunzip(source: str, raw: bytes) -> bytes:
+    """`raw` decompressed when it is a gzip stream (a rotated log, `log.jsonl.gz`: it was
+    refused as "not UTF-8: byte 0x8b"), else `raw` itself; an InputError for a damaged or cut
+    gzip stream."""
+    if not raw.startswith(GZIP_MAGIC):
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{source}: cannot read: not a whole gzip stream ({exc})") from None
 
 
 def _read_stdin(skipped: list[Skipped] | None = None) -> str:
@@ -161,7 +185,9 @@ def _read_stdin(skipped: list[Skipped] | None = None) -> str:
         raw = sys.stdin.read() if stdin is None else stdin.read()
     except OSError as exc:
         raise InputError(f"<stdin>: cannot read: {exc.strerror or exc}") from None
-    return raw.removeprefix(BOM) if isinstance(raw, str) else _decode("<stdin>", raw, skipped)
+    if isinstance(raw, str):
+        return raw.removeprefix(BOM)
+    return _decode("<stdin>", _gunzip("<stdin>", raw), skipped)
 
 
 def _read(path: Path, skipped: list[Skipped] | None = None) -> str:
@@ -169,7 +195,7 @@ def _read(path: Path, skipped: list[Skipped] | None = None) -> str:
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    return _decode(str(path), raw, skipped)
+    return _decode(str(path), _gunzip(str(path), raw), skipped)
 
 
 def _decode(source: str, raw: bytes, skipped: list[Skipped] | None = None) -> str:
@@ -220,7 +246,9 @@ def _records(source: str, text: str, skipped: list[Skipped] | None = None
         if records is not None:
             return records
     out = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    # JSONL lines end at "\n" only: str.splitlines() also cut at U+2028, U+2029 and U+0085,
+    # which JSON strings may hold raw (a log written with ensure_ascii=False, as `fix` writes)
+    for n, line in enumerate(text.split("\n"), start=1):
         if line.strip():
             try:
                 out.append((n, _parse(f"{source}:{n}", line)))
@@ -329,6 +357,8 @@ def _request(source: str, line: int, record: Any, provider: str | None) -> Loade
                 body, envelope, key = record[name], record, name
                 break
     try:
+        if isinstance(body, dict) and "messages" not in body:
+            raise RequestError(_not_a_request(body))
         prov = cast(Provider, provider) if provider is not None else detect_provider(body)
         validate(body, prov)
         if prov == "openai" and isinstance(body, dict) and "system" in body:
@@ -337,3 +367,18 @@ def _request(source: str, line: int, record: Any, provider: str | None) -> Loade
     except RequestError as exc:
         raise InputError(f"{source}:{line}: {exc}") from exc
     return LoadedRequest(source, line, body, prov, envelope, key)
+
+
+#: Top-level keys of a record named in the error for one that holds no request.
+KEYS_SHOWN = 8
+
+
+def _not_a_request(record: dict[str, Any]) -> str:
+    """The problem with a record that has no `messages`: what is read, and the record's keys,
+    so that a log of another format (a Responses API request, an OpenTelemetry span, a
+    LangSmith run) says so (it was "'messages' must be a non-empty list")."""
+    keys = [ascii(k)[1:-1] for k in list(record)[:KEYS_SHOWN]]
+    more = ", ..." if len(record) > KEYS_SHOWN else ""
+    return ("no 'messages': not an OpenAI Chat Completions or Anthropic Messages request body, "
+            "nor an envelope holding one under 'request' or 'body' (its keys: "
+            f"{', '.join(keys) or 'none'}{more})")

@@ -1,11 +1,14 @@
-"""Report formats: text for people, JSON for programs, SARIF for code-scanning UIs."""
+"""Report formats: text for people, JSON for programs, SARIF for code-scanning UIs, GitHub
+Actions workflow commands (annotations on the log's lines in a run's summary and diff)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 from prompt_lint.loader import LoadedRequest, Skipped
 from prompt_lint.rules import RULES
@@ -13,6 +16,7 @@ from prompt_lint.types import Finding, LintReport, mask_value
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
+_GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
 
 class Summary(NamedTuple):
@@ -83,16 +87,19 @@ def to_text(requests: list[LoadedRequest], reports: list[LintReport], show_value
                      f"{rep.family or '-'}): {rep.prompt_tokens} tokens, cacheable prefix "
                      f"{rep.cacheable_tokens} -> {rep.cacheable_tokens_after_fix} after fix")
         lines += [_finding_line(f, show_values) for f in rep.findings]
+    return "\n".join(lines + _summary_lines(reports)) + "\n"
+
+
+def _summary_lines(reports: list[LintReport]) -> list[str]:
     s = summarize(reports)
     sev = ", ".join(f"{k} {s.by_severity.get(k, 0)}" for k in ("error", "warning", "info"))
     rules = ", ".join(f"{k} {v}" for k, v in s.by_rule.items()) or "none"
     change = (s.hit_rate_after_fix - s.hit_rate_now) * 100
-    lines += [f"summary: {s.requests} requests, {s.findings} findings ({sev})",
-              f"  by rule: {rules}",
-              f"  cacheable prefix: {s.hit_rate_now:.1%} of prompt tokens now, "
-              f"{s.hit_rate_after_fix:.1%} after fix "
-              f"(expected hit-rate change {change:+.1f} points)"]
-    return "\n".join(lines) + "\n"
+    return [f"summary: {s.requests} requests, {s.findings} findings ({sev})",
+            f"  by rule: {rules}",
+            f"  cacheable prefix: {s.hit_rate_now:.1%} of prompt tokens now, "
+            f"{s.hit_rate_after_fix:.1%} after fix "
+            f"(expected hit-rate change {change:+.1f} points)"]
 
 
 def _finding_line(f: Finding, show: bool) -> str:
@@ -121,10 +128,20 @@ def to_sarif(requests: list[LoadedRequest], reports: list[LintReport],
     if skipped:
         run["invocations"] = [{"executionSuccessful": True, "toolExecutionNotifications": [
             {"level": "error", "message": {"text": k.message},
-             "locations": [{"physicalLocation": {"artifactLocation": {"uri": k.source},
+             "locations": [{"physicalLocation": {"artifactLocation": {"uri": sarif_uri(k.source)},
                                                  "region": {"startLine": k.line}}}]}
             for k in skipped]}]
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def sarif_uri(source: str) -> str:
+    """An input's name as SARIF's `artifactLocation.uri`, a URI reference: a relative path
+    percent-encoded (a space or `#` in a file name, `<stdin>`, were written raw: not a URI,
+    and `#` began a fragment), an absolute one as a `file://` URI (a bare `/home/...` reads as
+    relative to the repository in code-scanning uploads)."""
+    if PurePosixPath(source).is_absolute():
+        return "file://" + quote(source)
+    return quote(source)
 
 
 def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[str, Any]:
@@ -132,7 +149,7 @@ def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[st
     text = f.message + (f" [{value}]" if value else "")
     return {"ruleId": f.rule, "level": _SARIF_LEVEL[f.severity], "message": {"text": text},
             "locations": [{
-                "physicalLocation": {"artifactLocation": {"uri": req.source},
+                "physicalLocation": {"artifactLocation": {"uri": sarif_uri(req.source)},
                                      "region": {"startLine": req.line}},
                 "logicalLocations": [{"fullyQualifiedName": f"requests[{i}].{f.path}".rstrip("."),
                                       "kind": "member"}]}],
@@ -140,12 +157,41 @@ def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[st
                            "tokenOffset": f.token_offset, "confidence": f.confidence}}
 
 
+def to_github(requests: list[LoadedRequest], reports: list[LintReport],
+              show_values: bool) -> str:
+    """One `::error file=F,line=N,title=T::message` workflow command per finding (warning and
+    notice for the other severities), escaped as GitHub Actions reads them, then the text
+    report's summary lines."""
+    lines = []
+    for req, rep in zip(requests, reports, strict=True):
+        for f in rep.findings:
+            value = f.value if show_values else mask_value(f.value, f.kind)
+            where = f.path + (f":{f.start}-{f.end}" if f.start is not None else "")
+            text = (f"{where}: " if where else "") + f.message + (f" [{value}]" if value else "")
+            lines.append(f"::{_GITHUB_LEVEL[f.severity]} file={_github_property(req.source)},"
+                         f"line={req.line},title={_github_property(f'{f.rule} {f.name}')}"
+                         f"::{_github_data(text)}")
+    return "\n".join(lines + _summary_lines(reports)) + "\n"
+
+
+def _github_data(text: str) -> str:
+    """A workflow command's message, escaped (`%`, CR and LF)."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _github_property(text: str) -> str:
+    """A workflow command's property value, escaped (also `:` and `,`, which end it)."""
+    return _github_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
 def render(fmt: str, requests: list[LoadedRequest], reports: list[LintReport],
            show_values: bool, skipped: Sequence[Skipped] = ()) -> str:
-    """The report in format `fmt` (text, json or sarif); a text report leaves the skipped
-    records to stderr (`prefixgate lint` names them there)."""
+    """The report in format `fmt` (text, json, sarif or github); a text or github report
+    leaves the skipped records to stderr (`prefixgate lint` names them there)."""
     if fmt == "text":
         return to_text(requests, reports, show_values)
+    if fmt == "github":
+        return to_github(requests, reports, show_values)
     doc = to_json(requests, reports, show_values, skipped) if fmt == "json" else \
         to_sarif(requests, reports, show_values, skipped)
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

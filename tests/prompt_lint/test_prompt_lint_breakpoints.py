@@ -155,3 +155,33 @@ def test_a_breakpoint_after_a_session_value_is_reused_within_the_session() -> No
         {"type": "text", "text": "Current time: 10:09"},
         {"type": "text", "text": BASE, "cache_control": EPHEMERAL}]}, learner=TemplateLearner())
     assert all(m == "no entry is reused" for m in pl012(late))
+
+
+def test_a_breakpoint_on_the_first_turn_does_not_make_it_a_session_of_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In its first turn the agent's only message carries the breakpoint; later turns send it
+    without. The first message keys the session, so each first turn was a session of its
+    own: three sessions were counted as six in the evidence, and the first turn, whose
+    session goes on, was told its context block would not be reused after the fix."""
+    bodies = []
+    for s in range(3):
+        history: list[dict[str, Any]] = []
+        for t in range(3):
+            history.append({"role": "user", "content": [
+                {"type": "text", "text": f"Task {s}: step {t} of the refactor."}]})
+            messages = copy.deepcopy(history)
+            messages[-1]["content"][-1]["cache_control"] = EPHEMERAL
+            bodies.append({"model": "claude-sonnet-4-5", "max_tokens": 512, "messages": messages,
+                           "system": f"Current time: 2026-12-01T1{s}:0{t}:00Z\n{BASE}"})
+            history.append({"role": "assistant", "content": [{"type": "text", "text": "Done."}]})
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+    capsys.readouterr()
+    lint_main([str(log), "--format", "json", "--fail-on", "never"])
+    requests = json.loads(capsys.readouterr().out)["requests"]
+    stamps = [f["message"] for r in requests for f in r["findings"] if f["rule"] == "PL001"]
+    assert len(stamps) == 9 and all(m.endswith("(evidence: 9 requests in 3 sessions)")
+                                    for m in stamps)
+    for n, r in enumerate(requests):  # a session's next turn resends the whole request
+        if n % 3 < 2:
+            assert r["cacheable_tokens_after_fix"] == r["prompt_tokens"]

@@ -54,6 +54,20 @@ def test_with_evidence_what_varies_is_dynamic_and_the_rest_is_stable() -> None:
                          tip.rstrip("."): ("PL008", 1.0, "warning")}, found
 
 
+def test_a_finding_from_evidence_says_how_much_evidence() -> None:
+    """The message named no evidence ("varies across requests of this prompt family"):
+    nothing told one request that varied once from a value seen in every request of a long
+    log. The log is two sessions of three requests."""
+    _, reports = two_pass()
+    for report in reports:
+        messages = {f.rule: f.message for f in report.findings if f.start is not None}
+        assert set(messages) == {"PL001", "PL013", "PL008"}
+        assert all(m.endswith(" (evidence: 6 requests in 2 sessions)")
+                   for m in messages.values()), messages
+    alone = lint_request(LOG[0]).findings[0].message
+    assert alone.endswith("(pattern only, no evidence from the family)")
+
+
 def test_fix_moves_only_supported_values() -> None:
     single = LOG[0]
     fixed = rewrite_request(single, report=lint_request(single)).body

@@ -15,11 +15,14 @@ from .test_prompt_lint_cli import _sessions_log, run
 
 SYSTEM = ("[uid={uid}] You are TravelBot, a helpful travel agent for Acme Corp. Always be "
           "concise and cite prices in EUR.")
+#: The problem named for a `{"object": ...}` record (a response, not a request).
+NOT_A_REQUEST = ("no 'messages': not an OpenAI Chat Completions or Anthropic Messages request "
+                 "body, nor an envelope holding one under 'request' or 'body' (its keys: object)")
 #: What an agent's log holds besides requests, each with the problem the lint names.
 BAD = [
     (b'{"model": "gpt-4o", "messages": [{"role": "user", "cont', "invalid JSON"),  # cut short
     (b'{"id": "chatcmpl-1", "object": "chat.completion", "choices": []}',
-     "'messages' must be a non-empty list"),  # a response record
+     "no 'messages': not an OpenAI Chat Completions"),  # a response record
     (b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "caf\xe9"}]}',
      "not UTF-8: byte 0xe9 (column 66)"),  # Latin-1
     (b'{"model": "gpt-4o", "temperature": NaN, "messages": [{"role": "user", "content": "x"}]}',
@@ -99,8 +102,7 @@ def test_a_json_array_keeps_its_good_records_at_their_lines(
     doc = json.loads(out)
     assert code == 0 and [r["line"] for r in doc["requests"]] == [starts[0], starts[2]]
     assert [s["line"] for s in doc["skipped"]] == [starts[1]]
-    assert err == f"prefixgate lint: {path}:{starts[1]}: 'messages' must be a non-empty " \
-                  "list (skipped)\n"
+    assert err == f"prefixgate lint: {path}:{starts[1]}: {NOT_A_REQUEST} (skipped)\n"
 
 
 def test_nothing_left_is_bad_input_after_naming_each_record(
@@ -111,8 +113,7 @@ def test_nothing_left_is_bad_input_after_naming_each_record(
     code, out, err = run(lint_main, [str(path), "--skip-invalid"], capsys)
     lines = err.splitlines()
     assert code == 2 and out == ""
-    assert lines[:SKIPPED_SHOWN] == [f"prefixgate lint: {path}:{n}: 'messages' must be a "
-                                     "non-empty list (skipped)"
+    assert lines[:SKIPPED_SHOWN] == [f"prefixgate lint: {path}:{n}: {NOT_A_REQUEST} (skipped)"
                                      for n in range(1, SKIPPED_SHOWN + 1)]
     assert lines[SKIPPED_SHOWN:] == [
         f"prefixgate lint: ... and 5 more records skipped ({count} in all)",
