@@ -50,11 +50,14 @@ class Chunks(Protocol):
 class RouteSpec:
     """How one route parses bodies and renders results."""
 
-    name: str  # "chat.completions" | "completions" | "messages"
+    name: str  # "chat.completions" | "completions" | "messages" | "responses"
     provider: Provider
     parse: Callable[[dict[str, Any], ParseContext], ChatRequest]
     render: Callable[[ChatRequest, Final, int], dict[str, Any]]
     stream_start: Callable[[ChatRequest, Usage | None], tuple[Chunks, bytes]]
+    # the parser of a lint-rewritten body when `parse` translates the client's body into
+    # another API's (`ChatRequest.body`: Responses -> chat completions); None: `parse`
+    reparse: Callable[[dict[str, Any], ParseContext], ChatRequest] | None = None
 
 
 @dataclass
