@@ -10,8 +10,9 @@ A stream is `response.created`, `response.in_progress`, then per output item
 `response.output_item.added`, its content (`response.content_part.added`,
 `response.output_text.delta`..., or `response.function_call_arguments.delta`...), its `.done`
 events and `response.output_item.done`, and last `response.completed` (or
-`response.incomplete`), every event numbered (`sequence_number`) and carrying the whole
-Response. A failure after the first event is `response.failed` with the error.
+`response.incomplete`: its Response carries the `prefixgate` summary, as a whole one does),
+every event numbered (`sequence_number`). A failure after the first event is
+`response.failed` with the error.
 """
 
 from __future__ import annotations
@@ -211,8 +212,9 @@ class ResponseEvents:
         for i, call in enumerate(final.tool_calls):
             out += self._finish_call(i, call)
         response = self._envelope(status, final.usage, reason=reason)
+        response[SUMMARY_FIELD] = summary(final.usage)  # as the whole Response carries it
         kind = "response.completed" if reason is None else "response.incomplete"
-        return out + self._event(kind, response=response, **{SUMMARY_FIELD: summary(final.usage)})
+        return out + self._event(kind, response=response)
 
     def _finish_message(self, final: Final, status: str) -> bytes:
         """The message's remaining text, its refusal, and its `.done` events."""
