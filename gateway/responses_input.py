@@ -166,7 +166,9 @@ def _function_call(out: Converted, item: dict[str, Any], path: str) -> None:
     if last is None or last["role"] != "assistant" or last.get("refusal") is not None:
         out.add(last := {"role": "assistant", "content": None}, path)
     calls = last.setdefault("tool_calls", [])
-    call_path = f"messages[{len(out.messages) - 1}].tool_calls[{len(calls)}]"
+    where = f"messages[{len(out.messages) - 1}].tool_calls"
+    out.paths.setdefault(where, path)  # the turn's calls: where the first came from
+    call_path = f"{where}[{len(calls)}]"
     out.paths[call_path] = path
     out.paths[f"{call_path}.function.name"] = f"{path}.name"
     out.paths[f"{call_path}.function.arguments"] = f"{path}.arguments"
