@@ -81,6 +81,10 @@ def chat_body(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
             paths[f"tools[{i}].function"] = f"tools[{i}]"
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if not chat.get("tools"):  # the Responses API takes these without tools, chat does not
+        chat.pop("parallel_tool_calls", None)
+        if chat.get("tool_choice") in ("auto", "none"):
+            del chat["tool_choice"]
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     response_format = _response_format(body)

@@ -43,6 +43,10 @@ REFUSED: list[tuple[dict[str, Any], str, str]] = [
     ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]},
      "input[0].content[0].type", "input_text"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "user"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "see"},
+        {"type": "input_image", "image_url": "https://example.com/a.png"}]}]},
+     "input[0].content[1]", "text"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
      "input[0].call_id", "call_id"),
     ({"text": {"format": {"type": "json_schema", "schema": SCHEMA}}}, "text.format.name",
