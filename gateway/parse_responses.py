@@ -44,6 +44,7 @@ KNOWN = frozenset({*SAME_FIELDS, *REFUSED, *IGNORED, "input", "instructions", "t
                    "tool_choice", "max_output_tokens", "text", "background", "top_logprobs"})
 #: chat paths a Responses field of another name came from (longest prefix wins)
 STATIC_PATHS = {
+    "messages": "input",
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
     "response_format.type": "text.format.type",
@@ -106,9 +107,8 @@ def _check_fields(body: dict[str, Any]) -> None:
     if body.get("top_logprobs") not in (None, 0):
         raise invalid("'top_logprobs' is not supported: token log-probabilities are not "
                       "returned", "top_logprobs")
-    for name in ("store",):
-        if body.get(name) is not None and not isinstance(body[name], bool):
-            raise invalid(f"'{name}' must be a boolean", name)
+    if body.get("store") is not None and not isinstance(body["store"], bool):
+        raise invalid("'store' must be a boolean", "store")
     include = body.get("include")
     if include is not None and (not isinstance(include, list)
                                 or not all(isinstance(x, str) for x in include)):

@@ -2,8 +2,8 @@
 
 `input` is a string (one user message) or a list of items: messages (`type: "message"` or a
 bare `{role, content}`; roles user, assistant, system, developer; content a string or parts:
-`input_text`, `input_image`, `input_file`, and in an assistant message `output_text` and
-`refusal`), `function_call` (an assistant message's tool call: consecutive calls, and a call
+`input_text`, `input_image`, `input_file`; in an assistant message `output_text`, `refusal`
+and `input_text`), `function_call` (an assistant message's tool call: consecutive calls, and a call
 after an assistant message, join that message), `function_call_output` (a tool message) and
 `reasoning` (dropped: the gateway's models get no reasoning history). Other item types (a
 built-in tool's calls, `item_reference`) need state or tools the gateway does not have: a 400
@@ -24,7 +24,7 @@ from gateway.errors import invalid
 ROLES = ("user", "assistant", "system", "developer")
 #: the Responses content part types of a message's content, by role
 _TEXT_PARTS = {"input_text"}
-_ASSISTANT_PARTS = {"output_text", "refusal"}
+_ASSISTANT_PARTS = {"output_text", "input_text", "refusal"}  # input_text: some clients' history
 _MEDIA_PARTS = {"input_image", "input_file"}
 
 
@@ -110,8 +110,8 @@ def _part(part: Any, role: str, path: str) -> dict[str, Any]:
     kind = part.get("type") if isinstance(part, dict) else None
     allowed = _ASSISTANT_PARTS if role == "assistant" else _TEXT_PARTS | _MEDIA_PARTS
     if kind not in allowed:
-        raise invalid(f"'{path}.type' must be one of {', '.join(sorted(allowed))} in a "
-                      f"{role} message", f"{path}.type")
+        raise invalid(f"'{path}.type' must be one of {', '.join(sorted(allowed))} in "
+                      f"{role} messages", f"{path}.type")
     assert isinstance(part, dict)
     if kind == "refusal":
         return {"type": "refusal", "refusal": _string(part, "refusal", path)}

@@ -38,6 +38,7 @@ REFUSED: list[tuple[dict[str, Any], str, str]] = [
      "file_search"),
     ({"frobnicate": 1}, "frobnicate", "Unrecognized request argument"),
     ({"input": 5}, "input", "input"),
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input", "'input'"),
     ({"input": [{"type": "computer_call", "call_id": "c"}]}, "input[0].type", "computer_call"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "stateless"),
     ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]},
