@@ -1,14 +1,17 @@
 """OpenAI Responses API answers: a whole Response object, and its semantic SSE events.
 
-A Response's `output` holds the assistant's message (one `output_text` part, and a `refusal`
-part when an upstream refused a structured answer) and one `function_call` item per tool call;
+A Response's `output` holds a reasoning model's reasoning (an OpenAI-compatible upstream's
+`reasoning_content`: a `reasoning` item with one `reasoning_text` part), the assistant's message
+(one `output_text` part, and a `refusal` part when an upstream refused a structured answer) and
+one `function_call` item per tool call;
 its status is `completed`, or `incomplete` when the answer was cut (`max_output_tokens`, or
 `content_filter` for a refusal stop). The request parameters it echoes are the client's own
-(`ChatRequest.client_body`). An upstream's reasoning text is not returned on this route.
+(`ChatRequest.client_body`).
 
 A stream is `response.created`, `response.in_progress`, then per output item
 `response.output_item.added`, its content (`response.content_part.added`,
-`response.output_text.delta`..., or `response.function_call_arguments.delta`...), its `.done`
+`response.reasoning_text.delta`..., `response.output_text.delta`..., or
+`response.function_call_arguments.delta`...), its `.done`
 events and `response.output_item.done`, and last `response.completed` (or
 `response.incomplete`: its Response carries the `prefixgate` summary, as a whole one does),
 every event numbered (`sequence_number`). A failure after the first event is
@@ -37,6 +40,10 @@ def response_id(req: ChatRequest) -> str:
 
 def message_id(req: ChatRequest) -> str:
     return f"msg_{req.request_id}"
+
+
+def reasoning_id(req: ChatRequest) -> str:
+    return f"rs_{req.request_id}"
 
 
 def call_item_id(req: ChatRequest, index: int) -> str:
@@ -98,6 +105,12 @@ def message_item(req: ChatRequest, content: list[dict[str, Any]], status: str
             "content": content}
 
 
+def reasoning_item(req: ChatRequest, content: list[dict[str, Any]], status: str
+                   ) -> dict[str, Any]:
+    return {"type": "reasoning", "id": reasoning_id(req), "summary": [], "content": content,
+            "status": status}
+
+
 def call_item(req: ChatRequest, index: int, call_id: str, name: str, arguments: str,
               status: str) -> dict[str, Any]:
     return {"type": "function_call", "id": call_item_id(req, index), "call_id": call_id,
@@ -121,7 +134,10 @@ def response_body(req: ChatRequest, final: Final, created: int) -> dict[str, Any
     """The whole Response (`prefixgate`'s summary is added by the pipeline)."""
     reason = incomplete_reason(final)
     status = "completed" if reason is None else "incomplete"
-    output = [message_item(req, _message_content(final), status)] if _has_message(final) else []
+    output = [reasoning_item(req, [{"type": "reasoning_text", "text": final.reasoning}], status)
+              ] if final.reasoning else []
+    if _has_message(final):
+        output.append(message_item(req, _message_content(final), status))
     for i, call in enumerate(final.tool_calls):
         fn = call["function"]
         output.append(call_item(req, i, call["id"], fn["name"], fn["arguments"], "completed"))
@@ -140,6 +156,8 @@ class ResponseEvents:
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # the output items, in the order they opened
         self.message: dict[str, Any] | None = None
+        self.reasoning: dict[str, Any] | None = None
+        self.thought = ""  # the reasoning streamed so far
         self.text = ""  # the message's text streamed so far
         self.calls: dict[int, dict[str, Any]] = {}  # call index -> its item
 
@@ -157,8 +175,9 @@ class ResponseEvents:
             self._event("response.in_progress", response=head)
 
     def delta(self, item: TextDelta) -> bytes:
-        """The text, then the tool-call pieces (an upstream's reasoning is not sent)."""
-        out = self._text(item.text) if item.text else b""
+        """The reasoning, the text, then the tool-call pieces."""
+        out = self._thought(item.reasoning) if item.reasoning else b""
+        out += self._text(item.text) if item.text else b""
         return out + b"".join(self._piece(p) for p in item.tool_calls)
 
     def _open_message(self, with_text: bool) -> bytes:
@@ -187,6 +206,36 @@ class ResponseEvents:
         return out + self._event("response.output_text.delta", **self._where(),
                                  content_index=0, delta=text, logprobs=[])
 
+    def _thought(self, text: str) -> bytes:
+        out = b""
+        if self.reasoning is None:
+            self.reasoning = reasoning_item(self.req, [], "in_progress")
+            self.items.append(self.reasoning)
+            out = self._event("response.output_item.added", output_index=len(self.items) - 1,
+                              item=self.reasoning)
+            part = {"type": "reasoning_text", "text": ""}
+            self.reasoning["content"].append(part)
+            out += self._event("response.content_part.added", **self._where(self.reasoning),
+                               content_index=0, part=part)
+        self.thought += text
+        self.reasoning["content"][0]["text"] = self.thought
+        return out + self._event("response.reasoning_text.delta", **self._where(self.reasoning),
+                                 content_index=0, delta=text)
+
+    def _finish_reasoning(self, final: Final, status: str) -> bytes:
+        """The reasoning's remaining text and its `.done` events."""
+        text = final.reasoning or self.thought
+        rest = text[len(self.thought):] if text.startswith(self.thought) else ""
+        out = self._thought(rest) if rest or self.reasoning is None else b""
+        assert self.reasoning is not None
+        part = {"type": "reasoning_text", "text": text}
+        self.reasoning.update(content=[part], status=status)
+        where = self._where(self.reasoning)
+        out += self._event("response.reasoning_text.done", **where, content_index=0, text=text)
+        out += self._event("response.content_part.done", **where, content_index=0, part=part)
+        return out + self._event("response.output_item.done", output_index=where["output_index"],
+                                 item=self.reasoning)
+
     def _piece(self, piece: ToolCallDelta) -> bytes:
         out = b""
         if piece.id is not None and piece.index not in self.calls:
@@ -208,7 +257,9 @@ class ResponseEvents:
     def final(self, final: Final) -> bytes:
         reason = incomplete_reason(final)
         status = "completed" if reason is None else "incomplete"
-        out = self._finish_message(final, status) if _has_message(final) else b""
+        out = self._finish_reasoning(final, status) \
+            if final.reasoning or self.reasoning is not None else b""
+        out += self._finish_message(final, status) if _has_message(final) else b""
         for i, call in enumerate(final.tool_calls):
             out += self._finish_call(i, call)
         response = self._envelope(status, final.usage, reason=reason)

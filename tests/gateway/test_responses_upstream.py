@@ -345,3 +345,40 @@ async def test_images_and_toolless_settings_reach_the_upstream_as_chat_takes_the
     assert refused.value.param == "input[0].content[1].image_url"
     app.state.store.close()
     await pool.aclose()
+
+
+def thinking(request: httpx.Request) -> httpx.Response:
+    """A reasoning model's answer (vLLM's `reasoning_content`), whole or streamed."""
+    if not json.loads(request.content).get("stream"):
+        return httpx.Response(200, json={"id": "u", "object": "chat.completion", "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": "Answer.",
+                                    "reasoning_content": "Think more."},
+            "finish_reason": "stop"}], "usage": USAGE})
+    deltas = [{"reasoning_content": "Think "}, {"reasoning_content": "more."},
+              {"content": "Answer."}]
+    return sse([{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+               + [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                  {"choices": [], "usage": USAGE}])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_reasoning_comes_back_as_a_reasoning_item(tmp_path: Path, stream: bool) -> None:
+    """A reasoning upstream's reasoning is a `reasoning` item (one `reasoning_text` part)
+    before the message; streamed as `response.reasoning_text.delta` events."""
+    pool = pool_over_handler(thinking)
+    app = gateway_app(tmp_path, pool)
+    client = sdk(app)
+    if stream:
+        async with client.responses.stream(model="m", input="Why?") as events:
+            deltas = [e.delta async for e in events if e.type == "response.reasoning_text.delta"]
+            answer = await events.get_final_response()
+        assert deltas == ["Think ", "more."]
+    else:
+        answer = await client.responses.create(model="m", input="Why?")
+    assert [item.type for item in answer.output] == ["reasoning", "message"]
+    reasoning = answer.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content is not None
+    assert [c.text for c in reasoning.content] == ["Think more."]
+    assert answer.output_text == "Answer."
+    app.state.store.close()
+    await pool.aclose()
