@@ -7,10 +7,13 @@ reads into `BadRequestError.param`), the field names of the Responses API writte
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 from sqlalchemy import select
 
 from gateway.stats import RequestRecord
@@ -175,3 +178,46 @@ async def test_an_error_mid_stream_is_response_failed(make_fake_app: Any) -> Non
     assert failed.error.code == "server_error"
     assert [r.status for r in records(app)] == [502]
 
+
+
+STREAM_EVENT: Any = TypeAdapter(ResponseStreamEvent)
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """The `data:` payloads of an event stream, each checked against its `event:` name."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        data = json.loads(lines["data"])
+        assert lines["event"] == data["type"]
+        out.append(data)
+    return out
+
+
+@pytest.mark.parametrize("prompt", ["a b c", 'CALL f {"x": 1}', "BREAK a b c"])
+async def test_every_event_and_response_validates_against_the_sdk_types(
+        make_fake_app: Any, prompt: str) -> None:
+    """Strict validation (the SDK itself only constructs its models, leniently): each event
+    is one of the SDK's `ResponseStreamEvent` types with every required field, and each
+    whole answer an SDK `Response`: a text answer, a tool call (each capped to 3 output
+    tokens, so incomplete, as well), a failure mid-stream."""
+    app = make_fake_app()
+    async with asgi_client(app) as http:
+        for cap in (None, 3):
+            body = {"model": FAKE_MODEL, "input": prompt, "tools": [TOOL],
+                    "max_output_tokens": cap}
+            streamed = await http.post("/v1/responses", json={**body, "stream": True})
+            events = sse_events(streamed.text)
+            for event in events:
+                STREAM_EVENT.validate_python(event, strict=False)
+            assert [e["sequence_number"] for e in events] == list(range(len(events)))
+            last = events[-1]
+            if prompt.startswith("BREAK") and cap is None:  # (capped: done before the break)
+                assert last["type"] == "response.failed"
+                continue
+            whole = await http.post("/v1/responses", json=body)
+            answer = Response.model_validate(whole.json())
+            assert answer.status == last["response"]["status"]
+            assert [i.type for i in answer.output] == \
+                [i["type"] for i in last["response"]["output"]]
+            assert (answer.status == "incomplete") == (cap is not None)
