@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import BaseModel, TypeAdapter
 
 from gateway.fake_upstream import FakeUpstreamConfig, create_fake_upstream
 
@@ -380,5 +381,48 @@ async def test_reasoning_comes_back_as_a_reasoning_item(tmp_path: Path, stream: 
     assert reasoning.type == "reasoning" and reasoning.content is not None
     assert [c.text for c in reasoning.content] == ["Think more."]
     assert answer.output_text == "Answer."
+    app.state.store.close()
+    await pool.aclose()
+
+
+def refusing(request: httpx.Request) -> httpx.Response:
+    """A structured answer the model refused (OpenAI's `refusal`, content null)."""
+    if not json.loads(request.content).get("stream"):
+        return httpx.Response(200, json={"id": "u", "object": "chat.completion", "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": None,
+                                    "refusal": "I can't help."},
+            "finish_reason": "stop"}], "usage": USAGE})
+    return sse([{"choices": [{"index": 0, "delta": {"refusal": "I can't help."},
+                              "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                {"choices": [], "usage": USAGE}])
+
+
+STREAM_EVENT: Any = TypeAdapter(ResponseStreamEvent)
+
+
+@pytest.mark.parametrize("handler", [thinking, refusing, calling("Both."), calling("", "length")],
+                         ids=["reasoning", "refusal", "calls", "calls-cut"])
+async def test_upstream_answers_validate_against_the_sdk_types(tmp_path: Path,
+                                                               handler: Any) -> None:
+    """Each streamed event validates as one of the SDK's `ResponseStreamEvent` types, the
+    whole answer as its `Response`, and both hold the same output items."""
+    pool = pool_over_handler(handler)
+    app = gateway_app(tmp_path, pool)
+    body = {"model": "m", "input": "Go", "tools": TOOLS}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        whole = Response.model_validate((await http.post("/v1/responses", json=body)).json())
+        streamed = await http.post("/v1/responses", json={**body, "stream": True})
+    events = [STREAM_EVENT.validate_python(json.loads(block.split("data: ", 1)[1]))
+              for block in streamed.text.strip().split("\n\n")]
+    last = events[-1].response
+    assert last.status == whole.status
+    assert [i.model_dump(exclude={"id"}) for i in last.output] == \
+        [i.model_dump(exclude={"id"}) for i in whole.output]
+    assert last.usage == whole.usage
+    if handler is refusing:
+        assert [(c.type, c.refusal) for c in whole.output[0].content] == [  # type: ignore
+            ("refusal", "I can't help.")]
     app.state.store.close()
     await pool.aclose()
