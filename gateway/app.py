@@ -90,7 +90,8 @@ MESSAGES = RouteSpec("messages", "anthropic", parse_anthropic.parse_messages,
                      _messages_stream)
 RESPONSES = RouteSpec("responses", "openai", parse_responses.parse_responses,
                       render_responses.response_body, _responses_stream,
-                      reparse=parse_openai.parse_chat)
+                      reparse=parse_openai.parse_chat,
+                      client_error=parse_responses.client_error)
 
 
 def _gateway(request: Request) -> Gateway:

@@ -24,7 +24,7 @@ from gateway.errors import GatewayError, invalid
 from gateway.evolve import evolve
 from gateway.parse_openai import parse_chat
 from gateway.responses_input import to_messages
-from gateway.types import ChatRequest
+from gateway.types import ApiError, ChatRequest
 from gateway.validate import ParseContext, opt_dict
 
 #: fields copied into the chat body as they are (the chat parser checks them)
@@ -52,6 +52,8 @@ STATIC_PATHS = {
     "tool_choice.function.name": "tool_choice.name",
     "tool_choice.function": "tool_choice",
 }
+#: the chat fields a backend's error may name that have another name in a Responses body
+BACKEND_PATHS = {**STATIC_PATHS, "max_tokens": "max_output_tokens"}
 _PATH_END = re.compile(r"[.\[]|$")
 
 
@@ -170,16 +172,42 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
 
 def renamed(err: GatewayError, paths: dict[str, str]) -> GatewayError:
     """`err` naming the Responses field its chat path came from (longest known prefix)."""
-    param = err.param
-    if param is None:
+    new = _renamed_path(err.param, paths)
+    if new is None or err.param is None:
         return err
+    out = GatewayError(err.status, err.message.replace(err.param, new), kind=err.kind,
+                       param=new)
+    out.code = err.code
+    return out
+
+
+def _renamed_path(param: str | None, paths: dict[str, str]) -> str | None:
+    """`param`'s Responses path when a known chat path (`paths`) begins it, else None."""
+    if param is None:
+        return None
     best = max((p for p in paths if param.startswith(p) and _PATH_END.match(param, len(p))),
                key=len, default=None)
     if best is None:
-        return err
+        return None
     new = paths[best] + param[len(best):]
     if new.endswith(".image_url.url"):  # a Responses image part holds its URL itself
         new = new[: -len(".url")]
-    out = GatewayError(err.status, err.message.replace(param, new), kind=err.kind, param=new)
-    out.code = err.code
-    return out
+    return new
+
+
+_TOOL_FUNCTION = re.compile(r"^tools\[(\d+)\]\.function")
+
+
+def client_error(err: ApiError) -> ApiError:
+    """A backend's error (the backend saw the chat request) naming the Responses field, in
+    place: `messages[...]` as `input` (the item it came from is no longer known),
+    `response_format` as `text.format`, a tool's `function` as the tool. A parser's error,
+    already renamed, is left as it is."""
+    param = err.param
+    if param is None:
+        return err
+    new = "input" if param.startswith("messages") else _renamed_path(param, BACKEND_PATHS)
+    new = _TOOL_FUNCTION.sub(r"tools[\1]", new or param)
+    if new != param:
+        err.message, err.param = err.message.replace(param, new), new
+    return err

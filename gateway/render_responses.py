@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import error_body
+from gateway.parse_responses import client_error
 from gateway.types import ApiError, ChatRequest, Final, TextDelta, ToolCallDelta, Usage
 from gateway.usage_report import SUMMARY_FIELD, summary
 
@@ -315,6 +316,7 @@ class ResponseEvents:
 
     def failed(self, err: ApiError, status: int) -> bytes:
         """`response.failed`: the error after the stream began (`status`: the client's)."""
+        err = client_error(err)
         code = "rate_limit_exceeded" if status == 429 else "server_error"
         own = error_body(err, "openai")["error"]  # its type: the chat route's code, if any
         error = {"code": code, "message": err.message, "type": own["code"] or own["type"],

@@ -24,6 +24,7 @@ from gateway.salt import UpstreamSalter
 from gateway.sessions import Revocations
 from gateway.stats import RecordStore
 from gateway.types import (
+    ApiError,
     Backend,
     ChatRequest,
     Dispatch,
@@ -58,6 +59,9 @@ class RouteSpec:
     # the parser of a lint-rewritten body when `parse` translates the client's body into
     # another API's (`ChatRequest.body`: Responses -> chat completions); None: `parse`
     reparse: Callable[[dict[str, Any], ParseContext], ChatRequest] | None = None
+    # a backend's error named in the client's API when the backend saw a translated body
+    # (Responses: `messages` -> `input`); None: as it is
+    client_error: Callable[[ApiError], ApiError] | None = None
 
 
 @dataclass

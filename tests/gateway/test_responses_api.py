@@ -221,3 +221,15 @@ async def test_every_event_and_response_validates_against_the_sdk_types(
             assert [i.type for i in answer.output] == \
                 [i["type"] for i in last["response"]["output"]]
             assert (answer.status == "incomplete") == (cap is not None)
+
+
+async def test_a_backend_error_names_the_responses_field(make_fake_app: Any) -> None:
+    """A backend saw the chat request: its error naming `messages` reaches the Responses
+    client as `input`."""
+    app = make_fake_app()
+    async with asgi_client(app) as http:
+        for stream in (False, True):
+            answer = await http.post("/v1/responses", json={
+                "model": FAKE_MODEL, "input": "FAIL 400", "stream": stream})
+            assert answer.status_code == 400
+            assert answer.json()["error"]["param"] == "input"

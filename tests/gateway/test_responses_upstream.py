@@ -426,3 +426,18 @@ async def test_upstream_answers_validate_against_the_sdk_types(tmp_path: Path,
             ("refusal", "I can't help.")]
     app.state.store.close()
     await pool.aclose()
+
+
+async def test_an_anthropic_upstreams_refusal_names_the_responses_field(tmp_path: Path) -> None:
+    """json_object cannot reach an Anthropic upstream (it takes a schema): the 400 names
+    `text.format`, the field the Responses client sent, not chat's `response_format`."""
+    pool = pool_over_handler(lambda request: httpx.Response(500), kind="anthropic",
+                             url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await sdk(app).responses.create(model="claude-test", input="Hi",
+                                        text={"format": {"type": "json_object"}})
+    assert refused.value.param == "text.format"
+    assert "text.format" in refused.value.message
+    app.state.store.close()
+    await pool.aclose()
