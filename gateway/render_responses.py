@@ -149,7 +149,8 @@ class ResponseEvents:
     """The semantic events of one streamed Response. Output items are numbered as they open
     (the message when its first text comes, each call when its first piece comes); every
     item still open is finished when the Final comes, with the Final's own text and
-    arguments."""
+    arguments (a call streamed in part and cut by max_output_tokens, which the Final leaves
+    out, is finished `incomplete` with the arguments streamed)."""
 
     def __init__(self, req: ChatRequest) -> None:
         self.req = req
@@ -260,9 +261,16 @@ class ResponseEvents:
         status = "completed" if reason is None else "incomplete"
         out = self._finish_reasoning(final, status) \
             if final.reasoning or self.reasoning is not None else b""
-        out += self._finish_message(final, status) if _has_message(final) else b""
+        # (no empty message after a call cut short: the call is the output)
+        if _has_message(final) and (final.text or final.refusal is not None or not self.calls):
+            out += self._finish_message(final, status)
         for i, call in enumerate(final.tool_calls):
             out += self._finish_call(i, call)
+        for index, item in self.calls.items():  # streamed, then cut: not among the answer's
+            if index >= len(final.tool_calls):
+                item["status"] = "incomplete"
+                out += self._event("response.output_item.done",
+                                   output_index=self.items.index(item), item=item)
         response = self._envelope(status, final.usage, reason=reason)
         response[SUMMARY_FIELD] = summary(final.usage)  # as the whole Response carries it
         kind = "response.completed" if reason is None else "response.incomplete"

@@ -64,3 +64,25 @@ async def test_a_json_schema_text_format_validates(make_real_app: Any) -> None:
     assert answer.status == "completed", answer.incomplete_details
     jsonschema.validate(json.loads(answer.output_text), PERSON)
     assert answer.text is not None and answer.text.format.type == "json_schema"
+
+
+async def test_a_call_cut_by_max_output_tokens_is_finished_incomplete(make_real_app: Any
+                                                                      ) -> None:
+    """The forced call above cut by max_output_tokens after its head was streamed (20
+    tokens, as the chat route's test of the same cut): the stream finishes that call's item
+    `incomplete` and ends in `response.incomplete`; the whole answer leaves the call out."""
+    client = sdk(make_real_app())
+    kwargs: dict[str, Any] = {
+        "model": MODEL, "instructions": "Use the tools to answer.",
+        "input": "What's the weather in Paris?", "tools": TOOLS,
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "max_output_tokens": 20, "temperature": 0}
+    events = [e async for e in await client.responses.create(**kwargs, stream=True)]
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.type for i in added] == ["function_call"]
+    assert [(i.id, i.status) for i in done] == [(added[0].id, "incomplete")]
+    assert events[-1].type == "response.incomplete"
+    whole = await client.responses.create(**kwargs)
+    assert whole.status == "incomplete"
+    assert not [i for i in whole.output if i.type == "function_call"]
