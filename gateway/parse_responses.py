@@ -79,7 +79,8 @@ def chat_body(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     if tools is not None:
         if not isinstance(tools, list):
             raise invalid("'tools' must be an array", "tools")
-        chat["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
+        if tools:  # (chat completions upstreams refuse an empty array)
+            chat["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
         for i in range(len(tools)):
             paths[f"tools[{i}].function"] = f"tools[{i}]"
     if body.get("tool_choice") is not None:

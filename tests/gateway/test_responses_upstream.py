@@ -323,7 +323,7 @@ async def test_a_pydantic_text_format_parses(tmp_path: Path) -> None:
 
 async def test_images_and_toolless_settings_reach_the_upstream_as_chat_takes_them(
         tmp_path: Path) -> None:
-    """An `input_image` is chat's `image_url` part; `tool_choice` "auto" and
+    """An `input_image` is chat's `image_url` part; an empty `tools`, `tool_choice` "auto" and
     `parallel_tool_calls` without tools (which the Responses API takes and chat completions
     refuses) are left out; a malformed image URL is a 400 naming the Responses field."""
     replicas = fake_replicas(1)
@@ -334,12 +334,13 @@ async def test_images_and_toolless_settings_reach_the_upstream_as_chat_takes_the
                {"type": "input_image", "image_url": url, "detail": "low"}]
     client = sdk(app)
     await client.responses.create(model="fake", input=[{"role": "user", "content": content}],
-                                  tool_choice="auto", parallel_tool_calls=False)
+                                  tools=[], tool_choice="auto", parallel_tool_calls=False)
     body = replicas[0].state.replica.config.bodies[0]
     assert body["messages"] == [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"},
         {"type": "image_url", "image_url": {"url": url, "detail": "low"}}]}]
-    assert "tool_choice" not in body and "parallel_tool_calls" not in body
+    for field in ("tools", "tool_choice", "parallel_tool_calls"):
+        assert field not in body
     bad = [content[0], {"type": "input_image", "image_url": "ftp://x"}]
     with pytest.raises(openai.BadRequestError) as refused:
         await client.responses.create(model="fake", input=[{"role": "user", "content": bad}])
