@@ -34,7 +34,7 @@ from gateway import (
 )
 from gateway.admission import Overloaded
 from gateway.config import GatewayConfig
-from gateway.count_tokens import count_tokens
+from gateway.count_tokens import count_tokens, input_tokens
 from gateway.errors import GatewayError, error_body, model_not_found
 from gateway.health import StoreMetrics, health_report
 from gateway.lint_stage import LintStage
@@ -298,6 +298,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/responses/input_tokens", input_tokens, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),

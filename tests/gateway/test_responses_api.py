@@ -233,3 +233,25 @@ async def test_a_backend_error_names_the_responses_field(make_fake_app: Any) -> 
                 "model": FAKE_MODEL, "input": "FAIL 400", "stream": stream})
             assert answer.status_code == 400
             assert answer.json()["error"]["param"] == "input"
+
+
+async def test_input_tokens_counts_a_responses_body(make_fake_app: Any) -> None:
+    """`responses.input_tokens.count` (POST /v1/responses/input_tokens): validated as
+    /v1/responses validates, answered in the SDK's shape; the fake backend counts nothing
+    itself, so the count is prefixgate's estimate, and says so."""
+    app = make_fake_app()
+    client = openai.AsyncOpenAI(api_key="k", base_url="http://gateway/v1", max_retries=0,
+                                http_client=asgi_client(app))
+    short = await client.responses.input_tokens.with_raw_response.count(
+        model=FAKE_MODEL, input="hello")
+    longer = await client.responses.input_tokens.count(
+        model=FAKE_MODEL, instructions="Answer in French.", input="hello there", tools=[TOOL])
+    assert short.headers["x-prefixgate-usage"] == "estimated"
+    counted = short.parse()
+    assert counted.object == "response.input_tokens"
+    assert 0 < counted.input_tokens < longer.input_tokens
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.input_tokens.count(model=FAKE_MODEL, input="hi",
+                                                  previous_response_id="resp_1")
+    assert refused.value.param == "previous_response_id"
+    assert records(app) == []  # a count generates nothing: no record

@@ -86,3 +86,15 @@ async def test_a_call_cut_by_max_output_tokens_is_finished_incomplete(make_real_
     whole = await client.responses.create(**kwargs)
     assert whole.status == "incomplete"
     assert not [i for i in whole.output if i.type == "function_call"]
+
+
+async def test_input_tokens_is_the_engines_prefill(make_real_app: Any) -> None:
+    """The embedded engine's count is exact: the input tokens a generation of the same body
+    reports."""
+    client = sdk(make_real_app())
+    kwargs: dict[str, Any] = {"model": MODEL, "instructions": "Use the tools to answer.",
+                              "input": "What's the weather in Paris?", "tools": TOOLS}
+    counted = await client.responses.input_tokens.count(**kwargs)
+    answer = await client.responses.create(**kwargs, max_output_tokens=1)
+    assert answer.usage is not None
+    assert counted.input_tokens == answer.usage.input_tokens

@@ -442,3 +442,23 @@ async def test_an_anthropic_upstreams_refusal_names_the_responses_field(tmp_path
     assert "text.format" in refused.value.message
     app.state.store.close()
     await pool.aclose()
+
+
+async def test_input_tokens_through_an_anthropic_upstream_is_estimated(tmp_path: Path) -> None:
+    """An Anthropic upstream counts Messages bodies: a Responses body's count is prefixgate's
+    estimate, never the chat body sent to Anthropic's count endpoint."""
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        return httpx.Response(200, json={"input_tokens": 1})
+
+    pool = pool_over_handler(handler, kind="anthropic", url="https://anthropic.test")
+    app = gateway_app(tmp_path, pool)
+    counted = await sdk(app).responses.input_tokens.with_raw_response.count(
+        model="claude-test", instructions="You are terse.", input=HISTORY, tools=TOOLS)
+    assert counted.headers["x-prefixgate-usage"] == "estimated"
+    assert counted.parse().input_tokens > 20
+    assert paths == []
+    app.state.store.close()
+    await pool.aclose()
