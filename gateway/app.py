@@ -208,6 +208,8 @@ async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
     provider: Provider = "anthropic" if path.startswith("/v1/messages") else "openai"
     missing = exc.status_code == 404
     verb = "not found" if missing else "does not accept this method"
+    if path.startswith("/v1/responses/"):  # retrieve, delete, cancel, input_items
+        verb += ": prefixgate keeps no responses (stateless)"
     err = GatewayError(exc.status_code, f"{request.method} {path}: {verb}")
     return JSONResponse(error_body(err, provider), status_code=exc.status_code,
                         headers=exc.headers)

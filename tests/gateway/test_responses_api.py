@@ -255,3 +255,14 @@ async def test_input_tokens_counts_a_responses_body(make_fake_app: Any) -> None:
                                                   previous_response_id="resp_1")
     assert refused.value.param == "previous_response_id"
     assert records(app) == []  # a count generates nothing: no record
+
+
+async def test_a_stored_response_is_not_found_and_says_why(make_fake_app: Any) -> None:
+    """`responses.retrieve` / `delete`: a 404 in OpenAI's format saying nothing is kept."""
+    app = make_fake_app()
+    client = openai.AsyncOpenAI(api_key="k", base_url="http://gateway/v1", max_retries=0,
+                                http_client=asgi_client(app))
+    for call in (client.responses.retrieve, client.responses.delete):
+        with pytest.raises(openai.NotFoundError) as missing:
+            await call("resp_123")
+        assert "stateless" in missing.value.message
