@@ -1,4 +1,5 @@
-"""create_app: the Starlette gateway (OpenAI + Anthropic routes, /healthz, /metrics, stats).
+"""create_app: the Starlette gateway (OpenAI chat, completions and Responses routes, Anthropic
+Messages, /healthz, /metrics, stats).
 
 app.state carries: config, backend, store (RecordStore), metrics (Registry), gateway_metrics,
 gateway (the shared pipeline state) and learners (per-tenant TemplateLearners).
@@ -26,12 +27,14 @@ from gateway import (
     memory,
     parse_anthropic,
     parse_openai,
+    parse_responses,
     render_anthropic,
     render_openai,
+    render_responses,
 )
 from gateway.admission import Overloaded
 from gateway.config import GatewayConfig
-from gateway.count_tokens import count_tokens
+from gateway.count_tokens import count_tokens, input_tokens
 from gateway.errors import GatewayError, error_body, model_not_found
 from gateway.health import StoreMetrics, health_report
 from gateway.lint_stage import LintStage
@@ -73,6 +76,11 @@ def _messages_stream(req: ChatRequest, early: Usage | None) -> tuple[Any, bytes]
     return events, events.start(early)
 
 
+def _responses_stream(req: ChatRequest, early: Usage | None) -> tuple[Any, bytes]:
+    events = render_responses.ResponseEvents(req)
+    return events, events.start()
+
+
 CHAT = RouteSpec("chat.completions", "openai", parse_openai.parse_chat,
                  render_openai.chat_response, _chat_stream)
 COMPLETIONS = RouteSpec("completions", "openai", parse_openai.parse_completion,
@@ -80,6 +88,10 @@ COMPLETIONS = RouteSpec("completions", "openai", parse_openai.parse_completion,
 MESSAGES = RouteSpec("messages", "anthropic", parse_anthropic.parse_messages,
                      lambda req, final, _created: render_anthropic.message_response(req, final),
                      _messages_stream)
+RESPONSES = RouteSpec("responses", "openai", parse_responses.parse_responses,
+                      render_responses.response_body, _responses_stream,
+                      reparse=parse_openai.parse_chat,
+                      client_error=parse_responses.client_error)
 
 
 def _gateway(request: Request) -> Gateway:
@@ -97,6 +109,10 @@ async def completions(request: Request) -> Response:
 
 async def messages(request: Request) -> Response:
     return await handle(_gateway(request), request, MESSAGES)
+
+
+async def responses(request: Request) -> Response:
+    return await handle(_gateway(request), request, RESPONSES)
 
 
 def error_response(err: GatewayError, provider: Provider = "openai") -> JSONResponse:
@@ -192,6 +208,8 @@ async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
     provider: Provider = "anthropic" if path.startswith("/v1/messages") else "openai"
     missing = exc.status_code == 404
     verb = "not found" if missing else "does not accept this method"
+    if path.startswith("/v1/responses/"):  # retrieve, delete, cancel, input_items
+        verb += ": prefixgate keeps no responses (stateless)"
     err = GatewayError(exc.status_code, f"{request.method} {path}: {verb}")
     return JSONResponse(error_body(err, provider), status_code=exc.status_code,
                         headers=exc.headers)
@@ -219,7 +237,7 @@ async def _warm_up(backend: Backend) -> None:
 
 
 class GatewayApp(Starlette):
-    """The Starlette app, with its three POST API routes served straight from the ASGI call:
+    """The Starlette app, with its POST API routes served straight from the ASGI call:
     `handle` answers every request itself (errors in the caller's format included), so the
     middleware stack and the router, ~0.1 ms a request here (measured paired, one client),
     are left for everything else (other methods and paths, the dashboard, the stats API)."""
@@ -281,13 +299,16 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/responses/input_tokens", input_tokens, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    api = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/messages": MESSAGES}
+    api = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/messages": MESSAGES,
+           "/v1/responses": RESPONSES}
     app = GatewayApp(routes=routes, lifespan=lifespan, api=api,
                      exception_handlers={404: _no_such_endpoint, 405: _no_such_endpoint})
     app.router.routes.extend(_extra_routes(lambda: app.state))

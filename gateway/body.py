@@ -25,7 +25,7 @@ from gateway.errors import invalid
 
 MAX_INT = 2**63
 INLINE_BYTES = 64 << 10  # bodies above this are parsed / serialised in a worker thread
-TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # \ud800..\udfff in JSON text
 
 
@@ -121,8 +121,9 @@ def _check_number(value: Any) -> None:
 
 
 def cap_max_tokens(body: dict[str, Any], cap: int) -> dict[str, Any]:
-    """`body` with `max_tokens` / `max_completion_tokens` clamped to `cap` (a copy when any
-    changes; other values, wrong types included, are left for the parser to judge)."""
+    """`body` with `max_tokens` / `max_completion_tokens` / `max_output_tokens` (Responses)
+    clamped to `cap` (a copy when any changes; other values, wrong types included, are left
+    for the parser to judge)."""
     over = [name for name in TOKEN_FIELDS
             if type(body.get(name)) is int and body[name] > cap]
     if not over:

@@ -258,9 +258,9 @@ def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, m
     the findings counted in the metrics."""
     outcome = gw.lint.run(body, ticket.route.provider, ticket.tenant, mode, req.layout_share)
     if outcome.changed:
-        req = evolve(ticket.route.parse(outcome.body, gw.parse_context(ticket.request_id,
-                                                                       ticket.tenant)),
-                     anthropic_beta=req.anthropic_beta)
+        parse = ticket.route.reparse or ticket.route.parse
+        req = evolve(parse(outcome.body, gw.parse_context(ticket.request_id, ticket.tenant)),
+                     anthropic_beta=req.anthropic_beta, client_body=req.client_body)
     for rule in outcome.lint_ids:
         gw.metrics.lint_findings.inc(rule=rule)
     return evolve(req, lint_ids=outcome.lint_ids, family=outcome.family)
@@ -268,12 +268,13 @@ def _lint(gw: Gateway, body: dict[str, Any], req: ChatRequest, ticket: Ticket, m
 
 def _parse(config: GatewayConfig, ticket: Ticket, raw: bytes, ctx: ParseContext
            ) -> tuple[dict[str, Any], ChatRequest]:
-    """The body (max_tokens capped) and the validated request."""
+    """The body to lint (max_tokens capped; a translated body's: the Responses route's chat
+    body) and the validated request."""
     body = cap_max_tokens(parse_body(raw, config.max_json_depth), config.max_tokens_cap)
     ticket.body = body
     req = ticket.route.parse(body, ctx)  # validate what the client sent
     ticket.req = req
-    return body, req
+    return req.body, req
 
 
 def _lint_fits(config: GatewayConfig, body: dict[str, Any], size: int) -> bool:
@@ -313,6 +314,8 @@ async def _stream_response(
 def _error_response(gw: Gateway, ticket: Ticket, err: ApiError) -> Response:
     """The error in the caller's format, with a `retry-after` when the refusal (the gateway's
     admission, or the provider's) says when to come back; its record names the replica."""
+    if ticket.route.client_error is not None:
+        err = ticket.route.client_error(err)
     replica = err.replica if isinstance(err, BackendError) else None
     status = client_status(err, ticket.route.provider)
     record(gw, ticket, status, None, error=err.message, replica=replica)

@@ -24,6 +24,7 @@ from gateway.salt import UpstreamSalter
 from gateway.sessions import Revocations
 from gateway.stats import RecordStore
 from gateway.types import (
+    ApiError,
     Backend,
     ChatRequest,
     Dispatch,
@@ -50,11 +51,17 @@ class Chunks(Protocol):
 class RouteSpec:
     """How one route parses bodies and renders results."""
 
-    name: str  # "chat.completions" | "completions" | "messages"
+    name: str  # "chat.completions" | "completions" | "messages" | "responses"
     provider: Provider
     parse: Callable[[dict[str, Any], ParseContext], ChatRequest]
     render: Callable[[ChatRequest, Final, int], dict[str, Any]]
     stream_start: Callable[[ChatRequest, Usage | None], tuple[Chunks, bytes]]
+    # the parser of a lint-rewritten body when `parse` translates the client's body into
+    # another API's (`ChatRequest.body`: Responses -> chat completions); None: `parse`
+    reparse: Callable[[dict[str, Any], ParseContext], ChatRequest] | None = None
+    # a backend's error named in the client's API when the backend saw a translated body
+    # (Responses: `messages` -> `input`); None: as it is
+    client_error: Callable[[ApiError], ApiError] | None = None
 
 
 @dataclass

@@ -98,7 +98,8 @@ async def _sse_body(
     except Exception as exc:  # noqa: BLE001
         err = internal_error(exc)
     outcome.failed(err, ticket.route.provider)
-    yield stream_error(ticket, err)
+    failed = getattr(chunks, "failed", None)  # a route with its own failure event (Responses)
+    yield failed(err, outcome.status) if failed is not None else stream_error(ticket, err)
 
 
 def internal_error(exc: BaseException) -> BackendError:

@@ -116,6 +116,9 @@ class ChatRequest:
     anthropic_beta: str | None = None
     # the request's ticket's note of where the backend sent it (one per request)
     dispatch: Dispatch | None = field(default=None, compare=False, repr=False)
+    # the client's own body when the route translated it into `body` (the Responses API's,
+    # sent on as a chat body): what the answer echoes
+    client_body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,14 +128,15 @@ class ReplicaPool:
         return any(r.backend.family_in_body(req) for r in self.router.replicas)
 
     async def count_tokens(self, req: ChatRequest) -> TokenCount:
-        """The first routable replica's own count: an Anthropic upstream's (its errors are the
-        caller's), a llama.cpp or vLLM server's through its tokenizer; for other servers, or
-        when the tokenizer does not answer, prefixgate's own count, marked estimated."""
+        """The first routable replica's own count: an Anthropic upstream's of an Anthropic
+        client's request (its errors are the caller's), a llama.cpp or vLLM server's through
+        its tokenizer; for other servers or requests, or when the tokenizer does not answer,
+        prefixgate's own count, marked estimated."""
         if not self._probed:
             await self._probe()  # an `auto` replica's kind says which endpoint it has
         replicas = self.router.candidates(set())
         backend = replicas[0].backend if replicas else None
-        if isinstance(backend, AnthropicUpstream):
+        if isinstance(backend, AnthropicUpstream) and req.provider == "anthropic":
             return TokenCount(await backend.count_tokens(req), estimated=False)
         if isinstance(backend, OpenAIUpstream):
             counted = await backend.count_tokens(req)
