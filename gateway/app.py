@@ -37,6 +37,7 @@ from gateway.config import GatewayConfig
 from gateway.count_tokens import count_tokens, input_tokens
 from gateway.errors import GatewayError, error_body, model_not_found
 from gateway.health import StoreMetrics, health_report
+from gateway.host_guard import host_allowed
 from gateway.lint_stage import LintStage
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
 from gateway.model_cards import client_format, model_card, model_list
@@ -215,6 +216,19 @@ async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
                         headers=exc.headers)
 
 
+def _misdirected(scope: Scope) -> Response:
+    """A 421 for a `Host` the gateway does not answer (gateway.host_guard), in the caller's
+    format under /v1/."""
+    path = _route_path(scope)
+    err = GatewayError(421, "this gateway does not answer requests for this Host (a page "
+                       "reaching it by DNS rebinding?); start it with --allowed-hosts NAME "
+                       "to answer NAME")
+    if not path.startswith("/v1/"):
+        return PlainTextResponse(err.message, status_code=421)
+    provider: Provider = "anthropic" if path.startswith("/v1/messages") else "openai"
+    return JSONResponse(error_body(err, provider), status_code=421)
+
+
 def _extra_routes(state_getter: Any) -> list[BaseRoute]:
     """The stats API (/api/stats) and the dashboard (/dashboard)."""
     return [*api_stats.routes(state_getter), *dashboard.routes()]
@@ -246,8 +260,14 @@ class GatewayApp(Starlette):
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.api = dict(api or {})  # path (below the root path) -> its route
+        self.allowed_hosts: frozenset[str] | None = None  # Host names answered (host_guard)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hosts = self.allowed_hosts
+        if hosts is not None and scope["type"] == "http" and not host_allowed(
+                scope["headers"], hosts):
+            await _misdirected(scope)(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             route = self.api.get(_route_path(scope))
             if route is not None:
@@ -312,6 +332,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
     app = GatewayApp(routes=routes, lifespan=lifespan, api=api,
                      exception_handlers={404: _no_such_endpoint, 405: _no_such_endpoint})
     app.router.routes.extend(_extra_routes(lambda: app.state))
+    app.allowed_hosts = config.allowed_hosts
     app.state.config = config
     app.state.backend = backend
     app.state.store = store

@@ -114,6 +114,8 @@ class GatewayConfig:
     # 0: no limit.
     auth_max_failures: int = 10
     auth_failure_window_s: float = 300.0
+    # `Host` names answered besides loopback ones (gateway.host_guard); None: every name
+    allowed_hosts: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.lint_mode not in LINT_MODES:

@@ -22,6 +22,7 @@ from gateway.config import (
     load_keys_file,
     parse_api_key,
 )
+from gateway.host_guard import default_allowed_hosts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "attempts are refused (429) for a window; 0: no limit (10)")
     p.add_argument("--auth-failure-window", dest="auth_failure_window_s", type=float,
                    help="seconds of that window and of the lockout (300)")
+    p.add_argument("--allowed-hosts", help="comma-separated Host names answered besides "
+                   "loopback ones; '*': any (default: loopback names only for a gateway with no "
+                   "keys on a loopback address, any otherwise; a guard against DNS rebinding)")
     p.add_argument("--stats-spill-path", help="file that holds records during a DB outage")
     p.add_argument("--graceful-timeout", dest="graceful_timeout_s", type=int,
                    help="seconds requests in flight get to finish on SIGTERM or Ctrl+C; then "
@@ -87,7 +91,10 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         overrides["upstreams"] = tuple(UpstreamSpec.parse(u) for u in args.upstream)
     if args.model_alias:
         overrides["model_aliases"] = tuple(args.model_alias)
-    return base.with_overrides(**overrides).with_engine(**engine_flag_values(args))
+    config = base.with_overrides(**overrides).with_engine(**engine_flag_values(args))
+    given = args.allowed_hosts.split(",") if args.allowed_hosts else None
+    return config.with_overrides(allowed_hosts=default_allowed_hosts(
+        config.host, not config.api_keys, given))
 
 
 def main(argv: list[str]) -> int:
