@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.errors import EngineUnavailable, RequestError
+from engine.errors import EngineUnavailable, InvalidRequest, RequestError
 from engine.llm_engine import Engine
 from engine.loader import LoadedModel
 from engine.outputs import EngineStats, RequestOutput, StreamDelta
@@ -127,8 +127,11 @@ class AsyncEngine:
                     finished = True
                     raise item
                 finished = item.finished
-                if finished and item.output is not None and item.output.finish_reason == "error":
-                    raise RequestError(item.output)
+                out = item.output
+                if finished and out is not None and out.finish_reason == "error":
+                    if out.error_field is not None:  # the request's own content caused it
+                        raise InvalidRequest(out.error or "invalid request", field=out.error_field)
+                    raise RequestError(out)
                 yield item
                 if finished:
                     return

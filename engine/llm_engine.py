@@ -270,10 +270,12 @@ class Engine:
     @staticmethod
     def _grammar_reason(seq: Sequence, token: int) -> Any:
         """Advance a constrained sequence's matcher by its committed token; "error" if the
-        grammar rejects it (the mask makes that impossible unless the matcher failed)."""
+        grammar rejects it (the mask makes that impossible unless the matcher failed: a grammar
+        past its limits, e.g. an `anyOf` of thousands of objects, which is the request's)."""
         if seq.grammar is None or seq.grammar.accept(token):
             return None
-        seq.error = f"GrammarError: token {token} rejected: {seq.grammar.error}"
+        seq.error = f"the output grammar could not be followed: {seq.grammar.error}"
+        seq.error_field = "grammar"
         return "error"
 
     def delta(

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from engine.errors import RequestField
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -22,6 +25,9 @@ class RequestOutput:
     the model agreed with (each saved one decode step). Both 0 without speculation.
     stop_string: the stop string (of `SamplingParams.stop`) that ended the text, when one did
     (finish_reason "stop"); None for a stop token, a grammar's end or any other reason.
+    error_field: with finish_reason "error", the request field whose content caused it, when
+    one did ("grammar": an output grammar past the matcher's limits, found only as it parses);
+    the async front raises such an error as the `InvalidRequest` it is.
     """
 
     request_id: str
@@ -40,6 +46,7 @@ class RequestOutput:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     stop_string: str | None = None
+    error_field: RequestField | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import RequestField
 from engine.grammar import GrammarState
 from engine.outputs import FinishReason, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -55,6 +56,7 @@ class Sequence:
     prefill_time: float = 0.0
     finish_reason: FinishReason | None = None
     error: str | None = None
+    error_field: RequestField | None = None  # the request field that caused `error`, if any
     spec: SpecState | None = None
     grammar: GrammarState | None = None  # constrained decoding: advanced on committed tokens
 
@@ -125,6 +127,7 @@ class Sequence:
             prefill_time=self.prefill_time,
             namespace=self.namespace,
             error=self.error,
+            error_field=self.error_field,
             draft_tokens=self.spec.draft_tokens if self.spec else 0,
             accepted_tokens=self.spec.accepted_tokens if self.spec else 0,
             stop_string=self.detokenizer.stop_string if self.finish_reason == "stop" else None,

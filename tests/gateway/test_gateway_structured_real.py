@@ -403,3 +403,27 @@ def test_a_pydantic_tool_with_a_nested_model_is_called(make_real_app):
     calls = whole.choices[0].message.tool_calls or []
     assert [c.function.name for c in calls] == ["forecast"]
     assert isinstance(calls[0].function.parsed_arguments, Forecast)
+
+
+async def test_a_grammar_past_the_matchers_limits_is_the_clients_400(make_real_app):
+    """A json_schema `anyOf` of 3,000 objects compiles, but llguidance's parser refuses it at
+    the first token ("Current row has 3000 items; max is 2000"): that was a 500 'engine error'
+    after ~5 s, as if the engine had failed. The schema is the client's, so it is a 400 that
+    says the grammar could not be followed; the engine serves the next request as usual."""
+    app = make_real_app()
+    wide = {"anyOf": [{"type": "object", "properties": {f"k{i}": {
+        "type": "string", "pattern": f"x{i}[a-z]{{3,9}}"}}, "required": [f"k{i}"]}
+        for i in range(3000)]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "wide", "schema": wide}}
+    with serve(app) as server:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.chat.completions.create(
+                model=MODEL, messages=messages("Pick one."), response_format=fmt,
+                max_tokens=8, temperature=0, extra_body={"cache_salt": salt()})
+        after = await client.chat.completions.create(
+            model=MODEL, messages=messages("Say hi."), max_tokens=4, temperature=0)
+        await client.close()
+    assert err.value.status_code == 400
+    assert "could not be followed" in err.value.body["message"]
+    assert after.choices[0].message.content
