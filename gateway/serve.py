@@ -17,11 +17,10 @@ from gateway.config import (
     LINT_MODES,
     GatewayConfig,
     UpstreamSpec,
-    add_engine_flags,
-    engine_flag_values,
     load_keys_file,
     parse_api_key,
 )
+from gateway.engine_flags import add_engine_flags, engine_flag_values
 from gateway.host_guard import default_allowed_hosts
 
 

@@ -15,7 +15,8 @@ from engine import (
     RequestOutput,
     RequestTooLong,
 )
-from gateway.config import GatewayConfig, engine_env_vars, engine_field_help, engine_fields
+from gateway.config import GatewayConfig
+from gateway.engine_flags import engine_env_vars, engine_field_help, engine_fields
 from gateway.serve import build_parser, config_from_args
 
 # A valid non-default text value for the EngineConfig fields known when this was written; a
