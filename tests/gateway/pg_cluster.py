@@ -14,7 +14,10 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.support import free_port
 
@@ -83,3 +86,15 @@ class PgCluster:
                                      "immediate", "-w", "stop"]), capture_output=True,
                        timeout=120)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def started_cluster() -> Iterator[PgCluster]:
+    """A module fixture's body: a fresh cluster for the module, destroyed after it; the module's
+    tests skip when the pg8000 driver or PostgreSQL's binaries are missing."""
+    pytest.importorskip("pg8000", reason="the pg8000 driver is not installed")
+    bindir = pg_bin()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries (initdb) on this machine")
+    cluster = PgCluster.start_new(bindir)
+    yield cluster
+    cluster.destroy()

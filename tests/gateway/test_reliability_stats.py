@@ -21,7 +21,7 @@ from gateway.app import create_app
 from gateway.stats import RecordStore, RequestRecord, default_spill_path
 
 from .gateway_fakes import FakeBackend, asgi_client, fake_config
-from .pg_cluster import PgCluster, pg_bin
+from .pg_cluster import PgCluster, pg_bin, started_cluster
 
 ADMIN = "admin-key-for-tests"
 CHAT = {"model": "fake-echo", "messages": [{"role": "user", "content": "hello there"}]}
@@ -29,13 +29,7 @@ CHAT = {"model": "fake-echo", "messages": [{"role": "user", "content": "hello th
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PgCluster]:
-    pytest.importorskip("pg8000", reason="the pg8000 driver is not installed")
-    bindir = pg_bin()
-    if bindir is None:
-        pytest.skip("no PostgreSQL server binaries (initdb) on this machine")
-    cluster = PgCluster.start_new(bindir)
-    yield cluster
-    cluster.destroy()
+    yield from started_cluster()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

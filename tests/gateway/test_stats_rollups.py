@@ -29,7 +29,7 @@ from gateway.spill import SpillFile
 from gateway.stats import RecordStore, RequestRecord, _row, default_spill_path
 from gateway.stats_tables import RequestRollup
 
-from .pg_cluster import PgCluster, pg_bin
+from .pg_cluster import PgCluster, started_cluster
 
 NOW = datetime(2026, 3, 9, 12, 34, 56, 789012, tzinfo=UTC)
 SPAN_S = 3 * 86400  # rows spread over the three days before NOW
@@ -267,13 +267,7 @@ def test_a_timestamp_with_an_offset_is_stored_at_its_instant(tmp_path: Path) -> 
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PgCluster]:
-    pytest.importorskip("pg8000", reason="the pg8000 driver is not installed")
-    bindir = pg_bin()
-    if bindir is None:
-        pytest.skip("no PostgreSQL server binaries (initdb) on this machine")
-    cluster = PgCluster.start_new(bindir)
-    yield cluster
-    cluster.destroy()
+    yield from started_cluster()
 
 
 @pytest.mark.postgres
