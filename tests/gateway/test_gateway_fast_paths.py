@@ -146,17 +146,17 @@ _CALLS = st.lists(st.one_of(
                               {"tool_call_id": ""}]))
 def test_the_fast_message_check_accepts_what_the_full_check_accepts(
         role: Any, content: Any, calls: Any, extra: dict[str, Any]) -> None:
-    """`_message` takes common valid messages without the full check: it accepts exactly the
-    messages `_checked_message` accepts, and refuses the others with its error."""
-    from gateway.parse_openai import _checked_message, _message
+    """`message` takes common valid messages without the full check: it accepts exactly the
+    messages `checked_message` accepts, and refuses the others with its error."""
+    from gateway.openai_messages import checked_message, message
 
     msg = {"role": role, "content": content, "tool_calls": calls, **extra}
     try:
-        expected: Any = _checked_message(copy.deepcopy(msg), 1)
+        expected: Any = checked_message(copy.deepcopy(msg), 1)
     except GatewayError as exc:
         expected = (exc.param, str(exc))
     try:
-        got: Any = _message(msg, 1)
+        got: Any = message(msg, 1)
     except GatewayError as exc:
         got = (exc.param, str(exc))
     assert got == expected
