@@ -156,6 +156,22 @@ async def test_completion_fields_pass_to_an_openai_upstream(tmp_path: Path) -> N
     await pool.aclose()
 
 
+async def _refused_before_api_openai_com(tmp_path: Path, body: dict[str, Any]) -> httpx.Response:
+    """An Anthropic client's `body` through a gateway over api.openai.com, answered by the
+    gateway itself: the upstream is never sent a request."""
+    sent: list[Any] = []
+    pool = pool_over_handler(lambda request: sent.append(request) or httpx.Response(500),
+                             url="https://api.openai.com/v1")
+    app = gateway_app(tmp_path, pool)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as client:
+        r = await client.post("/v1/messages", json=body)
+    app.state.store.close()
+    await pool.aclose()
+    assert not sent
+    return r
+
+
 async def test_anthropic_top_k_on_openai_upstreams(tmp_path: Path) -> None:
     """An Anthropic client's top_k goes to an OpenAI-compatible server (vLLM's extension);
     api.openai.com has no top_k, so there it is a 400 naming the field, not a silent drop."""
@@ -171,17 +187,9 @@ async def test_anthropic_top_k_on_openai_upstreams(tmp_path: Path) -> None:
     assert replica.state.replica.config.bodies[0]["top_k"] == 3
     app.state.store.close()
     await pool.aclose()
-    sent: list[Any] = []
-    openai_pool = pool_over_handler(lambda request: sent.append(request) or httpx.Response(500),
-                                    url="https://api.openai.com/v1")
-    app = gateway_app(tmp_path / "openai", openai_pool)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://gw") as client:
-        r = await client.post("/v1/messages", json=body)
+    r = await _refused_before_api_openai_com(tmp_path / "openai", body)
     assert r.status_code == 400 and r.json()["type"] == "error"
-    assert "top_k" in r.json()["error"]["message"] and not sent
-    app.state.store.close()
-    await openai_pool.aclose()
+    assert "top_k" in r.json()["error"]["message"]
 
 
 async def test_an_anthropic_prefill_is_continued_by_servers_that_can(tmp_path: Path) -> None:
@@ -208,18 +216,10 @@ async def test_an_anthropic_prefill_is_continued_by_servers_that_can(tmp_path: P
         assert "continue_final_message" not in second and "add_generation_prompt" not in second
         app.state.store.close()
         await pool.aclose()
-    sent: list[Any] = []
-    openai_pool = pool_over_handler(lambda request: sent.append(request) or httpx.Response(500),
-                                    url="https://api.openai.com/v1")
-    app = gateway_app(tmp_path / "api", openai_pool)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://gw") as client:
-        r = await client.post("/v1/messages", json={"model": "m", "max_tokens": 8,
-                                                    "messages": prefill})
+    r = await _refused_before_api_openai_com(tmp_path / "api", {
+        "model": "m", "max_tokens": 8, "messages": prefill})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    assert "prefill" in r.json()["error"]["message"] and not sent
-    app.state.store.close()
-    await openai_pool.aclose()
+    assert "prefill" in r.json()["error"]["message"]
 
 
 async def test_anthropic_output_format_and_thinking_on_an_openai_upstream(tmp_path: Path) -> None:
