@@ -37,7 +37,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("response render, headers and send", ("render_openai", "render_anthropic",
                                            "usage_report", "gateway/responses.py")),
     # the watcher's own frames: the request's work runs under `_unless_disconnected` too
-    ("disconnect watch", ("_wait_disconnect",)),
+    ("disconnect watch", ("wait_disconnect (gateway/answer.py",)),
     ("gateway pipeline (the rest)", ("gateway/",)),
     ("Starlette (routing, middleware, response send)", ("starlette/",)),
     ("uvicorn (HTTP parse, socket writes)", ("uvicorn/",)),

@@ -24,7 +24,7 @@ RAW = [
     "_start (gateway/pipeline.py:140);_Connection.send "
     "(gateway/backends/http1_transport.py:123) 8",
     f"{ROOT};_unless_disconnected.<locals>.watch (gateway/pipeline.py:110);"
-    "_wait_disconnect (gateway/pipeline.py:330);"
+    "wait_disconnect (gateway/answer.py:137);"
     "RequestResponseCycle.receive (uvicorn/protocols/http/httptools_impl.py:577) 2",
     "not a stack line",
 ]
