@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import pipeline, sse_response
+from gateway import answer, sse_response
 from gateway.agent_trace import agent_trace
 from gateway.backends import pool as pool_module
 from gateway.backends.pool import ReplicaPool
@@ -285,7 +285,7 @@ def test_the_record_is_written_after_the_client_has_the_answer(
     its last byte): written first, the response could not end until the wait gave up."""
     answered = threading.Event()
     waited: list[bool] = []
-    module = sse_response if stream else pipeline
+    module = sse_response if stream else answer
     original = module.record
 
     def record(*args: Any, **kwargs: Any) -> None:
