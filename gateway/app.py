@@ -37,7 +37,7 @@ from gateway.config import GatewayConfig
 from gateway.count_tokens import count_tokens, input_tokens
 from gateway.errors import GatewayError, error_body, model_not_found
 from gateway.health import StoreMetrics, health_report
-from gateway.host_guard import host_allowed
+from gateway.host_guard import cross_origin, host_allowed
 from gateway.lint_stage import LintStage
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics, Registry
 from gateway.model_cards import client_format, model_card, model_list
@@ -216,17 +216,23 @@ async def _no_such_endpoint(request: Request, exc: Exception) -> Response:
                         headers=exc.headers)
 
 
-def _misdirected(scope: Scope) -> Response:
-    """A 421 for a `Host` the gateway does not answer (gateway.host_guard), in the caller's
-    format under /v1/."""
+MISDIRECTED = GatewayError(421, "this gateway does not answer requests for this Host (a page "
+                           "reaching it by DNS rebinding?); start it with --allowed-hosts NAME "
+                           "to answer NAME")
+CROSS_ORIGIN = GatewayError(403, "this gateway has no API keys, so it serves no web page of "
+                            "another origin (its Origin header); start it with --allowed-hosts "
+                            "NAME to serve pages of NAME, or with API keys")
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _refused(scope: Scope, err: GatewayError) -> Response:
+    """A request the gateway's host guard refuses (gateway.host_guard), in the caller's format
+    under /v1/."""
     path = _route_path(scope)
-    err = GatewayError(421, "this gateway does not answer requests for this Host (a page "
-                       "reaching it by DNS rebinding?); start it with --allowed-hosts NAME "
-                       "to answer NAME")
     if not path.startswith("/v1/"):
-        return PlainTextResponse(err.message, status_code=421)
+        return PlainTextResponse(err.message, status_code=err.status)
     provider: Provider = "anthropic" if path.startswith("/v1/messages") else "openai"
-    return JSONResponse(error_body(err, provider), status_code=421)
+    return JSONResponse(error_body(err, provider), status_code=err.status)
 
 
 def _extra_routes(state_getter: Any) -> list[BaseRoute]:
@@ -261,12 +267,23 @@ class GatewayApp(Starlette):
         super().__init__(*args, **kwargs)
         self.api = dict(api or {})  # path (below the root path) -> its route
         self.allowed_hosts: frozenset[str] | None = None  # Host names answered (host_guard)
+        # other origins whose pages' writes are served (host_guard); None: any
+        self.page_origins: frozenset[str] | None = None
+
+    def _refusal(self, scope: Scope) -> GatewayError | None:
+        """Why the host guard refuses this request (a `Host` not answered, a page of another
+        origin writing to an open gateway), or None."""
+        hosts, origins = self.allowed_hosts, self.page_origins
+        if hosts is not None and not host_allowed(scope["headers"], hosts):
+            return MISDIRECTED
+        if origins is not None and scope["method"] not in _READS and cross_origin(
+                scope["headers"], origins):
+            return CROSS_ORIGIN
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hosts = self.allowed_hosts
-        if hosts is not None and scope["type"] == "http" and not host_allowed(
-                scope["headers"], hosts):
-            await _misdirected(scope)(scope, receive, send)
+        if scope["type"] == "http" and (err := self._refusal(scope)) is not None:
+            await _refused(scope, err)(scope, receive, send)
             return
         if scope["type"] == "http" and scope["method"] == "POST":
             route = self.api.get(_route_path(scope))
@@ -333,6 +350,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> Starlet
                      exception_handlers={404: _no_such_endpoint, 405: _no_such_endpoint})
     app.router.routes.extend(_extra_routes(lambda: app.state))
     app.allowed_hosts = config.allowed_hosts
+    app.page_origins = None if config.api_keys else config.page_origins
     app.state.config = config
     app.state.backend = backend
     app.state.store = store

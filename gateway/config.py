@@ -115,6 +115,9 @@ class GatewayConfig:
     auth_failure_window_s: float = 300.0
     # `Host` names answered besides loopback ones (gateway.host_guard); None: every name
     allowed_hosts: frozenset[str] | None = None
+    # Other origins (names) whose web pages may POST to a gateway with no keys
+    # (gateway.host_guard); None: any
+    page_origins: frozenset[str] | None = frozenset()
 
     def __post_init__(self) -> None:
         if self.lint_mode not in LINT_MODES:

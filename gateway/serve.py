@@ -11,6 +11,7 @@ import argparse
 import gc
 import logging
 import sys
+from dataclasses import replace
 from typing import Any
 
 from gateway.config import (
@@ -21,7 +22,7 @@ from gateway.config import (
     parse_api_key,
 )
 from gateway.engine_flags import add_engine_flags, engine_flag_values
-from gateway.host_guard import default_allowed_hosts
+from gateway.host_guard import default_allowed_hosts, page_origins
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of that window and of the lockout (300)")
     p.add_argument("--allowed-hosts", help="comma-separated Host names answered besides "
                    "loopback ones; '*': any (default: loopback names only for a gateway with no "
-                   "keys on a loopback address, any otherwise; a guard against DNS rebinding)")
+                   "keys on a loopback address, any otherwise; a guard against DNS rebinding); "
+                   "a gateway with no keys also serves POSTs from web pages of these origins "
+                   "(default: its own only)")
     p.add_argument("--stats-spill-path", help="file that holds records during a DB outage")
     p.add_argument("--graceful-timeout", dest="graceful_timeout_s", type=int,
                    help="seconds requests in flight get to finish on SIGTERM or Ctrl+C; then "
@@ -92,8 +95,10 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         overrides["model_aliases"] = tuple(args.model_alias)
     config = base.with_overrides(**overrides).with_engine(**engine_flag_values(args))
     given = args.allowed_hosts.split(",") if args.allowed_hosts else None
-    return config.with_overrides(allowed_hosts=default_allowed_hosts(
-        config.host, not config.api_keys, given))
+    # None is a value here (any name), which with_overrides would drop
+    return replace(config, allowed_hosts=default_allowed_hosts(config.host, not config.api_keys,
+                                                               given),
+                   page_origins=page_origins(given))
 
 
 def main(argv: list[str]) -> int:
