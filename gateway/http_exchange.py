@@ -6,7 +6,11 @@ chunk, in one write; a stream's head goes out at once, its chunks framed as they
 name or value that could split the head (a control character) fails the app's send, as in
 uvicorn. A client that sends none of a body the app awaits, or takes none of the response while
 the socket's buffer is full, for `STALL_S` seconds is taken as gone: the connection is aborted
-and the app hears `http.disconnect`.
+and the app hears `http.disconnect`. A body that keeps arriving, but slower than
+`MIN_BODY_RATE` bytes a second on average over the time the app waited for it (once
+`BODY_GRACE_S` seconds were waited), is refused with a 408 and the connection closed: a byte
+every minute would otherwise hold the request, and its tenant's concurrency slot, for as long
+as the client liked.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-from gateway.http_wire import STATUS_LINE, client_field, target_field
+from gateway.http_wire import STATUS_LINE, client_field, refusal, target_field
 
 if TYPE_CHECKING:
     from gateway.http_server import HttpProtocol
@@ -28,6 +32,8 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # a client whose request body, awaited by the app, or whose reading of the response makes no
 # progress for this many seconds is taken as gone (a vanished peer is otherwise never noticed)
 STALL_S = 60.0
+MIN_BODY_RATE = 1024.0  # bytes per second waited, once BODY_GRACE_S were waited
+BODY_GRACE_S = 10.0
 ERROR_LOG = logging.getLogger("uvicorn.error")
 ACCESS_LOG = logging.getLogger("uvicorn.access")
 
@@ -36,8 +42,8 @@ class Exchange:
     """One request and its response: the ASGI `receive` and `send` of one app call."""
 
     __slots__ = ("body", "body_size", "chunked", "complete", "conn", "delivered", "disconnected",
-                 "held", "keep_alive", "left", "more_body", "scope", "started", "waiter",
-                 "want_continue")
+                 "held", "keep_alive", "left", "more_body", "received", "scope", "started",
+                 "waited", "waiter", "want_continue")
 
     def __init__(self, conn: HttpProtocol, scope: dict[str, Any], *, keep_alive: bool,
                  expect_continue: bool) -> None:
@@ -47,6 +53,8 @@ class Exchange:
         self.want_continue = expect_continue
         self.body: list[bytes] = []
         self.body_size = 0
+        self.received = 0  # the body's bytes so far
+        self.waited = 0.0  # seconds the app has waited for them
         self.more_body = True
         self.delivered = False  # the whole body has been received by the app
         self.disconnected = False
@@ -98,6 +106,26 @@ class Exchange:
         self.hang_up()
         self.conn.transport.abort()  # a close would wait for the unread response to drain
 
+    def _watch_body(self) -> asyncio.TimerHandle:
+        """The timer that ends a wait for more of the body: `STALL_S` without a byte, or sooner
+        where the body would fall under `MIN_BODY_RATE`."""
+        allowed = max(BODY_GRACE_S, self.received / MIN_BODY_RATE) - self.waited
+        if allowed < STALL_S:
+            return self.conn.loop.call_later(max(allowed, 0.0), self._too_slow)
+        return self.conn.loop.call_later(STALL_S, self._stalled)
+
+    def _too_slow(self) -> None:
+        """The body arrives slower than `MIN_BODY_RATE`: a 408 (unless the response began) and
+        the connection closes; the app hears `http.disconnect`."""
+        ERROR_LOG.warning("Request body arriving slower than %.0f bytes/s; closing the "
+                          "connection.", MIN_BODY_RATE)
+        conn = self.conn
+        if not self.started and not conn.transport.is_closing():
+            conn.transport.write(refusal(408, "Request body arrived too slowly.",
+                                         conn.server_state.default_headers))
+        self.hang_up()
+        conn.transport.close()
+
     def _close(self) -> None:
         """Close the connection (a held head written first, as uvicorn had written it)."""
         self._flush()
@@ -119,11 +147,13 @@ class Exchange:
                 self.more_body or self.delivered):  # a body to wait for, or the end
             conn.resume_reading()
             self.waiter = conn.loop.create_future()
-            stall = conn.loop.call_later(STALL_S, self._stalled) if self.more_body else None
+            stall = self._watch_body() if self.more_body else None
+            began = conn.loop.time()
             await self.waiter
             self.waiter = None
             if stall is not None:
                 stall.cancel()
+                self.waited += conn.loop.time() - began
         if self.disconnected or self.complete:
             return {"type": "http.disconnect"}
         body = self.body

@@ -212,6 +212,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         exchange.body.append(body)
         exchange.body_size += len(body)
+        exchange.received += len(body)
         if exchange.body_size > READ_HIGH_WATER:
             self.pause_reading()
         exchange.wake()

@@ -162,6 +162,44 @@ async def test_a_body_that_keeps_arriving_is_read(monkeypatch: pytest.MonkeyPatc
     assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"\r\n\r\n100:" + b"y" * 40)
 
 
+async def test_a_body_that_trickles_is_refused_with_408(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client sending a byte a minute never stalled for 60 s, so it held the request (and
+    its tenant's concurrency slot) for as long as its body lasted: days for a few KB."""
+    SEEN.clear()
+    server, transport = stalled_connection(monkeypatch)
+    monkeypatch.setattr(http_exchange, "STALL_S", 60.0)
+    monkeypatch.setattr(http_exchange, "BODY_GRACE_S", 0.2)
+    monkeypatch.setattr(http_exchange, "MIN_BODY_RATE", 100.0)
+    request = post(b"/echo", b"z" * 1000)
+    head = len(request) - 1000
+    server.data_received(request[:head])
+    for i in range(head, len(request), 4):  # 4 bytes every 0.08 s: 50 bytes/s
+        if transport.closed:
+            break
+        server.data_received(request[i:i + 4])
+        await asyncio.sleep(0.08)
+    assert transport.closed and SEEN[-1] == "disconnected"
+    got = transport.received()
+    assert got.startswith(b"HTTP/1.1 408 ") and b"connection: close" in got
+    assert got.endswith(b"Request body arrived too slowly.")
+
+
+async def test_a_slow_body_above_the_floor_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    SEEN.clear()
+    server, transport = stalled_connection(monkeypatch)
+    monkeypatch.setattr(http_exchange, "STALL_S", 60.0)
+    monkeypatch.setattr(http_exchange, "BODY_GRACE_S", 0.1)
+    monkeypatch.setattr(http_exchange, "MIN_BODY_RATE", 100.0)
+    request = post(b"/echo", b"w" * 120)
+    head = len(request) - 120
+    server.data_received(request[:head])
+    for i in range(head, len(request), 12):  # 12 bytes every 0.04 s: 300 bytes/s, for 0.4 s
+        server.data_received(request[i:i + 12])
+        await asyncio.sleep(0.04)
+    got = await until(transport, answers(1, b"w" * 40))
+    assert got.startswith(b"HTTP/1.1 200 ") and not transport.closed
+
+
 async def test_a_response_the_client_stops_taking_ends_the_request(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that keeps its socket but reads nothing held a stream (and the engine's KV
