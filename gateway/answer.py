@@ -48,7 +48,7 @@ def error_response(gw: Gateway, ticket: Ticket, err: ApiError) -> Response:
     """The error in the caller's format, with a `retry-after` when the refusal (the gateway's
     admission, or the provider's) says when to come back; its record names the replica."""
     if ticket.route.client_error is not None:
-        err = ticket.route.client_error(err)
+        err = ticket.route.client_error(err, ticket.req)
     replica = err.replica if isinstance(err, BackendError) else None
     status = client_status(err, ticket.route.provider)
     record(gw, ticket, status, None, error=err.message, replica=replica)

@@ -199,16 +199,32 @@ def _renamed_path(param: str | None, paths: dict[str, str]) -> str | None:
 _TOOL_FUNCTION = re.compile(r"^tools\[(\d+)\]\.function")
 
 
-def client_error(err: ApiError) -> ApiError:
+def client_error(err: ApiError, req: ChatRequest | None = None) -> ApiError:
     """A backend's error (the backend saw the chat request) naming the Responses field, in
-    place: `messages[...]` as `input` (the item it came from is no longer known),
-    `response_format` as `text.format`, a tool's `function` as the tool. A parser's error,
-    already renamed, is left as it is."""
+    place: `messages[...]` as the `input` item it came from (as `input` alone when lint
+    rewrote the messages, which then no longer map to items one to one), `response_format` as
+    `text.format`, a tool's `function` as the tool. A parser's error, already renamed, is left
+    as it is."""
     param = err.param
     if param is None:
         return err
-    new = "input" if param.startswith("messages") else _renamed_path(param, BACKEND_PATHS)
-    new = _TOOL_FUNCTION.sub(r"tools[\1]", new or param)
+    if param.startswith("messages"):
+        new = _renamed_path(param, _message_paths(req)) or "input"
+    else:
+        new = _renamed_path(param, BACKEND_PATHS) or param
+    new = _TOOL_FUNCTION.sub(r"tools[\1]", new)
     if new != param:
         err.message, err.param = err.message.replace(param, new), new
     return err
+
+
+def _message_paths(req: ChatRequest | None) -> dict[str, str]:
+    """Where each chat message `req` sent came from in its Responses body, when the messages
+    sent are the body's own translation; else none."""
+    if req is None or req.client_body is None:
+        return {}
+    try:
+        chat, paths = chat_body(dict(req.client_body))
+    except ApiError:
+        return {}
+    return paths if chat["messages"] == req.body.get("messages") else {}

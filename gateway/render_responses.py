@@ -324,7 +324,7 @@ class ResponseEvents:
 
     def failed(self, err: ApiError, status: int) -> bytes:
         """`response.failed`: the error after the stream began (`status`: the client's)."""
-        err = client_error(err)
+        err = client_error(err, self.req)
         code = "rate_limit_exceeded" if status == 429 else "server_error"
         own = error_body(err, "openai")["error"]  # its type: the chat route's code, if any
         error = {"code": code, "message": err.message, "type": own["code"] or own["type"],

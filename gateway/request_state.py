@@ -61,7 +61,7 @@ class RouteSpec:
     reparse: Callable[[dict[str, Any], ParseContext], ChatRequest] | None = None
     # a backend's error named in the client's API when the backend saw a translated body
     # (Responses: `messages` -> `input`); None: as it is
-    client_error: Callable[[ApiError], ApiError] | None = None
+    client_error: Callable[[ApiError, ChatRequest | None], ApiError] | None = None
 
 
 @dataclass

@@ -272,3 +272,45 @@ async def test_input_tokens_through_an_anthropic_upstream_is_estimated(tmp_path:
     assert paths == []
     app.state.store.close()
     await pool.aclose()
+
+
+async def test_an_upstreams_refusal_of_a_message_names_its_input_item(tmp_path: Path) -> None:
+    """The upstream saw chat messages (`instructions` became the first): its 400 naming
+    `messages[3].content` reaches the Responses client as the item it came from, `input[2]`,
+    whole and streamed (before, as `input` alone)."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {
+            "message": "Invalid 'messages[3].content': string too long.",
+            "type": "invalid_request_error", "param": "messages[3].content", "code": None}})
+
+    pool = pool_over_handler(handler)
+    app = gateway_app(tmp_path, pool)
+    items = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+             {"role": "user", "content": "c"}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk(app).responses.create(model="m", instructions="Be brief.", input=items,
+                                            stream=stream)
+        assert refused.value.param == "input[2].content"
+        assert "Invalid 'input[2].content'" in refused.value.message
+    app.state.store.close()
+    await pool.aclose()
+
+
+def test_messages_lint_rewrote_are_named_as_input() -> None:
+    """When the messages sent are not the body's own translation (lint rewrote them), an
+    index would name the wrong item: the error names `input`."""
+    from gateway.errors import invalid
+    from gateway.evolve import evolve
+    from gateway.parse_responses import chat_body, client_error, parse_responses
+    from gateway.validate import ParseContext
+
+    body = {"model": "m", "input": [{"role": "user", "content": "a"},
+                                    {"role": "user", "content": "b"}]}
+    req = parse_responses(body, ParseContext("r1", "t", ("m",), grammar=False))
+    assert req.body["messages"] == chat_body(body)[0]["messages"]
+    own = client_error(invalid("bad 'messages[1].content'", "messages[1].content"), req)
+    assert own.param == "input[1].content"
+    rewritten = evolve(req, body={**req.body, "messages": req.body["messages"][::-1]})
+    moved = client_error(invalid("bad 'messages[1].content'", "messages[1].content"), rewritten)
+    assert moved.param == "input" and moved.message == "bad 'input'"
