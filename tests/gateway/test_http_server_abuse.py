@@ -162,22 +162,30 @@ async def test_a_body_that_keeps_arriving_is_read(monkeypatch: pytest.MonkeyPatc
     assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"\r\n\r\n100:" + b"y" * 40)
 
 
-async def test_a_body_that_trickles_is_refused_with_408(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A client sending a byte a minute never stalled for 60 s, so it held the request (and
-    its tenant's concurrency slot) for as long as its body lasted: days for a few KB."""
+async def trickled(monkeypatch: pytest.MonkeyPatch, body: bytes, step: int,
+                   pause: float) -> AbortableTransport:
+    """A POST whose head arrives whole and whose body `step` bytes every `pause` seconds
+    (until the server closes), against a floor of 100 bytes/s after a 0.15 s grace."""
     SEEN.clear()
     server, transport = stalled_connection(monkeypatch)
     monkeypatch.setattr(http_exchange, "STALL_S", 60.0)
-    monkeypatch.setattr(http_exchange, "BODY_GRACE_S", 0.2)
+    monkeypatch.setattr(http_exchange, "BODY_GRACE_S", 0.15)
     monkeypatch.setattr(http_exchange, "MIN_BODY_RATE", 100.0)
-    request = post(b"/echo", b"z" * 1000)
-    head = len(request) - 1000
+    request = post(b"/echo", body)
+    head = len(request) - len(body)
     server.data_received(request[:head])
-    for i in range(head, len(request), 4):  # 4 bytes every 0.08 s: 50 bytes/s
+    for i in range(head, len(request), step):
         if transport.closed:
             break
-        server.data_received(request[i:i + 4])
-        await asyncio.sleep(0.08)
+        server.data_received(request[i:i + step])
+        await asyncio.sleep(pause)
+    return transport
+
+
+async def test_a_body_that_trickles_is_refused_with_408(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client sending a byte a minute never stalled for 60 s, so it held the request (and
+    its tenant's concurrency slot) for as long as its body lasted: days for a few KB."""
+    transport = await trickled(monkeypatch, b"z" * 1000, 4, 0.08)  # 50 bytes/s
     assert transport.closed and SEEN[-1] == "disconnected"
     got = transport.received()
     assert got.startswith(b"HTTP/1.1 408 ") and b"connection: close" in got
@@ -185,17 +193,7 @@ async def test_a_body_that_trickles_is_refused_with_408(monkeypatch: pytest.Monk
 
 
 async def test_a_slow_body_above_the_floor_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    SEEN.clear()
-    server, transport = stalled_connection(monkeypatch)
-    monkeypatch.setattr(http_exchange, "STALL_S", 60.0)
-    monkeypatch.setattr(http_exchange, "BODY_GRACE_S", 0.1)
-    monkeypatch.setattr(http_exchange, "MIN_BODY_RATE", 100.0)
-    request = post(b"/echo", b"w" * 120)
-    head = len(request) - 120
-    server.data_received(request[:head])
-    for i in range(head, len(request), 12):  # 12 bytes every 0.04 s: 300 bytes/s, for 0.4 s
-        server.data_received(request[i:i + 12])
-        await asyncio.sleep(0.04)
+    transport = await trickled(monkeypatch, b"w" * 120, 12, 0.04)  # 300 bytes/s, for 0.4 s
     got = await until(transport, answers(1, b"w" * 40))
     assert got.startswith(b"HTTP/1.1 200 ") and not transport.closed
 
