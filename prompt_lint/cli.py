@@ -30,10 +30,10 @@ from typing import NamedTuple, TypeVar
 
 from prompt_lint.lint import first_turn, learn_request, lint_request
 from prompt_lint.loader import InputError, LoadedRequest, Skipped
-from prompt_lint.output import Where, render
+from prompt_lint.output import Where, render_pieces
 from prompt_lint.rewrite import rewrite_request
 from prompt_lint.rules import SEVERITY_RANK
-from prompt_lint.sink import FixedOutput, TextSink, write_text
+from prompt_lint.sink import FixedOutput, TextSink, write_pieces
 from prompt_lint.stream import LogSource
 from prompt_lint.templates import TemplateLearner
 from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding
@@ -241,8 +241,8 @@ def lint_main(argv: list[str]) -> int:
         except InputError as exc:
             print(f"{parser.prog}: {exc}", file=sys.stderr)
             return 2
-    if not write_text(parser.prog, args.output,
-                      render(args.format, where, reports, args.show_values, source.skipped)):
+    if not write_pieces(parser.prog, args.output, render_pieces(
+            args.format, where, reports, args.show_values, source.skipped)):
         return 2
     if args.fail_on == "never":
         return 0

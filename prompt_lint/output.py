@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import PurePosixPath
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote
@@ -212,3 +212,17 @@ def render(fmt: str, requests: Sequence[Located], reports: list[LintReport],
     doc = to_json(requests, reports, show_values, skipped) if fmt == "json" else \
         to_sarif(requests, reports, show_values, skipped)
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_pieces(fmt: str, requests: Sequence[Located], reports: list[LintReport],
+                  show_values: bool, skipped: Sequence[Skipped] = ()) -> Iterator[str]:
+    """`render`'s text in pieces, to be written as they come: an indented JSON document is
+    encoded in millions of small pieces, which `json.dumps` holds all at once (with the
+    joined text and its bytes, several times the report: 150 MB for a 200 MB log's)."""
+    if fmt in ("text", "github"):
+        yield render(fmt, requests, reports, show_values, skipped)
+        return
+    doc = to_json(requests, reports, show_values, skipped) if fmt == "json" else \
+        to_sarif(requests, reports, show_values, skipped)
+    yield from json.JSONEncoder(indent=2, ensure_ascii=False).iterencode(doc)
+    yield "\n"

@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,11 +22,30 @@ from typing import IO, Any
 GZIP_LEVEL, GZIP_WBITS = 9, 31
 
 
-def write_text(prog: str, path: str | None, text: str) -> bool:
-    """Write `text` to `path` (stdout for None or "-"; gzipped for a name ending in .gz);
-    False, after one error line on stderr, when it cannot be written."""
+#: Characters gathered from small pieces before one write.
+BATCH = 1 << 20
+
+
+def write_pieces(prog: str, path: str | None, pieces: Iterable[str]) -> bool:
+    """Write the text `pieces` make to `path` (stdout for None or "-"; gzipped for a name
+    ending in .gz), gathered in writes of about `BATCH` characters; False, after one error
+    line on stderr, when it cannot be written."""
     out = TextSink(prog, path)
-    return out.open() and out.write(text) and out.close()
+    if not out.open():
+        return False
+    batch: list[str] = []
+    size = 0
+    try:
+        for piece in pieces:
+            batch.append(piece)
+            size += len(piece)
+            if size >= BATCH:
+                if not out.write("".join(batch)):
+                    return False
+                batch, size = [], 0
+        return out.write("".join(batch)) and out.close()
+    finally:
+        out.discard()
 
 
 class TextSink:
