@@ -11,28 +11,30 @@ rewritten requests as JSONL, or as one JSON document when OUT ends in .json
 (`{"request": {...}, "response": {...}}`) is written back in its envelope, with
 only the body rewritten; it refuses bad input whole (a fixed log holds every
 record or none). Both learn templates over the whole log first (two passes),
-unless `--online` asks for the one-pass behaviour a gateway has.
+unless `--online` asks for the one-pass behaviour a gateway has. The log is read twice
+(`stream.LogSource`), never held whole: the first reading checks and learns it, keeping per
+request only its session key; the second lints it, and `fix` writes each record as it is
+rewritten.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
-import gzip
-import json
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 from prompt_lint.lint import first_turn, learn_request, lint_request
-from prompt_lint.loader import InputError, LoadedRequest, Skipped, load_requests
-from prompt_lint.output import render
+from prompt_lint.loader import InputError, LoadedRequest, Skipped
+from prompt_lint.output import Where, render_pieces
 from prompt_lint.rewrite import rewrite_request
 from prompt_lint.rules import SEVERITY_RANK
+from prompt_lint.sink import FixedOutput, TextSink, write_pieces
+from prompt_lint.stream import LogSource
 from prompt_lint.templates import TemplateLearner
 from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding
 from prompt_lint.types import LintReport
@@ -91,18 +93,23 @@ def _fix_parser() -> argparse.ArgumentParser:
 #: Seconds before the progress line first shows, and between two redraws of it.
 PROGRESS_EVERY_S = 1.0
 
+#: A request's session in a two-pass lint: its prompt family and its first turn's fingerprint.
+Session = tuple[str | None, str]
 
-def _progress(items: list[T], what: str) -> Iterator[T]:
+
+def _progress(items: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
     """`items`, one by one; on a terminal, a `prefixgate: linting 1200/5000 requests` line on
-    stderr, redrawn at most every `PROGRESS_EVERY_S` once the work has taken that long and
-    erased at the end (a log of tens of MB takes tens of seconds, which were silent). Not on
-    a pipe or a file: a CI log gets no carriage returns."""
+    stderr (`learning from 1200 requests` while the first reading has no total yet), redrawn
+    at most every `PROGRESS_EVERY_S` once the work has taken that long and erased at the end
+    (a log of tens of MB takes tens of seconds, which were silent). Not on a pipe or a file:
+    a CI log gets no carriage returns."""
     tty = sys.stderr.isatty()
     last = time.monotonic()
     shown = 0
+    of = "" if total is None else f"/{total}"
     for n, item in enumerate(items):
         if tty and (now := time.monotonic()) - last >= PROGRESS_EVERY_S:
-            line = f"\rprefixgate: {what} {n}/{len(items)} requests"
+            line = f"\rprefixgate: {what} {n}{of} requests"
             sys.stderr.write(line)
             sys.stderr.flush()
             last, shown = now, max(shown, len(line) - 1)
@@ -112,34 +119,47 @@ def _progress(items: list[T], what: str) -> Iterator[T]:
         sys.stderr.flush()
 
 
-def _lint_all(requests: list[LoadedRequest], args: argparse.Namespace,
-              learner: TemplateLearner) -> list[LintReport]:
-    """Each request linted; two passes (learn the whole log, then lint) unless `--online`.
-    With the whole log read first, a request knows whether its session (prompt family and
-    first turn) sends another one later: its session-scoped values are then reused, not
-    lost (`lint_request`'s `session_continues`)."""
+def _learn_all(source: LogSource, args: argparse.Namespace,
+               learner: TemplateLearner) -> list[Session] | None:
+    """The first reading: every request checked and (two-pass) learned; its session kept (a
+    small tuple, not its body). None with `--online`, which learns while it lints."""
     if args.online:
-        return [lint_request(req.body, req.provider, learner=learner, encoding=args.encoding)
-                for req in _progress(requests, "linting")]
+        for _ in _progress(source.scan(), "reading"):
+            pass
+        return None
     sessions = [(learn_request(req.body, learner, req.provider), first_turn(req.body))
-                for req in _progress(requests, "learning from")]
+                for req in _progress(source.scan(), "learning from")]
     learner.freeze()
+    return sessions
+
+
+def _lint_all(source: LogSource, sessions: list[Session] | None, args: argparse.Namespace,
+              learner: TemplateLearner, what: str = "linting"
+              ) -> Iterator[tuple[LoadedRequest, LintReport]]:
+    """The second reading: each request with its report. Two-pass (`sessions`), a request
+    knows whether its session (prompt family and first turn) sends another one later: its
+    session-scoped values are then reused, not lost (`lint_request`'s `session_continues`)."""
+    requests = _progress(source.replay(), what, source.count)
+    if sessions is None:
+        for req in requests:
+            yield req, lint_request(req.body, req.provider, learner=learner,
+                                    encoding=args.encoding)
+        return
     left = Counter(sessions)
-    reports = []
-    for req, session in zip(_progress(requests, "linting"), sessions, strict=True):
+    for req, session in zip(requests, sessions, strict=True):
         left[session] -= 1
-        reports.append(lint_request(req.body, req.provider, learner=learner,
-                                    encoding=args.encoding, session_continues=left[session] > 0))
-    return reports
+        yield req, lint_request(req.body, req.provider, learner=learner,
+                                encoding=args.encoding, session_continues=left[session] > 0)
 
 
 class Prepared(NamedTuple):
-    """A command's parsed arguments, the requests it read and the records it left out (only
-    with `--skip-invalid`)."""
+    """A command's parsed arguments, its log (read through once) and learner, and each
+    request's session (None with `--online`)."""
 
     args: argparse.Namespace
-    requests: list[LoadedRequest]
-    skipped: list[Skipped]
+    source: LogSource
+    learner: TemplateLearner
+    sessions: list[Session] | None
 
 
 #: Left-out records named on stderr one by one; the rest are counted in one line.
@@ -147,21 +167,26 @@ SKIPPED_SHOWN = 20
 
 
 def _prepare(parser: argparse.ArgumentParser, argv: list[str], report: bool) -> Prepared | int:
-    """Parsed arguments and the loaded requests, or 2 after one error line. `report`: the
-    output is a report, never to be written over an input."""
+    """Parsed arguments and the log read through once (checked, and learned from unless
+    `--online`), or 2 after one error line. `report`: the output is a report, never to be
+    written over an input."""
     args = parser.parse_args(argv)
-    skipped: list[Skipped] = []
+    source: LogSource | None = None
+    learner = TemplateLearner(max_families=args.max_families)
     try:
         get_encoding(args.encoding)
         _check_output(args.output, args.inputs if report else [])
-        requests = load_requests(args.inputs, args.provider, skip=args.output,
-                                 skipped=skipped if getattr(args, "skip_invalid", False) else None)
+        source = LogSource(args.inputs, args.provider, skip=args.output,
+                           lenient=getattr(args, "skip_invalid", False))
+        sessions = _learn_all(source, args, learner)
     except (InputError, ValueError) as exc:
-        _tell_skipped(parser.prog, skipped)
+        if source is not None:
+            source.close()
+            _tell_skipped(parser.prog, source.skipped)
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
-    _tell_skipped(parser.prog, skipped)
-    return Prepared(args, requests, skipped)
+    _tell_skipped(parser.prog, source.skipped)
+    return Prepared(args, source, learner, sessions)
 
 
 def _tell_skipped(prog: str, skipped: list[Skipped]) -> None:
@@ -177,7 +202,7 @@ def _tell_skipped(prog: str, skipped: list[Skipped]) -> None:
 def _check_output(path: str | None, inputs: list[str]) -> None:
     """Refuse an output path that is a directory, in no directory, or one of the files in
     `inputs` (lint's: a report written over the log it read lost the log) before the work (a
-    typo should not cost a lint of the whole log); `_write` reports what this cannot see
+    typo should not cost a lint of the whole log); the writing reports what this cannot see
     (permissions, a full disk). `fix IN -o IN` rewrites IN in place, as asked."""
     if path is None or path == "-":
         return
@@ -190,44 +215,13 @@ def _check_output(path: str | None, inputs: list[str]) -> None:
         raise InputError(f"{path}: cannot write: it is an input (the report would replace it)")
 
 
-def _write(prog: str, path: str | None, text: str) -> bool:
-    """Write `text` to `path` (stdout for None or "-"; gzipped for a name ending in .gz);
-    False, after one error line on stderr, when the file cannot be written."""
-    if path is None or path == "-":
-        return _write_stdout(prog, text)
-    data = text.encode("utf-8")
-    try:  # a name ending in .gz is written gzipped, as such an input is read
-        Path(path).write_bytes(gzip.compress(data, mtime=0) if path.endswith(".gz") else data)
-    except OSError as exc:
-        print(f"{prog}: {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+def _is_input(path: str, source: LogSource) -> bool:
+    """Whether `path` is one of the files `source` reads (then `fix` writes over it only once
+    the second reading is done)."""
+    if path == "-" or not Path(path).exists():
         return False
-    return True
-
-
-def _write_stdout(prog: str, text: str) -> bool:
-    """Write `text` to stdout; False, after one error line on stderr, when stdout cannot take
-    it (a full disk under `> report.txt`, a closed descriptor), as for an `-o` file: it was a
-    traceback and exit 1, a finding to CI. stdout is then pointed at the null device, so that
-    the interpreter's exit does not fail flushing it again (exit status 120)."""
-    try:
-        if sys.stdout is None:  # started with its descriptor closed
-            raise OSError(errno.EBADF, "stdout is closed")
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except OSError as exc:
-        print(f"{prog}: <stdout>: cannot write: {exc.strerror or exc}", file=sys.stderr)
-        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives to exit
-        return False
-    return True
-
-
-def _fixed_text(records: list[dict[str, Any]], path: str) -> str:
-    """What `fix` writes: one JSON document when `path` ends in .json (the record itself when
-    there is one, else an array: JSONL in a .json file was read by no JSON tool), else JSONL."""
-    if not path.removesuffix(".gz").endswith(".json"):
-        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    document: Any = records[0] if len(records) == 1 else records
-    return json.dumps(document, ensure_ascii=False, indent=2) + "\n"
+    return any(item.path is not None and item.spool is None and os.path.samefile(item.path, path)
+               for item in source.inputs)
 
 
 def lint_main(argv: list[str]) -> int:
@@ -236,10 +230,19 @@ def lint_main(argv: list[str]) -> int:
     prepared = _prepare(parser, argv, report=True)
     if isinstance(prepared, int):
         return prepared
-    args, requests, skipped = prepared
-    reports = _lint_all(requests, args, TemplateLearner(max_families=args.max_families))
-    if not _write(parser.prog, args.output,
-                  render(args.format, requests, reports, args.show_values, skipped)):
+    args, source, learner, sessions = prepared
+    where: list[Where] = []
+    reports: list[LintReport] = []
+    with source:
+        try:
+            for req, rep in _lint_all(source, sessions, args, learner):
+                where.append(Where(req.source, req.line))
+                reports.append(rep)
+        except InputError as exc:
+            print(f"{parser.prog}: {exc}", file=sys.stderr)
+            return 2
+    if not write_pieces(parser.prog, args.output, render_pieces(
+            args.format, where, reports, args.show_values, source.skipped)):
         return 2
     if args.fail_on == "never":
         return 0
@@ -248,23 +251,45 @@ def lint_main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+def _rewrite_all(source: LogSource, prepared: Prepared, out: FixedOutput) -> Counts | None:
+    """Each request linted, rewritten and written at once; None once the output failed."""
+    args, _, learner, sessions = prepared
+    changed = moved = 0
+    for req, rep in _lint_all(source, sessions, args, learner, "rewriting"):
+        result = rewrite_request(req.body, req.provider, report=rep, learner=learner)
+        changed, moved = changed + result.changed, moved + len(result.moved)
+        if not out.write(req.with_body(result.body)):
+            return None
+    return Counts(source.count, changed, moved)
+
+
+class Counts(NamedTuple):
+    """What `fix` did: requests read, requests rewritten, values moved."""
+
+    requests: int
+    changed: int
+    moved: int
+
+
 def fix_main(argv: list[str]) -> int:
     """`prefixgate fix IN -o OUT`: write rewritten requests; exit 2 on bad input or output."""
     parser = _fix_parser()
     prepared = _prepare(parser, argv, report=False)
     if isinstance(prepared, int):
         return prepared
-    args, requests, _ = prepared
-    learner = TemplateLearner(max_families=args.max_families)
-    reports = _lint_all(requests, args, learner)
-    results = [rewrite_request(req.body, req.provider, report=rep, learner=learner)
-               for req, rep in _progress(list(zip(requests, reports, strict=True)),
-                                         "rewriting")]
-    records = [req.with_body(r.body) for req, r in zip(requests, results, strict=True)]
-    if not _write(parser.prog, args.output, _fixed_text(records, args.output)):
-        return 2
-    changed = sum(r.changed for r in results)
-    moved = sum(len(r.moved) for r in results)
-    print(f"prefixgate fix: {len(results)} requests, {changed} rewritten, {moved} values moved "
-          "into context blocks", file=sys.stderr)
+    with prepared.source as source:
+        output = prepared.args.output
+        sink = TextSink(parser.prog, output, via_spool=_is_input(output, source))
+        try:
+            counts = _rewrite_all(source, prepared, FixedOutput(sink, source.count)) \
+                if sink.open() else None
+            if counts is None or not sink.close():
+                return 2
+        except InputError as exc:  # the log changed between the two readings
+            print(f"{parser.prog}: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            sink.discard()
+    print(f"prefixgate fix: {counts.requests} requests, {counts.changed} rewritten, "
+          f"{counts.moved} values moved into context blocks", file=sys.stderr)
     return 0

@@ -5,18 +5,35 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import PurePosixPath
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote
 
-from prompt_lint.loader import LoadedRequest, Skipped
+from prompt_lint.loader import Skipped
 from prompt_lint.rules import RULES
 from prompt_lint.types import Finding, LintReport, mask_value
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 _GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
+
+
+class Located(Protocol):
+    """Where a request was read (a `LoadedRequest`, or a `Where` that holds no body)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def line(self) -> int: ...
+
+
+class Where(NamedTuple):
+    """A request's file and line, all a report needs of it (its body is not kept)."""
+
+    source: str
+    line: int
 
 
 class Summary(NamedTuple):
@@ -50,7 +67,7 @@ def summarize(reports: list[LintReport]) -> Summary:
                    sum(r.cacheable_tokens_after_fix for r in reports))
 
 
-def to_json(requests: list[LoadedRequest], reports: list[LintReport],
+def to_json(requests: Sequence[Located], reports: list[LintReport],
             show_values: bool, skipped: Sequence[Skipped] = ()) -> dict[str, Any]:
     """The `--format json` document (schema in the README); `skipped` (records left out by
     `--skip-invalid`) is there only when there are some."""
@@ -70,14 +87,14 @@ def to_json(requests: list[LoadedRequest], reports: list[LintReport],
     }
 
 
-def _request_json(i: int, req: LoadedRequest, rep: LintReport, show: bool) -> dict[str, Any]:
+def _request_json(i: int, req: Located, rep: LintReport, show: bool) -> dict[str, Any]:
     return {"index": i, "source": req.source, "line": req.line, "provider": rep.provider,
             "family": rep.family, "findings": [f.to_json(show) for f in rep.findings],
             "prompt_tokens": rep.prompt_tokens, "cacheable_tokens": rep.cacheable_tokens,
             "cacheable_tokens_after_fix": rep.cacheable_tokens_after_fix}
 
 
-def to_text(requests: list[LoadedRequest], reports: list[LintReport], show_values: bool) -> str:
+def to_text(requests: Sequence[Located], reports: list[LintReport], show_values: bool) -> str:
     """Per-request findings (clean requests skipped), then a summary."""
     lines: list[str] = []
     for i, (req, rep) in enumerate(zip(requests, reports, strict=True)):
@@ -111,7 +128,7 @@ def _finding_line(f: Finding, show: bool) -> str:
         (f" [{value}]" if value else "")
 
 
-def to_sarif(requests: list[LoadedRequest], reports: list[LintReport],
+def to_sarif(requests: Sequence[Located], reports: list[LintReport],
              show_values: bool, skipped: Sequence[Skipped] = ()) -> dict[str, Any]:
     """A SARIF 2.1.0 log: one result per finding, located at the log line; records left out
     by `--skip-invalid` are the invocation's error notifications, at their lines."""
@@ -144,7 +161,7 @@ def sarif_uri(source: str) -> str:
     return quote(source)
 
 
-def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[str, Any]:
+def _sarif_result(i: int, req: Located, f: Finding, show: bool) -> dict[str, Any]:
     value = f.value if show else mask_value(f.value, f.kind)
     text = f.message + (f" [{value}]" if value else "")
     return {"ruleId": f.rule, "level": _SARIF_LEVEL[f.severity], "message": {"text": text},
@@ -157,7 +174,7 @@ def _sarif_result(i: int, req: LoadedRequest, f: Finding, show: bool) -> dict[st
                            "tokenOffset": f.token_offset, "confidence": f.confidence}}
 
 
-def to_github(requests: list[LoadedRequest], reports: list[LintReport],
+def to_github(requests: Sequence[Located], reports: list[LintReport],
               show_values: bool) -> str:
     """One `::error file=F,line=N,title=T::message` workflow command per finding (warning and
     notice for the other severities), escaped as GitHub Actions reads them, then the text
@@ -184,7 +201,7 @@ def _github_property(text: str) -> str:
     return _github_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def render(fmt: str, requests: list[LoadedRequest], reports: list[LintReport],
+def render(fmt: str, requests: Sequence[Located], reports: list[LintReport],
            show_values: bool, skipped: Sequence[Skipped] = ()) -> str:
     """The report in format `fmt` (text, json, sarif or github); a text or github report
     leaves the skipped records to stderr (`prefixgate lint` names them there)."""
@@ -195,3 +212,17 @@ def render(fmt: str, requests: list[LoadedRequest], reports: list[LintReport],
     doc = to_json(requests, reports, show_values, skipped) if fmt == "json" else \
         to_sarif(requests, reports, show_values, skipped)
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_pieces(fmt: str, requests: Sequence[Located], reports: list[LintReport],
+                  show_values: bool, skipped: Sequence[Skipped] = ()) -> Iterator[str]:
+    """`render`'s text in pieces, to be written as they come: an indented JSON document is
+    encoded in millions of small pieces, which `json.dumps` holds all at once (with the
+    joined text and its bytes, several times the report: 150 MB for a 200 MB log's)."""
+    if fmt in ("text", "github"):
+        yield render(fmt, requests, reports, show_values, skipped)
+        return
+    doc = to_json(requests, reports, show_values, skipped) if fmt == "json" else \
+        to_sarif(requests, reports, show_values, skipped)
+    yield from json.JSONEncoder(indent=2, ensure_ascii=False).iterencode(doc)
+    yield "\n"
