@@ -34,3 +34,15 @@ def test_ci_gate_fails_then_passes_after_fix(tmp_path: Path,
     assert "lint gate: pass" in out and (tmp_path / "x.sarif").exists()
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     assert example.main([str(tmp_path / "bad.jsonl")]) == 2
+
+
+def test_the_demo_fails_the_raw_log_and_passes_its_fix(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`make example-lint` ends 0 when the gate did its job on both logs (it had ended 1, a
+    make error, after showing only the failure)."""
+    example = _load()
+    assert example.main(["--demo", "--sarif", str(tmp_path / "fixed.sarif")]) == 0
+    out = capsys.readouterr().out
+    assert out.index("lint gate: FAIL") < out.index("lint gate: pass")
+    assert "the gate failed the raw log and passed the fixed one" in out
+    assert (tmp_path / "fixed.sarif").exists()
