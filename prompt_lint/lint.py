@@ -17,7 +17,13 @@ from prompt_lint.detectors import Span, detect
 from prompt_lint.evidence import FIX_CONFIDENCE, LIKELY, Dynamic, decide
 from prompt_lint.family import _SESSIONS_PER_FAMILY, Family
 from prompt_lint.layout import TokenLayout, token_layout
-from prompt_lint.opening import OpeningCheck, check_opening, opening_of, record_opening
+from prompt_lint.opening import (
+    Opening,
+    OpeningCheck,
+    check_opening,
+    opening_of,
+    record_opening,
+)
 from prompt_lint.providers import (
     Provider,
     Segment,
@@ -122,15 +128,15 @@ def _opening(body: dict[str, Any], learner: TemplateLearner | None, family: Fami
     another session shares of the opening is needed (this is the session's last request)."""
     if learner is None or family is None:
         return OpeningCheck([])
-    opened = check_opening(body, family, learner.frozen, layout, counter, across)
+    opening = opening_of(body)
+    opened = check_opening(opening, family, learner.frozen, layout, counter, across)
     if not learner.frozen:
-        remember_opening(learner, family, body)
+        remember_opening(learner, family, opening)
     return opened
 
 
-def remember_opening(learner: TemplateLearner, family: Family, body: dict[str, Any]) -> None:
-    """Keep the request's opening user message in its family (and weigh the family again)."""
-    opening = opening_of(body)
+def remember_opening(learner: TemplateLearner, family: Family, opening: Opening | None) -> None:
+    """Keep a request's opening user message in its family (and weigh the family again)."""
     if opening is not None and opening.key not in family.openings:
         record_opening(family, opening)
         learner.families.reweigh(family.id, family.held_bytes)
@@ -168,7 +174,7 @@ def learn_request(body: dict[str, Any], learner: TemplateLearner,
     spans = {t.path: detect(t.text, t.path) for t in targets}
     match = learner.observe(targets, spans, list(toolset.labels), conversation(body, session))
     if match.family is not None and not learner.frozen:
-        remember_opening(learner, match.family, body)
+        remember_opening(learner, match.family, opening_of(body))
     return match.family.id if match.family else None
 
 

@@ -165,15 +165,14 @@ class Judged(NamedTuple):
 MEMO_ENTRIES = 32
 
 
-def check_opening(body: dict[str, Any], family: Family | None, frozen: bool,
-                  layout: TokenLayout, counter: TokenCounter, across: bool = True
-                  ) -> OpeningCheck:
-    """PL014 for the request's opening message, judged against the family's other sessions'
-    openings (see the module docstring). `across`: the caller needs what another session
-    shares of it (`OpeningCheck.shared_now`, `shared_after`) even where nothing is reported."""
-    opening = opening_of(body) if family is not None else None
+def check_opening(opening: Opening | None, family: Family, frozen: bool, layout: TokenLayout,
+                  counter: TokenCounter, across: bool = True) -> OpeningCheck:
+    """PL014 for a request's opening message (`opening_of`), judged against the family's other
+    sessions' openings (see the module docstring). `across`: the caller needs what another
+    session shares of it (`OpeningCheck.shared_now`, `shared_after`) even where nothing is
+    reported."""
     start = layout.start_of(opening.path) if opening is not None else None
-    if opening is None or family is None or start is None:
+    if opening is None or start is None:
         return OpeningCheck([])
     text = opening.text[:OPENING_CHARS]
     valued = _valued_lines(text)
