@@ -20,6 +20,8 @@ import tiktoken
 
 from prompt_lint.cli import fix_main, lint_main
 
+from .opening_corpus import build_openings, pl014_findings, score_openings
+
 GUIDE = "\n".join(f"Section {i}: The deployment guide says step {i} configures the service "
                   "carefully and checks its health." for i in range(60))
 SYSTEM = "You are a support agent for Acme. Answer from the guide."
@@ -179,3 +181,15 @@ def test_the_after_fix_estimate_is_what_the_fixed_log_reuses(
     assert real_after - real_now >= gain
     assert summary["hit_rate_now"] == pytest.approx(real_now, abs=0.02)
     assert summary["hit_rate_after_fix"] == pytest.approx(real_after, abs=0.02)
+
+
+def test_the_labelled_openings_are_found_and_nothing_else() -> None:
+    """On a labelled log of twelve families (a time, a user id, a nonce or a trace id above a
+    guide; dates and ids below it, in the user's own words, or above them), two-pass lint
+    reports exactly the labelled values, and online lint (which cannot judge a family's first
+    session: nothing came before it) reports no other."""
+    requests = build_openings()
+    precision, recall, labels = score_openings(requests, pl014_findings(requests))
+    assert (precision, recall) == (1.0, 1.0) and labels > 150
+    precision, recall, _ = score_openings(requests, pl014_findings(requests, online=True))
+    assert precision == 1.0 and recall >= 0.8
