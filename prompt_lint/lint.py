@@ -96,7 +96,7 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset,
                                          _moved_spans(findings))
     findings += tool_found
-    opened = _opening(body, learner, match.family, layout, counter, session_continues is False)
+    opened = _opening(body, learner, match.family, layout, counter)
     findings += opened.findings
     if opened.findings:
         resolved.add("PL014")  # fix moves the line after the shared text
@@ -122,14 +122,13 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
 
 
 def _opening(body: dict[str, Any], learner: TemplateLearner | None, family: Family | None,
-             layout: TokenLayout, counter: TokenCounter, across: bool) -> OpeningCheck:
+             layout: TokenLayout, counter: TokenCounter) -> OpeningCheck:
     """PL014 (prompt_lint.opening); a learner that still learns remembers the opening after
-    judging it, so a session is compared with the sessions seen before it. `across`: what
-    another session shares of the opening is needed (this is the session's last request)."""
+    judging it, so a session is compared with the sessions seen before it."""
     if learner is None or family is None:
         return OpeningCheck([])
     opening = opening_of(body)
-    opened = check_opening(opening, family, learner.frozen, layout, counter, across)
+    opened = check_opening(opening, family, learner.frozen, layout, counter)
     if not learner.frozen:
         remember_opening(learner, family, opening)
     return opened

@@ -8,17 +8,23 @@ every session sends, and each session caches that material again.
 
 The family remembers the opening messages of its last sessions (`OPENINGS_PER_FAMILY`, each
 cut at `OPENING_CHARS`). A line of this request's opening that holds a pattern value
-(`detectors`) and is not a line of another session's opening is moved to the end of the
-message, in both openings, and the two are compared: when at least `MIN_SHARED_TOKENS` of the
-text after the line's place are then shared, the line is reported (PL014) with that evidence,
-and `prefixgate fix` moves it there (`moved_to_end`, the same text the comparison used). A
-date in a user's own question, whose following text differs per session, is not reported.
+(`detectors`) and is not a line of another session's opening, or that differs from its
+counterpart there by one run of at most `VALUE_WORDS` words (a name no pattern knows), is moved
+to the end of the message, in both openings, and the two are compared: when at least
+`MIN_SHARED_TOKENS` of the text after the line's place are then shared, the line is reported
+(PL014) with that evidence, and `prefixgate fix` moves it there (`moved_to_end`, the same text
+the comparison used). A date in a user's own question, whose following text differs per
+session, is not reported. Each comparison is memoised per family (`Family.opening_memo`): the
+turns of a session resend the same opening.
 """
 
 from __future__ import annotations
 
+import re
+from itertools import accumulate
 from typing import Any, NamedTuple
 
+from prompt_lint.align import line_pairs, words
 from prompt_lint.checks import finding
 from prompt_lint.detectors import Span, detect, lines_with_ends
 from prompt_lint.evidence import LIKELY, pattern_confidence
@@ -37,6 +43,7 @@ OPENING_CHARS = 65_536
 #: question's common first words, not material worth caching.
 MIN_SHARED_TOKENS = 64
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+_WORD = re.compile(r"\w")
 
 
 class Opening(NamedTuple):
@@ -151,10 +158,11 @@ def _place(text: str, lines: set[int], line: int) -> int:
 
 class Judged(NamedTuple):
     """One opening compared with the others (memoised per family): per reported line, the
-    tokens each sharing session shares after it and the tokens before its first value; the
-    tokens the closest other session shares as sent and after the fix."""
+    tokens each sharing session shares after it, its values and the tokens before the first;
+    the tokens the closest other session shares as sent and after the fix."""
 
     shares: dict[int, list[int]]
+    spans: dict[int, list[Span]]
     offsets: dict[int, int]
     now: int
     after: int
@@ -162,78 +170,138 @@ class Judged(NamedTuple):
 
 #: Comparisons a family keeps (`Family.opening_memo`): every turn of a session resends its
 #: opening, compared with the same sessions.
-MEMO_ENTRIES = 32
+MEMO_ENTRIES = 64
+#: Words of a line that may differ from the other session's line for the difference to be one
+#: value no pattern names (a user's name, a plan), not the user's own words.
+VALUE_WORDS = 3
 
 
 def check_opening(opening: Opening | None, family: Family, frozen: bool, layout: TokenLayout,
-                  counter: TokenCounter, across: bool = True) -> OpeningCheck:
+                  counter: TokenCounter) -> OpeningCheck:
     """PL014 for a request's opening message (`opening_of`), judged against the family's other
-    sessions' openings (see the module docstring). `across`: the caller needs what another
-    session shares of it (`OpeningCheck.shared_now`, `shared_after`) even where nothing is
-    reported."""
+    sessions' openings (see the module docstring)."""
     start = layout.start_of(opening.path) if opening is not None else None
     if opening is None or start is None:
-        return OpeningCheck([])
-    text = opening.text[:OPENING_CHARS]
-    valued = _valued_lines(text)
-    if not valued and not across:
         return OpeningCheck([])
     others = _others(family, opening.key, frozen)
     memo_key = (opening.key, tuple(key for key, _ in others))
     judged = family.opening_memo.get(memo_key)
+    text = opening.text[:OPENING_CHARS]
     if judged is None:
-        judged = _judge(text, valued, [other for _, other in others], counter)
+        judged = _judge(text, [other for _, other in others], counter)
         family.opening_memo[memo_key] = judged
         while len(family.opening_memo) > MEMO_ENTRIES:
             family.opening_memo.popitem(last=False)
     many = len(family.openings) >= OPENINGS_PER_FAMILY  # more sessions than it remembers
-    findings = [_finding(opening, text, valued[line], shared, start + judged.offsets[line],
-                         many) for line, shared in sorted(judged.shares.items())]
+    findings = [_finding(opening, text, judged.spans[line], shared,
+                         start + judged.offsets[line], many)
+                for line, shared in sorted(judged.shares.items())]
     return OpeningCheck(findings, start, judged.now, judged.after)
 
 
-def _judge(text: str, valued: dict[int, list[Span]], others: list[str],
-           counter: TokenCounter) -> Judged:
-    """Compare `text` with each other opening: a valued line of it that is no line of the
-    other, moved to the end, leaves at least `MIN_SHARED_TOKENS` shared after its place."""
+class _Compared(NamedTuple):
+    """This opening against one other: the lines moved in each, and its text once fixed."""
+
+    mine: dict[int, list[Span]]
+    theirs: set[int]
+    fixed: str
+
+
+def _compare(text: str, valued: dict[int, list[Span]], other: str) -> _Compared:
+    """The lines the fix would move in `text` and in `other` when the two are compared: valued
+    lines that are no line of the other, and lines that differ from their counterpart by a
+    value no pattern names."""
+    learned, theirs = _learned(text, other)
+    lines = set(other.split("\n"))
+    mine = {i: valued[i] for i in _varying(text, valued, lines)}
+    for i, span in learned.items():
+        mine.setdefault(i, [span])
+    theirs |= _varying(other, _valued_lines(other), set(text.split("\n")))
+    return _Compared(mine, theirs, moved_to_end(text, set(mine)))
+
+
+def _judge(text: str, others: list[str], counter: TokenCounter) -> Judged:
+    """Compare `text` with each other opening: a line the fix moves (`_compare`) that leaves at
+    least `MIN_SHARED_TOKENS` shared after its place is reported."""
+    valued = _valued_lines(text)
     shares: dict[int, list[int]] = {}
-    compared: list[tuple[set[int], int]] = []  # per other: the lines moved, tokens shared then
+    spans: dict[int, list[Span]] = {}
+    compared: list[tuple[_Compared, int]] = []  # per other: the comparison, tokens shared then
     for other in others:
-        mine = sorted(_varying(text, valued, set(other.split("\n"))))
-        fixed = moved_to_end(text, set(mine))
-        common = _common(fixed, _fixed_other(other, text))
-        places = [_place(text, set(mine), line) for line in mine]
-        counts = counter.count_prefixes(fixed, [common, *places])
-        compared.append((set(mine), counts[0]))
-        for line, place, upto in zip(mine, places, counts[1:], strict=True):
-            if common > place and counts[0] - upto >= MIN_SHARED_TOKENS:
+        pair = _compare(text, valued, other)
+        common = _common(pair.fixed, moved_to_end(other, pair.theirs))
+        lines = sorted(pair.mine)
+        places = [_place(text, set(lines), line) for line in lines]
+        counts = counter.count_prefixes(pair.fixed[:common],
+                                        [common, *(min(p, common) for p in places)])
+        compared.append((pair, counts[0]))
+        for line, upto in zip(lines, counts[1:], strict=True):
+            if counts[0] - upto >= MIN_SHARED_TOKENS:
                 shares.setdefault(line, []).append(counts[0] - upto)
+                spans[line] = pair.mine[line]
     lines = sorted(shares)
-    ends = [valued[k][0].start for k in lines] + [_common(text, o) for o in others]
+    ends = [spans[k][0].start for k in lines] + [_common(text, o) for o in others]
     counts = counter.count_prefixes(text, ends)
-    offsets = dict(zip(lines, counts, strict=False))
     now = max(counts[len(lines):], default=0)
-    after = max((_shared_after(text, set(lines), other, moved, n, counter)
-                 for other, (moved, n) in zip(others, compared, strict=True)),
+    after = max((_shared_after(text, set(lines), other, pair, n, counter)
+                 for other, (pair, n) in zip(others, compared, strict=True)),
                 default=0) if lines else 0
-    return Judged(shares, offsets, now if now >= MIN_SHARED_TOKENS else 0,
+    return Judged(shares, spans, dict(zip(lines, counts, strict=False)),
+                  now if now >= MIN_SHARED_TOKENS else 0,
                   after if after >= MIN_SHARED_TOKENS else 0)
 
 
-def _shared_after(text: str, lines: set[int], other: str, moved: set[int], shared: int,
+def _learned(text: str, other: str) -> tuple[dict[int, Span], set[int]]:
+    """Lines of `text` that differ from their counterpart in `other` (aligned line by line) by
+    one run of at most `VALUE_WORDS` words, with a word kept: the span of that run, by line;
+    and the counterparts' line numbers in `other`."""
+    a, b = text.split("\n"), other.split("\n")
+    others = set(b)
+    if all(line in others or not line.strip() for line in a):
+        return {}, set()
+    starts = list(accumulate((len(line) + 1 for line in a), initial=0))
+    pairs = zip(range(len(a)), range(len(b)), strict=True) if len(a) == len(b) else \
+        ((i, j) for j, i in line_pairs(b, a)[0])
+    mine: dict[int, Span] = {}
+    theirs: set[int] = set()
+    for i, j in pairs:
+        run = _one_run(a[i], b[j]) if a[i] != b[j] and a[i].strip() else None
+        if run is not None:
+            lo, hi = starts[i] + run[0], starts[i] + run[1]
+            mine[i] = Span("session", lo, hi, text[lo:hi], "value learned from the sessions")
+            theirs.add(j)
+    return mine, theirs
+
+
+def _one_run(x: str, y: str) -> tuple[int, int] | None:
+    """The span in `x` of the words where it differs from `y`, when that is one run of at most
+    `VALUE_WORDS` words (in both) and some word of `x` is outside it; else None."""
+    head = _common(x, y)
+    tail = _common(x[head:][::-1], y[head:][::-1])
+    while head > 0 and x[head - 1].isalnum():  # back to the start of the word
+        head -= 1
+    end_x, end_y = len(x) - tail, len(y) - tail
+    while end_x < len(x) and x[end_x].isalnum():
+        end_x += 1
+    while end_y < len(y) and y[end_y].isalnum():
+        end_y += 1
+    if len(x[head:end_x].split()) > VALUE_WORDS or len(y[head:end_y].split()) > VALUE_WORDS:
+        return None  # the user's own words (checked cheaply first: they are long)
+    found, n_y = words(x[head:end_x]), len(words(y[head:end_y]))
+    kept = _WORD.search(x, 0, head) or _WORD.search(x, end_x)
+    if not 0 < len(found) <= VALUE_WORDS or n_y > VALUE_WORDS or kept is None:
+        return None
+    return head + found[0][0], head + found[-1][1]
+
+
+def _shared_after(text: str, lines: set[int], other: str, pair: _Compared, shared: int,
                   counter: TokenCounter) -> int:
-    """Tokens `text` shares with `other` once the fix moved `lines` (`shared`, counted with
-    `moved` moved, when those are the same lines)."""
-    if moved == lines:
+    """Tokens `text` shares with `other` once the fix moved `lines` (`shared`, counted when
+    the comparison moved the same lines)."""
+    if set(pair.mine) == lines:
         return shared
     fixed = moved_to_end(text, lines)
-    return counter.count_prefixes(fixed, [_common(fixed, _fixed_other(other, text))])[0]
-
-
-def _fixed_other(other: str, text: str) -> str:
-    """Another session's opening as the fix leaves it, to compare with `text`: its valued
-    lines that are no line of `text` moved to its end."""
-    return moved_to_end(other, _varying(other, _valued_lines(other), set(text.split("\n"))))
+    return counter.count_prefixes(fixed, [_common(fixed, moved_to_end(other, pair.theirs))])[0]
 
 
 def _finding(opening: Opening, text: str, spans: list[Span], shared: list[int], offset: int,

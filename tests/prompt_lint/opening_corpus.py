@@ -1,10 +1,10 @@
 """A labelled log of first user messages: values above text the sessions share, and look-alikes.
 
-Every family's sessions open with a user message; some put a per-session value (a time, a user
-id, a nonce) on a line above a guide that every session of the family sends: those values are
-labelled (PL014 should report them). Others carry dates and ids where moving them shares nothing:
-below the guide, in the user's own words, or above a line of the user's own words. Those are not
-labelled, and a PL014 finding on them is a false positive. Shared by
+Every family's sessions open with a user message; some put a per-session value (a time, a user id, a
+nonce, a customer's name that no pattern names) on a line above a guide that every session of the
+family sends: those values are labelled (PL014 should report them). Others carry dates and ids where
+moving them shares nothing: below the guide, in the user's own words, or above a line of the user's
+own words. Those are not labelled, and a PL014 finding on them is a false positive. Shared by
 tests/prompt_lint/test_prompt_lint_opening.py and benchmarks/bench_lint.py.
 """
 
@@ -77,6 +77,16 @@ def _nonce_and_uuid_above(g: str, t: datetime, rng: random.Random, s: int) -> _O
                      (f"\n\nReference:\n{g}\n\nTask: {_own_words(rng, 15)}", False))
 
 
+NAMES = ["Maria Lopez", "Dae-jung Kim", "Priya Raman", "Tom Berg", "Wei Chen", "Jonas Weber",
+         "Anna Nowak", "Omar Haddad", "Lena Fischer", "Kofi Mensah"]
+
+
+def _name_above(g: str, t: datetime, rng: random.Random, s: int) -> _Opening:
+    """A value no pattern names: the customer's name, on a line of its own."""
+    return _labelled(("Customer: ", False), (NAMES[s % len(NAMES)], True),
+                     (f"\n\nHandbook:\n{g}\n\nQuestion: {_own_words(rng, 12)}", False))
+
+
 def _values_below(g: str, t: datetime, rng: random.Random, s: int) -> _Opening:
     return _labelled((f"Here is the guide:\n{g}\n\nQuestion about order id: "
                       f"ORD-{rng.randint(10000, 99999)} placed on {t:%Y-%m-%d}: "
@@ -93,8 +103,8 @@ def _date_above_own_words(g: str, t: datetime, rng: random.Random, s: int) -> _O
 
 
 KINDS: tuple[Callable[[str, datetime, random.Random, int], _Opening], ...] = (
-    _time_above, _id_and_date_above, _nonce_and_uuid_above, _values_below, _own_question,
-    _date_above_own_words)
+    _time_above, _id_and_date_above, _nonce_and_uuid_above, _name_above, _values_below,
+    _own_question, _date_above_own_words)
 
 
 def build_openings(seed: int = 3, sessions: int = 8) -> list[OpeningRequest]:

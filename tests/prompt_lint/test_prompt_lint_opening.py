@@ -184,10 +184,10 @@ def test_the_after_fix_estimate_is_what_the_fixed_log_reuses(
 
 
 def test_the_labelled_openings_are_found_and_nothing_else() -> None:
-    """On a labelled log of twelve families (a time, a user id, a nonce or a trace id above a
-    guide; dates and ids below it, in the user's own words, or above them), two-pass lint
-    reports exactly the labelled values, and online lint (which cannot judge a family's first
-    session: nothing came before it) reports no other."""
+    """On a labelled log of fourteen families (a time, a user id, a nonce, a trace id or a name
+    that no pattern knows above a guide; dates and ids below it, in the user's own words, or
+    above them), two-pass lint reports exactly the labelled values, and online lint (which
+    cannot judge a family's first session: nothing came before it) reports no other."""
     requests = build_openings()
     precision, recall, labels = score_openings(requests, pl014_findings(requests))
     assert (precision, recall) == (1.0, 1.0) and labels > 150
