@@ -105,11 +105,11 @@ class Family:
     sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
     bytes: int = 0  # estimated bytes of the templates and hashes, set when founded
     session_bytes: dict[str, int] = field(default_factory=dict)  # session_lines' entries
-    #: its last sessions' opening user messages (prompt_lint.opening), by text fingerprint
-    openings: OrderedDict[str, str] = field(default_factory=OrderedDict)
-    opening_bytes: dict[str, int] = field(default_factory=dict)  # openings' entries
+    #: its last sessions' opening user messages (prompt_lint.opening), by text hash
+    openings: OrderedDict[int, str] = field(default_factory=OrderedDict)
+    opening_bytes: dict[int, int] = field(default_factory=dict)  # openings' entries
     #: (opening, the openings it was compared with) -> prompt_lint.opening.Judged
-    opening_memo: OrderedDict[tuple[str, tuple[str, ...]], Judged] = field(
+    opening_memo: OrderedDict[tuple[int, tuple[int, ...]], Judged] = field(
         default_factory=OrderedDict)
 
     @property

@@ -31,7 +31,6 @@ from prompt_lint.evidence import LIKELY, pattern_confidence
 from prompt_lint.family import Family
 from prompt_lint.layout import TokenLayout
 from prompt_lint.memo import text_bytes
-from prompt_lint.session import fingerprint
 from prompt_lint.tokens import TokenCounter
 from prompt_lint.types import Finding
 
@@ -48,12 +47,13 @@ _WORD = re.compile(r"\w")
 
 class Opening(NamedTuple):
     """The first non-system message of a request when it is a user's: its index, the path and
-    text of its first text part, and the text's fingerprint (the session's key here)."""
+    text of its first text part, and the text's hash (the session's key here: in-process
+    state only, so Python's salted string hash serves, and costs far less than a digest)."""
 
     message: int
     path: str
     text: str
-    key: str
+    key: int
 
 
 class OpeningCheck(NamedTuple):
@@ -81,7 +81,7 @@ def opening_of(body: dict[str, Any]) -> Opening | None:
         path, text = f"messages[{k}].content[0].text", content[0]["text"]
     else:
         return None
-    return Opening(k, path, text, fingerprint(text[:OPENING_CHARS]))
+    return Opening(k, path, text, hash(text[:OPENING_CHARS]))
 
 
 def record_opening(family: Family, opening: Opening) -> None:
@@ -97,13 +97,13 @@ def record_opening(family: Family, opening: Opening) -> None:
         family.opening_bytes.pop(dropped, None)
 
 
-def _others(family: Family, key: str, frozen: bool) -> list[tuple[str, str]]:
+def _others(family: Family, key: int, frozen: bool) -> list[tuple[int, str]]:
     """The openings (key, text) of other sessions to compare with: all of them once the whole
     log was learned, else those of the sessions seen before this one (the same in each of its
     turns)."""
     if frozen or key not in family.openings:
         return [(k, text) for k, text in family.openings.items() if k != key]
-    before: list[tuple[str, str]] = []
+    before: list[tuple[int, str]] = []
     for k, text in family.openings.items():
         if k == key:
             break
@@ -226,29 +226,44 @@ def _judge(text: str, others: list[str], counter: TokenCounter) -> Judged:
     valued = _valued_lines(text)
     shares: dict[int, list[int]] = {}
     spans: dict[int, list[Span]] = {}
-    compared: list[tuple[_Compared, int]] = []  # per other: the comparison, tokens shared then
+    compared: list[tuple[str, _Compared, int]] = []  # other, the comparison, tokens shared
+    mine = text.split("\n")
     for other in others:
+        if not _may_share(mine, other.split("\n")):
+            continue
         pair = _compare(text, valued, other)
         common = _common(pair.fixed, moved_to_end(other, pair.theirs))
         lines = sorted(pair.mine)
         places = [_place(text, set(lines), line) for line in lines]
         counts = counter.count_prefixes(pair.fixed[:common],
                                         [common, *(min(p, common) for p in places)])
-        compared.append((pair, counts[0]))
+        compared.append((other, pair, counts[0]))
         for line, upto in zip(lines, counts[1:], strict=True):
             if counts[0] - upto >= MIN_SHARED_TOKENS:
                 shares.setdefault(line, []).append(counts[0] - upto)
                 spans[line] = pair.mine[line]
     lines = sorted(shares)
-    ends = [spans[k][0].start for k in lines] + [_common(text, o) for o in others]
-    counts = counter.count_prefixes(text, ends)
+    raw = max((_common(text, o) for o in others), default=0)
+    # a token is a character at least: a shorter common prefix holds too few tokens to count
+    ends = [spans[k][0].start for k in lines] + ([raw] if raw >= MIN_SHARED_TOKENS else [])
+    counts = counter.count_prefixes(text, ends) if ends else []
     now = max(counts[len(lines):], default=0)
     after = max((_shared_after(text, set(lines), other, pair, n, counter)
-                 for other, (pair, n) in zip(others, compared, strict=True)),
-                default=0) if lines else 0
+                 for other, pair, n in compared), default=0) if lines else 0
     return Judged(shares, spans, dict(zip(lines, counts, strict=False)),
                   now if now >= MIN_SHARED_TOKENS else 0,
                   after if after >= MIN_SHARED_TOKENS else 0)
+
+
+def _may_share(a: list[str], b: list[str]) -> bool:
+    """Whether two openings (their lines) may share `MIN_SHARED_TOKENS` once lines are moved:
+    they have a non-blank line in common, or two lines at the same place that begin alike (a
+    long line that differs only at its end); openings of other line counts are compared in
+    full."""
+    if len(a) != len(b) or any(line.strip() for line in set(a).intersection(b)):
+        return True
+    return any(x[:MIN_SHARED_TOKENS] == y[:MIN_SHARED_TOKENS] and len(x) > MIN_SHARED_TOKENS
+               for x, y in zip(a, b, strict=True))
 
 
 def _learned(text: str, other: str) -> tuple[dict[int, Span], set[int]]:
