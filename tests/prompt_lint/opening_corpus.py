@@ -175,3 +175,15 @@ def pl014_findings(requests: list[OpeningRequest], online: bool = False
     reports = [lint_request(req.body, learner=learner) for req in requests]
     return [[(f.path, f.start or 0, f.end or 0) for f in rep.findings if f.rule == "PL014"]
             for rep in reports]
+
+
+def fixed_requests(requests: list[OpeningRequest]) -> list[OpeningRequest]:
+    """The log as two-pass `prefixgate fix` writes it (labels kept as they were)."""
+    from prompt_lint import TemplateLearner, learn_request, lint_request, rewrite_request
+
+    learner = TemplateLearner()
+    for req in requests:
+        learn_request(req.body, learner)
+    learner.freeze()
+    return [req._replace(body=rewrite_request(req.body, report=lint_request(
+        req.body, learner=learner), learner=learner).body) for req in requests]

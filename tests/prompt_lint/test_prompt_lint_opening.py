@@ -20,7 +20,7 @@ import tiktoken
 
 from prompt_lint.cli import fix_main, lint_main
 
-from .opening_corpus import build_openings, pl014_findings, score_openings
+from .opening_corpus import build_openings, fixed_requests, pl014_findings, score_openings
 
 GUIDE = "\n".join(f"Section {i}: The deployment guide says step {i} configures the service "
                   "carefully and checks its health." for i in range(60))
@@ -193,3 +193,17 @@ def test_the_labelled_openings_are_found_and_nothing_else() -> None:
     assert (precision, recall) == (1.0, 1.0) and labels > 150
     precision, recall, _ = score_openings(requests, pl014_findings(requests, online=True))
     assert precision == 1.0 and recall >= 0.8
+
+
+def test_the_fixed_openings_keep_their_history_and_lint_clean() -> None:
+    """Fixed (OpenAI strings and Anthropic text blocks alike), every turn of a session resends
+    the messages its previous turn sent, and lint of the fixed log finds no PL014."""
+    fixed = fixed_requests(build_openings())
+    last: dict[str, list[Any]] = {}
+    for req in fixed:
+        before = last.get(req.session, [])
+        assert req.body["messages"][: len(before)] == before
+        last[req.session] = req.body["messages"]
+    assert not any(pl014_findings(fixed))
+    assert all(req.body != old.body  # each labelled value was moved
+               for req, old in zip(fixed, build_openings(), strict=True) if old.labels)
