@@ -128,9 +128,12 @@ def _opening(body: dict[str, Any], learner: TemplateLearner | None, family: Fami
     if learner is None or family is None:
         return OpeningCheck([])
     opening = opening_of(body)
+    memos = len(family.opening_memo)
     opened = check_opening(opening, family, learner.frozen, layout, counter)
     if not learner.frozen:
         remember_opening(learner, family, opening)
+    if len(family.opening_memo) != memos:  # a comparison was kept: weigh the family again
+        learner.families.reweigh(family.id, family.held_bytes)
     return opened
 
 
