@@ -321,6 +321,8 @@ def _shared_after(text: str, lines: set[int], other: str, pair: _Compared, share
 
 def _finding(opening: Opening, text: str, spans: list[Span], shared: list[int], offset: int,
              many: bool) -> Finding:
+    """The PL014 finding of one line: its values' span, the sessions that share text after it
+    (`many`: the family saw more sessions than it remembers) and the fewest tokens they share."""
     first, last = spans[0], spans[-1]
     what = first.label if len(spans) == 1 else f"{first.label} and {len(spans) - 1} more"
     sessions = f"{'at least ' * many}{len(shared) + 1} sessions"
