@@ -47,6 +47,11 @@ from prompt_lint.providers import detect_provider, segments  # noqa: E402
 from prompt_lint.tokens import DEFAULT_ENCODING, get_encoding  # noqa: E402
 from tests.prompt_lint.corpus_score import Scored, score  # noqa: E402
 from tests.prompt_lint.lint_corpus import build_corpus  # noqa: E402
+from tests.prompt_lint.opening_corpus import (  # noqa: E402
+    build_openings,
+    pl014_findings,
+    score_openings,
+)
 
 WORDS = ["agent", "tool", "cache", "prefix", "request", "session", "deploy", "review", "ticket",
          "runbook", "policy", "user", "answer", "search", "file", "test", "commit", "branch",
@@ -201,10 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     _print(rows, n, tokens / n, mb, findings)
     accuracy = measure_accuracy()
     _print_accuracy(accuracy)
+    openings = measure_openings()
     result = {"requests": n, "mean_tokens": round(tokens / n), "log_mb": round(mb, 2),
               "findings_online": findings, "rows": [r.as_dict() for r in rows],
               "target_requests_per_s": {"online": 2000, "cli": 1500},
-              "load_average": os.getloadavg()[0], "accuracy": accuracy}
+              "load_average": os.getloadavg()[0], "accuracy": accuracy,
+              "accuracy_openings": openings}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
@@ -248,6 +255,18 @@ def measure_accuracy() -> dict[str, Any]:
                      "online": _rounded(score(Scored(corpus, live))),
                      "online_fixable": _rounded(score(Scored(corpus, live), FIX_CONFIDENCE)),
                      "fix_errors": _fix_errors(fixed)}
+    return out
+
+
+def measure_openings() -> dict[str, list[float]]:
+    """PL014's precision/recall on the labelled openings of tests/prompt_lint/opening_corpus.py
+    (values above a guide every session sends; dates and ids where moving them shares nothing),
+    two-pass and online; printed as one line."""
+    requests = build_openings()
+    out = {mode: [round(x, 3) for x in score_openings(requests, pl014_findings(requests, online))]
+           for mode, online in (("two_pass", False), ("online", True))}
+    print(f"PL014 on {len(requests)} labelled openings: " + ", ".join(
+        f"{mode} {p:.3f}/{r:.3f} n={n:.0f}" for mode, (p, r, n) in out.items()))
     return out
 
 

@@ -39,7 +39,7 @@ min_similarity=0.5, max_sessions=4096)``
 
 ``Finding``
     ``rule`` ("PL001"), ``name``, ``severity`` ("error" | "warning" | "info"),
-    ``kind`` ("timestamp", "identifier", "nonce", "learned", "session", "tool_order",
+    ``kind`` ("timestamp", "identifier", "nonce", "learned", "session", "opening", "tool_order",
     "tool_json", "json", "history", "short_prefix", "cache_control"), ``path``
     ("messages[0].content", "system[0].text", "tools[2].function.description",
     "tools", ...), ``start``/``end`` (character offsets into the string at

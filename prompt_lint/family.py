@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from prompt_lint.opening import Judged
 
 __all__ = ["Family", "FamilyMatch", "LearnedSpan", "LearnerConfig", "LineSpan", "LineValues",
            "TextSpan"]
@@ -38,6 +41,8 @@ class LearnerConfig:
             raise ValueError(f"min_similarity must be in (0, 1], got {self.min_similarity}")
 
 
+#: Estimated bytes of one `Family.opening_memo` entry (its keys, shares and counts).
+_MEMO_BYTES = 512
 #: Sessions remembered per family for within-session evidence (least recent dropped).
 _SESSIONS_PER_FAMILY = 128
 
@@ -100,11 +105,18 @@ class Family:
     sessions: set[str] = field(default_factory=set)  # up to two distinct session keys
     bytes: int = 0  # estimated bytes of the templates and hashes, set when founded
     session_bytes: dict[str, int] = field(default_factory=dict)  # session_lines' entries
+    #: its last sessions' opening user messages (prompt_lint.opening), by text hash
+    openings: OrderedDict[int, str] = field(default_factory=OrderedDict)
+    opening_bytes: dict[int, int] = field(default_factory=dict)  # openings' entries
+    #: (opening, the openings it was compared with) -> prompt_lint.opening.Judged
+    opening_memo: OrderedDict[tuple[int, tuple[int, ...]], Judged] = field(
+        default_factory=OrderedDict)
 
     @property
     def held_bytes(self) -> int:
-        """Estimated bytes held: templates, hashes and the session evidence."""
-        return self.bytes + sum(self.session_bytes.values())
+        """Estimated bytes held: templates, hashes, the session evidence and openings."""
+        return (self.bytes + sum(self.session_bytes.values()) + sum(self.opening_bytes.values())
+                + _MEMO_BYTES * len(self.opening_memo))
     session_lines: OrderedDict[str, dict[str, dict[int, LineValues] | None]] = field(
         default_factory=OrderedDict)  # session -> template key -> last differing lines
 

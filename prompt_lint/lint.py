@@ -17,6 +17,13 @@ from prompt_lint.detectors import Span, detect
 from prompt_lint.evidence import FIX_CONFIDENCE, LIKELY, Dynamic, decide
 from prompt_lint.family import _SESSIONS_PER_FAMILY, Family
 from prompt_lint.layout import TokenLayout, token_layout
+from prompt_lint.opening import (
+    Opening,
+    OpeningCheck,
+    check_opening,
+    opening_of,
+    record_opening,
+)
 from prompt_lint.providers import (
     Provider,
     Segment,
@@ -38,7 +45,10 @@ _RULE_FOR_KIND = {"timestamp": "PL001", "identifier": "PL002", "nonce": "PL003",
                   "learned": "PL008", "session": "PL013"}
 #: Rules whose finding ends the reusable prefix at its token offset.
 BREAKING_RULES = frozenset({"PL001", "PL002", "PL003", "PL004", "PL006", "PL008", "PL009",
-                            "PL013"})
+                            "PL013", "PL014"})
+#: Finding kinds whose values a session's next request sends again (they end the prefix
+#: its sessions share, not the session's own).
+SESSION_KINDS = frozenset({"session", "opening"})
 #: Tokens the rewriter leaves in place of one moved value (its marker).
 MARKER_TOKENS = 6
 #: How the rewriter's marker for a moved value begins (`[context:<kind>_<n>]`).
@@ -86,6 +96,10 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     tool_found, resolved = tool_findings(body, prov, layout, match.family, toolset,
                                          _moved_spans(findings))
     findings += tool_found
+    opened = _opening(body, learner, match.family, layout, counter)
+    findings += opened.findings
+    if opened.findings:
+        resolved.add("PL014")  # fix moves the line after the shared text
     if tracker is not None:
         key = session_key(body, match.family.id if match.family else None, session, turn)
         findings += history_findings(body, layout, tracker, key)
@@ -94,16 +108,54 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
     cacheable = _first_break(findings, layout.total, continues)
     after = _after_fix(body, prov, findings, resolved, layout, counter, continues)
     if session_continues is False:
-        end = _conversation_start(body, layout)
-        cacheable, after = min(cacheable, end), min(after, end)
+        now, later = _across_sessions(body, layout, opened, findings)
+        cacheable, after = min(cacheable, now), min(after, later)
     model = body.get("model") if isinstance(body.get("model"), str) else None
     findings += minimum_findings(prov, model, layout.total, shared,
                                  _after_fix(body, prov, findings, resolved, layout, counter))
     if prov == "anthropic":
-        scoped = _first_break_kinds(findings, shared) == {"session"}
+        kinds = _first_break_kinds(findings, shared)
+        scoped = bool(kinds) and kinds <= SESSION_KINDS
         findings += cache_control_findings(body, model, layout, shared, scoped)
     return LintReport(findings, layout.total, cacheable, after,
                       match.family.id if match.family else None, prov)
+
+
+def _opening(body: dict[str, Any], learner: TemplateLearner | None, family: Family | None,
+             layout: TokenLayout, counter: TokenCounter) -> OpeningCheck:
+    """PL014 (prompt_lint.opening); a learner that still learns remembers the opening after
+    judging it, so a session is compared with the sessions seen before it."""
+    if learner is None or family is None:
+        return OpeningCheck([])
+    opening = opening_of(body)
+    memos = len(family.opening_memo)
+    opened = check_opening(opening, family, learner.frozen, layout, counter)
+    if not learner.frozen:
+        remember_opening(learner, family, opening)
+    if len(family.opening_memo) != memos:  # a comparison was kept: weigh the family again
+        learner.families.reweigh(family.id, family.held_bytes)
+    return opened
+
+
+def remember_opening(learner: TemplateLearner, family: Family, opening: Opening | None) -> None:
+    """Keep a request's opening user message in its family (and weigh the family again)."""
+    if opening is not None and opening.key not in family.openings:
+        record_opening(family, opening)
+        learner.families.reweigh(family.id, family.held_bytes)
+
+
+def _across_sessions(body: dict[str, Any], layout: TokenLayout, opened: OpeningCheck,
+                     findings: list[Finding]) -> tuple[int, int]:
+    """How far another session's request shares this one, as sent and after the fix: up to
+    its first non-system message, or into it as far as the sessions' openings share text
+    (after the fix: with the PL014 lines moved, unless the fix gives that message a context
+    block at its start, which every session's carries with its own values)."""
+    end = _conversation_start(body, layout)
+    now = opened.start + opened.shared_now if opened.shared_now else end
+    after = opened.start + opened.shared_after if opened.shared_after else now
+    if any(is_moved(f) for f in findings):
+        after = min(after, end)
+    return now, after
 
 
 def _conversation_start(body: dict[str, Any], layout: TokenLayout) -> int:
@@ -123,6 +175,8 @@ def learn_request(body: dict[str, Any], learner: TemplateLearner,
     targets = scan_targets(body, segs, toolset)
     spans = {t.path: detect(t.text, t.path) for t in targets}
     match = learner.observe(targets, spans, list(toolset.labels), conversation(body, session))
+    if match.family is not None and not learner.frozen:
+        remember_opening(learner, match.family, opening_of(body))
     return match.family.id if match.family else None
 
 
@@ -244,7 +298,7 @@ def _first_break(findings: list[Finding], total: int, in_session: bool = False) 
     is the same."""
     offsets = [f.token_offset for f in findings
                if f.rule in BREAKING_RULES and f.token_offset is not None
-               and f.confidence >= LIKELY and not (in_session and f.kind == "session")]
+               and f.confidence >= LIKELY and not (in_session and f.kind in SESSION_KINDS)]
     return min(offsets, default=total)
 
 

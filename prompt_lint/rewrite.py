@@ -23,6 +23,7 @@ from typing import Any
 
 from prompt_lint.checks import canonical_json
 from prompt_lint.lint import MARKER_OPEN, context_target, is_moved, lint_request
+from prompt_lint.opening import moved_to_end, opening_lines
 from prompt_lint.providers import Provider, compact_json, detect_provider, tool_name
 from prompt_lint.segment import without_breakpoints
 from prompt_lint.session import SessionTracker, fingerprint
@@ -46,12 +47,13 @@ def rewrite_request(body: dict[str, Any], provider: Provider | None = None,
     out = copy.deepcopy(body)
     moved = [f for f in report.findings if is_moved(f)]
     names = _replace_spans(out, moved)
+    lifted = _move_opening_lines(out, report.findings)
     _canonical_tools(out, prov)
     context = "".join(f"{n}: {f.value}\n" for n, f in zip(names, moved, strict=True))
     block = f"<context>\n{context}</context>" if moved else ""
     tracker = learner.sessions if learner is not None else None
     _place_context(out, prov, block, moved, tracker, report.family)
-    return RewriteResult(out, [f.value for f in moved], out != body)
+    return RewriteResult(out, [f.value for f in moved] + lifted, out != body)
 
 
 def _replace_spans(body: dict[str, Any], moved: list[Finding]) -> list[str]:
@@ -71,6 +73,18 @@ def _replace_spans(body: dict[str, Any], moved: list[Finding]) -> list[str]:
             text = text[: f.start] + f"{MARKER_OPEN}{name}]" + text[f.end :]
         set_path(body, path, text)
     return names
+
+
+def _move_opening_lines(body: dict[str, Any], findings: list[Finding]) -> list[str]:
+    """Move the lines PL014 names to the end of their message (`opening.moved_to_end`: the
+    text the lint compared across sessions; the same message in every turn of a session, so
+    its history stays byte-identical); returns their values."""
+    found = [f for f in findings if f.rule == "PL014" and f.start is not None]
+    for path in {f.path for f in found}:
+        text = get_path(body, path)
+        set_path(body, path, moved_to_end(text, opening_lines(text, [f for f in found
+                                                                     if f.path == path])))
+    return [f.value for f in found]
 
 
 def _keys(path: str) -> list[str | int]:

@@ -93,4 +93,11 @@ RULES: dict[str, Rule] = _rules(
          "this prompt family (a user handle, account, plan or session id); every session "
          "starts a cache of its own at that point.",
          "Move the value into the context block at the start of the last user turn."),
+    Rule("PL014", "value-before-shared-text", "error", "opening",
+         "A timestamp, id or other value that differs across sessions sits on a line of the "
+         "first user message before text that the sessions of this prompt family all send "
+         "(a guide, a document); the session reuses it, but every new session caches that "
+         "text again.",
+         "Put the line after the shared text (prefixgate fix moves it to the end of the "
+         "message)."),
 )

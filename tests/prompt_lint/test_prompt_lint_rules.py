@@ -56,7 +56,7 @@ def rules(body: dict[str, Any], **kwargs: Any) -> list[str]:
 
 
 def test_registry_ids_are_stable_and_complete() -> None:
-    assert list(RULES) == [f"PL{i:03d}" for i in range(1, 14)]
+    assert list(RULES) == [f"PL{i:03d}" for i in range(1, 15)]
     assert all(r.explanation and r.fix and r.kind for r in RULES.values())
 
 
