@@ -291,5 +291,5 @@ def fix_main(argv: list[str]) -> int:
         finally:
             sink.discard()
     print(f"prefixgate fix: {counts.requests} requests, {counts.changed} rewritten, "
-          f"{counts.moved} values moved into context blocks", file=sys.stderr)
+          f"{counts.moved} values moved out of the shared prefix", file=sys.stderr)
     return 0
