@@ -168,9 +168,9 @@ class Judged(NamedTuple):
     after: int
 
 
-#: Comparisons a family keeps (`Family.opening_memo`): every turn of a session resends its
-#: opening, compared with the same sessions.
-MEMO_ENTRIES = 64
+#: Judgements a family keeps (`Family.opening_memo`, least recently used dropped): every turn
+#: of a session resends its opening; as many as the sessions a family remembers.
+MEMO_ENTRIES = 128
 #: Words of a line that may differ from the other session's line for the difference to be one
 #: value no pattern names (a user's name, a plan), not the user's own words.
 VALUE_WORDS = 3
@@ -184,7 +184,10 @@ def check_opening(opening: Opening | None, family: Family, frozen: bool, layout:
     if opening is None or start is None:
         return OpeningCheck([])
     others = _others(family, opening.key, frozen)
-    memo_key = (opening.key, tuple(key for key, _ in others))
+    # learning online, a session's first judgement stands for all its turns (the sessions
+    # remembered rotate under a busy family: judged again, it would cost every request a
+    # comparison, and its findings could change mid-session); a whole log's, per set compared
+    memo_key = (opening.key, tuple(key for key, _ in others) if frozen else ())
     judged = family.opening_memo.get(memo_key)
     text = opening.text[:OPENING_CHARS]
     if judged is None:
@@ -192,6 +195,8 @@ def check_opening(opening: Opening | None, family: Family, frozen: bool, layout:
         family.opening_memo[memo_key] = judged
         while len(family.opening_memo) > MEMO_ENTRIES:
             family.opening_memo.popitem(last=False)
+    else:
+        family.opening_memo.move_to_end(memo_key)
     many = len(family.openings) >= OPENINGS_PER_FAMILY  # more sessions than it remembers
     findings = [_finding(opening, text, judged.spans[line], shared,
                          start + judged.offsets[line], many)
@@ -223,14 +228,15 @@ def _compare(text: str, valued: dict[int, list[Span]], other: str) -> _Compared:
 def _judge(text: str, others: list[str], counter: TokenCounter) -> Judged:
     """Compare `text` with each other opening: a line the fix moves (`_compare`) that leaves at
     least `MIN_SHARED_TOKENS` shared after its place is reported."""
-    valued = _valued_lines(text)
     shares: dict[int, list[int]] = {}
     spans: dict[int, list[Span]] = {}
     compared: list[tuple[str, _Compared, int]] = []  # other, the comparison, tokens shared
     mine = text.split("\n")
-    for other in others:
-        if not _may_share(mine, other.split("\n")):
-            continue
+    alike = [other for other in others if _may_share(mine, other.split("\n"))]
+    # the patterns are looked for only in an opening that may share text with another: a
+    # session's own task shares none, and scanning its long lines was most of the cost
+    valued = _valued_lines(text) if alike else {}
+    for other in alike:
         pair = _compare(text, valued, other)
         common = _common(pair.fixed, moved_to_end(other, pair.theirs))
         lines = sorted(pair.mine)
