@@ -207,3 +207,34 @@ def test_the_fixed_openings_keep_their_history_and_lint_clean() -> None:
     assert not any(pl014_findings(fixed))
     assert all(req.body != old.body  # each labelled value was moved
                for req, old in zip(fixed, build_openings(), strict=True) if old.labels)
+
+
+def test_online_each_session_is_judged_once_however_many_sessions_interleave(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway lints online, where a busy family's remembered openings rotate: each request
+    of 20 interleaved sessions had been judged again against the six then remembered (+0.6 ms
+    on the gateway's p50, paired), and a session's findings could change mid-session. Each
+    session is judged at its first request, and its findings are the same in every turn."""
+    from prompt_lint import TemplateLearner, lint_request, opening
+
+    judged: list[str] = []
+    real = opening._judge
+
+    def spy(text: str, others: list[str], counter: Any) -> Any:
+        judged.append(text)
+        return real(text, others, counter)
+
+    monkeypatch.setattr(opening, "_judge", spy)
+    sessions, turns = 20, 4
+    log = _log(_guide_after_time, sessions=sessions, turns=turns)
+    order = [log[s * turns + t] for t in range(turns) for s in range(sessions)]  # interleaved
+    learner = TemplateLearner()
+    found: dict[str, list[tuple[str, ...]]] = {}
+    for body in order:
+        report = lint_request(body, "openai", learner=learner)
+        first = body["messages"][1]["content"]
+        found.setdefault(first, []).append(
+            tuple(f.rule for f in report.findings if f.rule == "PL014"))
+    assert sorted(judged) == sorted(found) and len(judged) == sessions
+    assert all(len(set(per_turn)) == 1 for per_turn in found.values())
+    assert sum(per_turn[0] == ("PL014",) for per_turn in found.values()) >= sessions - 1
