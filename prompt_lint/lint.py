@@ -118,7 +118,7 @@ def lint_request(body: dict[str, Any], provider: Provider | None = None,
         scoped = bool(kinds) and kinds <= SESSION_KINDS
         findings += cache_control_findings(body, model, layout, shared, scoped)
     return LintReport(findings, layout.total, cacheable, after,
-                      match.family.id if match.family else None, prov)
+                      match.family.id if match.family else None, prov, opened.message)
 
 
 def _opening(body: dict[str, Any], learner: TemplateLearner | None, family: Family | None,
@@ -148,13 +148,11 @@ def _across_sessions(body: dict[str, Any], layout: TokenLayout, opened: OpeningC
                      findings: list[Finding]) -> tuple[int, int]:
     """How far another session's request shares this one, as sent and after the fix: up to
     its first non-system message, or into it as far as the sessions' openings share text
-    (after the fix: with the PL014 lines moved, unless the fix gives that message a context
-    block at its start, which every session's carries with its own values)."""
+    (after the fix: with the PL014 lines moved; a context block the fix gives that message goes
+    at its end, below the shared text)."""
     end = _conversation_start(body, layout)
     now = opened.start + opened.shared_now if opened.shared_now else end
     after = opened.start + opened.shared_after if opened.shared_after else now
-    if any(is_moved(f) for f in findings):
-        after = min(after, end)
     return now, after
 
 

@@ -65,6 +65,13 @@ class OpeningCheck(NamedTuple):
     start: int = 0
     shared_now: int = 0
     shared_after: int = 0
+    message: int | None = None  # the opening's message index, when its text is shared
+
+    @property
+    def shared(self) -> bool:
+        """Whether the family's sessions share this opening's text (then a context block the
+        fix gives it goes at its end, below that text)."""
+        return bool(self.shared_now or self.shared_after)
 
 
 def opening_of(body: dict[str, Any]) -> Opening | None:
@@ -201,7 +208,9 @@ def check_opening(opening: Opening | None, family: Family, frozen: bool, layout:
     findings = [_finding(opening, text, judged.spans[line], shared,
                          start + judged.offsets[line], many)
                 for line, shared in sorted(judged.shares.items())]
-    return OpeningCheck(findings, start, judged.now, judged.after)
+    shared = judged.now or judged.after
+    return OpeningCheck(findings, start, judged.now, judged.after,
+                        opening.message if shared else None)
 
 
 class _Compared(NamedTuple):

