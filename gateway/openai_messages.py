@@ -66,10 +66,8 @@ def checked_message(msg: Any, i: int, media: bool = False) -> dict[str, Any]:
 
 
 def check_round_trips(messages: tuple[dict[str, Any], ...]) -> None:
-    """Every tool message answers a call of the assistant message its run follows, and every
-    call is answered before the conversation moves on, as OpenAI requires: the engine renders
-    results in order, without their ids, so a stray or missing one would reach the model as
-    the answer to another call."""
+    """A broken tool round trip (`tool_round_trip_break`) as OpenAI names it: a tool message
+    answering no call, or a call no tool message answers."""
     broken = tool_round_trip_break(messages)
     if broken is None:
         return

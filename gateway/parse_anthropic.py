@@ -258,10 +258,9 @@ def _tool_result(block: dict[str, Any], path: str, media: bool = False) -> dict[
 
 
 def _check_round_trips(messages: list[dict[str, Any]], origins: list[int]) -> None:
-    """Every tool_result answers a tool_use block of the message before it, and every
-    tool_use block is answered in the next message, as Anthropic requires: the engine renders
-    results in order, without their ids, so a stray or missing one would reach the model as
-    the answer to another call."""
+    """A broken tool round trip (`tool_round_trip_break`) as Anthropic names it: a
+    tool_result answering no tool_use block of the message before, or a tool_use block the
+    next message does not answer (`origins`: each chat message's index in the body)."""
     broken = tool_round_trip_break(messages)
     if broken is None:
         return

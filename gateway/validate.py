@@ -181,7 +181,9 @@ def tool_round_trip_break(messages: Sequence[Mapping[str, Any]]) -> tuple[int, s
     of an assistant message, a call id) when the message after its run of tool messages comes
     before that call was answered, or when the conversation ends on a run of tool messages
     that leaves one of its calls unanswered. None when every round trip closes; the calls of
-    a last assistant message need no answers yet."""
+    a last assistant message need no answers yet. OpenAI and Anthropic both refuse such a
+    conversation, and the engine must too: it renders results in order, without their ids, so
+    a stray or missing one would reach the model as the answer to another call."""
     calls: tuple[str, ...] = ()  # the ids of the assistant message the tool messages answer
     owner, answered = -1, set[str]()
     for i, msg in enumerate(messages):

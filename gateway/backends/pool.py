@@ -32,8 +32,15 @@ from gateway.backends.anthropic_upstream import AnthropicUpstream
 from gateway.backends.model_listing import ModelListing
 from gateway.backends.openai_upstream import OpenAIUpstream
 from gateway.backends.pool_metrics import PoolMetrics
-from gateway.backends.predicted_usage import final_usage, head_usage, in_shadow_tokens
-from gateway.backends.router import Replica, Route, Router, RouterConfig
+from gateway.backends.predicted_usage import (
+    answers_first,
+    final_usage,
+    in_shadow_tokens,
+    predicted_hit,
+    reports_figures,
+    stream_head_usage,
+)
+from gateway.backends.router import Replica, Route, Router, RouterConfig, unique_names
 from gateway.backends.upstream import UpstreamBackend
 from gateway.backends.upstream_errors import fails_over, is_replica_fault
 from gateway.body import INLINE_BYTES, text_chars
@@ -52,7 +59,6 @@ from gateway.types import (
     LateUsage,
     TextDelta,
     TokenCount,
-    Usage,
 )
 from gateway.upstream_detect import detect_kind, log_detection
 from prompt_lint.memo import LOCK as MEMO_LOCK
@@ -77,7 +83,7 @@ class ReplicaPool:
             raise ValueError("need one cache model per replica")
         self.name = kind
         self.api = "anthropic" if kind == "anthropic" else "openai"
-        names = _unique([b.replica for b in backends])
+        names = unique_names([b.replica for b in backends])
         self.router = Router([Replica(n, b, m)
                               for n, b, m in zip(names, backends, models, strict=True)], router)
         self.metrics: PoolMetrics | None = None
@@ -235,13 +241,13 @@ class ReplicaPool:
                         if replica.shadow is shadow:  # not replaced by a detected kind's
                             await self._shadow_after(req, route, item, late)
                     return
-                predicted = self._predicted(replica, route)
+                predicted = predicted_hit(replica, route)
                 # the shadow's bookkeeping waits until the item it follows is on its way
                 after: list[Callable[[], None]] = []
                 if item is not None:  # the upstream has prefilled the prompt by now
                     after.append(functools.partial(replica.shadow.record, prompt, ns))
                     if not isinstance(item, Final):
-                        item = evolve(item, usage=self._head_usage(item, replica, prompt,
+                        item = evolve(item, usage=stream_head_usage(item, replica, prompt,
                                                                    predicted))
                 try:
                     while item is not None:
@@ -284,12 +290,12 @@ class ReplicaPool:
         """The upstream's first item (None: it sent none), the prompt's tokens and the route
         scored with them. Tokens left for later (prompt None) are computed once the request
         is on its way, while the upstream works; or, for a whole answer from a replica that
-        reports its own figures (`_answer_first`), after the answer: prompt None is returned
+        reports its own figures (`answers_first`), after the answer: prompt None is returned
         when that answer came with them (`reports_figures`)."""
         if prompt is not None:
             self._count(route)
             return await _next(upstream), prompt, route
-        if _answer_first(req, route.replica):
+        if answers_first(req, route.replica):
             item = await _next(upstream)
             if reports_figures(item):
                 return item, None, route
@@ -318,20 +324,11 @@ class ReplicaPool:
             after: list[Callable[[], None]] = [
                 functools.partial(replica.shadow.record, prompt, req.namespace)]
             done = self._complete(answer, replica, prompt, req.namespace,
-                                  self._predicted(replica, scored), after)
+                                  predicted_hit(replica, scored), after)
             late.usage = done.usage
             _settle(after)
         except Exception:  # noqa: BLE001 - the answer is out; its bookkeeping must not fail it
             log.exception("the shadow cache's part of an answer failed")
-
-    @staticmethod
-    def _head_usage(item: TextDelta, replica: Replica, prompt: Prompt, predicted: int) -> Usage:
-        """What a stream's head says (`head_usage`), with the prefill time its hit saves on
-        the replica (llama.cpp's own rate; 0 where the upstream does not time its prefill),
-        so the head and the record of a stream cut after it claim what the final would."""
-        usage = head_usage(item.usage, prompt, predicted)
-        saved = replica.backend.prefill_saved_ms(usage.cached_tokens)
-        return evolve(usage, prefill_saved_ms=saved) if saved else usage
 
     def _count(self, route: Route) -> None:
         if self.metrics:
@@ -358,12 +355,6 @@ class ReplicaPool:
             self._detected(replica)
         return evolve(final, replica=replica.name, late=late)
 
-    def _predicted(self, replica: Replica, route: Route) -> int:
-        """The hit the route's score predicts (the router scored the prompt with this
-        replica's model); 0 below the provider's minimum."""
-        matched = route.matched
-        return matched if matched >= replica.shadow.config.min_cached_tokens else 0
-
     def _complete(self, final: Final, replica: Replica, prompt: Prompt, namespace: str,
                   predicted: int, after: list[Callable[[], None]]) -> Final:
         """`final` with the prediction beside the upstream's usage; the shadow's learning and
@@ -378,23 +369,6 @@ class ReplicaPool:
         if self.metrics:
             after.append(functools.partial(self.metrics.final, replica.name, final))
         return final
-
-
-def _answer_first(req: ChatRequest, replica: Replica) -> bool:
-    """Whether a request's whole answer goes out before the shadow's tokens are computed: a
-    non-streaming one to a replica whose last answer reported its own figures (the answer
-    carries the reported ones; only a stream's head or an answer without them needs the
-    prediction)."""
-    return not req.stream and replica.reports_figures
-
-
-def reports_figures(item: TextDelta | Final | None) -> bool:
-    """Whether `item` is an answer with the upstream's own prompt and cached token counts."""
-    if not isinstance(item, Final):
-        return False
-    usage = item.usage
-    return bool(usage.prompt_tokens) and usage.reported_cached_tokens is not None \
-        and not usage.estimated
 
 
 def _settle(after: list[Callable[[], None]]) -> None:
@@ -417,14 +391,3 @@ def _model_kind(kind: str) -> str:
 def _prompt_of(req: ChatRequest) -> Prompt:
     with MEMO_LOCK:
         return request_prompt(req)
-
-
-def _unique(names: list[str]) -> list[str]:
-    out: list[str] = []
-    for name in names:
-        candidate, n = name, 1
-        while candidate in out:
-            n += 1
-            candidate = f"{name}#{n}"
-        out.append(candidate)
-    return out

@@ -184,3 +184,16 @@ class Router:
         n = len(pool)
         order = {r.name: (i - self._turn) % n for i, r in enumerate(pool)}
         return min(pool, key=lambda r: (r.inflight, r.shadow.pages, order[r.name]))
+
+
+def unique_names(names: list[str]) -> list[str]:
+    """Replica names, each once: a repeated one gets `#2`, `#3`, ... (two replicas on one
+    host and port)."""
+    out: list[str] = []
+    for name in names:
+        candidate, n = name, 1
+        while candidate in out:
+            n += 1
+            candidate = f"{name}#{n}"
+        out.append(candidate)
+    return out
